@@ -1,0 +1,136 @@
+"""The sidecar's exception tree. Every error we raise is one of these; third-party errors are
+translated at the boundary with ``raise X(...) from exc``.
+
+The type carries the retry policy (``retriable``); workers decide from the type, never from text.
+
+* SidecarError
+  + ConfigError                  the configuration is invalid (exit code 2)
+  + EnvironmentError_            a required tool (java, mvn, weed) is missing or unusable
+  + FormatError                  a log-dir file we cannot parse (carries the path and byte position)
+    - CorruptRecordError         a record batch with a bad CRC, bad magic or impossible length
+    - TruncatedFileError         a file ends in the middle of a structure
+    - IndexFormatError           an offset/time/txn index entry that is malformed or out of range
+    - SnapshotFormatError        a producer snapshot with a bad version or CRC
+    - CheckpointFormatError      a leader-epoch-checkpoint, partition.metadata or meta.properties
+  + SegmentVanishedError         a segment disappeared (deleted by the broker) while we read it
+  + StorageError (R)             an object-store call failed
+    - KeyNotFoundError           the key does not exist (not retriable)
+    - InvalidRangeError          the byte range is outside the object (not retriable)
+    - ChecksumMismatchError      the store rejected or returned data whose checksum did not match
+  + MetadataPublishError (R)     publishing to the remote log metadata topic failed
+  + StackError                   the local development stack could not be started or stopped
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "ChecksumMismatchError",
+    "CheckpointFormatError",
+    "ConfigError",
+    "CorruptRecordError",
+    "EnvironmentError_",
+    "FormatError",
+    "IndexFormatError",
+    "InvalidRangeError",
+    "KeyNotFoundError",
+    "MetadataPublishError",
+    "SegmentVanishedError",
+    "SidecarError",
+    "SnapshotFormatError",
+    "StackError",
+    "StorageError",
+    "TruncatedFileError",
+]
+
+
+class SidecarError(Exception):
+    """Base of every error the sidecar raises."""
+
+    retriable: ClassVar[bool] = False
+    #: process exit code when this error ends a CLI command
+    exit_code: ClassVar[int] = 1
+
+
+class ConfigError(SidecarError):
+    """The configuration is invalid: unknown key, wrong type, or an impossible combination."""
+
+    exit_code: ClassVar[int] = 2
+
+
+class EnvironmentError_(SidecarError):  # noqa: N801 - the builtin name is taken
+    """A tool the command needs (java, mvn, weed) is missing; the message says what to install."""
+
+    exit_code: ClassVar[int] = 3
+
+
+class FormatError(SidecarError):
+    """A file in a broker log dir that we cannot parse.
+
+    Carries the file and the byte position, so an operator can look at the bytes.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, position: int | None = None):
+        where = ""
+        if path is not None:
+            where = f" ({path}" + (f" at byte {position}" if position is not None else "") + ")"
+        super().__init__(message + where)
+        self.path = path
+        self.position = position
+
+
+class CorruptRecordError(FormatError):
+    """A record batch whose CRC, magic or length is wrong."""
+
+
+class TruncatedFileError(FormatError):
+    """A file ends in the middle of a structure."""
+
+
+class IndexFormatError(FormatError):
+    """An index entry that is malformed or points outside its segment."""
+
+
+class SnapshotFormatError(FormatError):
+    """A producer-state snapshot with an unknown version or a bad CRC."""
+
+
+class CheckpointFormatError(FormatError):
+    """A leader-epoch-checkpoint, partition.metadata or meta.properties we cannot parse."""
+
+
+class SegmentVanishedError(SidecarError):
+    """The broker deleted a segment (and its ``.deleted`` twin) while we were reading it."""
+
+
+class StorageError(SidecarError):
+    """An object-store call failed; worth retrying unless a subclass says otherwise."""
+
+    retriable: ClassVar[bool] = True
+
+
+class KeyNotFoundError(StorageError):
+    """The object does not exist."""
+
+    retriable: ClassVar[bool] = False
+
+
+class InvalidRangeError(StorageError):
+    """The requested byte range is outside the object."""
+
+    retriable: ClassVar[bool] = False
+
+
+class ChecksumMismatchError(StorageError):
+    """The store rejected our checksum, or returned bytes whose checksum does not match."""
+
+
+class MetadataPublishError(SidecarError):
+    """Publishing to the remote log metadata topic failed."""
+
+    retriable: ClassVar[bool] = True
+
+
+class StackError(SidecarError):
+    """The local development stack (Kafka, SeaweedFS) could not be started or stopped."""
