@@ -5,13 +5,14 @@ The type carries the retry policy (``retriable``); workers decide from the type,
 
 * SidecarError
   + ConfigError                  the configuration is invalid (exit code 2)
-  + EnvironmentError_            a required tool (java, mvn, weed) is missing or unusable
+  + MissingToolError             a required tool (java, mvn, weed) is missing or unusable
   + FormatError                  a log-dir file we cannot parse (carries the path and byte position)
     - CorruptRecordError         a record batch with a bad CRC, bad magic or impossible length
     - TruncatedFileError         a file ends in the middle of a structure
     - IndexFormatError           an offset/time/txn index entry that is malformed or out of range
     - SnapshotFormatError        a producer snapshot with a bad version or CRC
     - CheckpointFormatError      a leader-epoch-checkpoint, partition.metadata or meta.properties
+    - UnreadableFileError        a file that exists but cannot be opened or read (permissions, EIO)
   + SegmentVanishedError         a segment disappeared (deleted by the broker) while we read it
   + StorageError (R)             an object-store call failed
     - KeyNotFoundError           the key does not exist (not retriable)
@@ -26,22 +27,23 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
-    "ChecksumMismatchError",
     "CheckpointFormatError",
+    "ChecksumMismatchError",
     "ConfigError",
     "CorruptRecordError",
-    "EnvironmentError_",
     "FormatError",
     "IndexFormatError",
     "InvalidRangeError",
     "KeyNotFoundError",
     "MetadataPublishError",
+    "MissingToolError",
     "SegmentVanishedError",
     "SidecarError",
     "SnapshotFormatError",
     "StackError",
     "StorageError",
     "TruncatedFileError",
+    "UnreadableFileError",
 ]
 
 
@@ -59,7 +61,7 @@ class ConfigError(SidecarError):
     exit_code: ClassVar[int] = 2
 
 
-class EnvironmentError_(SidecarError):  # noqa: N801 - the builtin name is taken
+class MissingToolError(SidecarError):
     """A tool the command needs (java, mvn, weed) is missing; the message says what to install."""
 
     exit_code: ClassVar[int] = 3
@@ -98,6 +100,11 @@ class SnapshotFormatError(FormatError):
 
 class CheckpointFormatError(FormatError):
     """A leader-epoch-checkpoint, partition.metadata or meta.properties we cannot parse."""
+
+
+class UnreadableFileError(FormatError):
+    """A log-dir file that exists but cannot be opened or read: permissions, a directory where a
+    file should be, or an I/O error. An operator problem rather than corrupt bytes."""
 
 
 class SegmentVanishedError(SidecarError):

@@ -1,0 +1,70 @@
+"""A tiny asyncio kit for the daemon's lifecycle, with no domain imports.
+
+* :func:`guard` wraps a root task: it logs the task's start and end, and turns an early return
+  (before shutdown was requested) into :class:`RootTaskExitedError`, so the TaskGroup stops
+  everything and the process exits non-zero for Kubernetes or systemd to restart it.
+* :func:`capture_signals`: the first SIGTERM/SIGINT only sets the ``stopping`` event (phased,
+  graceful shutdown); a second one cancels the main task at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sidecar.errors import SidecarError
+from sidecar.observability.logging import get_logger
+
+__all__ = ["RootTaskExitedError", "capture_signals", "guard"]
+
+log = get_logger(__name__)
+
+
+class RootTaskExitedError(SidecarError):
+    """A root task returned while the daemon was not stopping."""
+
+
+async def guard(coro: Coroutine[Any, Any, None], *, name: str, stopping: asyncio.Event) -> None:
+    """Run a root task; an early exit is an error that ends the daemon."""
+    log.debug("task_started", task=name)
+    try:
+        await coro
+    except asyncio.CancelledError:
+        log.debug("task_cancelled", task=name)
+        raise
+    except Exception:
+        log.exception("task_failed", task=name)
+        stopping.set()
+        raise
+    if not stopping.is_set():
+        stopping.set()
+        raise RootTaskExitedError(f"root task {name!r} exited before shutdown was requested")
+    log.debug("task_stopped", task=name)
+
+
+@contextmanager
+def capture_signals(stopping: asyncio.Event) -> Iterator[None]:
+    """First SIGTERM/SIGINT sets ``stopping``; a second one cancels the calling task."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def handle(signum: signal.Signals) -> None:
+        if stopping.is_set():
+            log.warning("shutdown_forced", signal=signum.name)
+            if main is not None:
+                main.cancel(f"second {signum.name}")
+            return
+        log.info("shutdown_requested", signal=signum.name)
+        stopping.set()
+
+    for sig in signals:
+        loop.add_signal_handler(sig, handle, sig)
+    try:
+        yield
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

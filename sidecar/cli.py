@@ -1,0 +1,148 @@
+"""The ``sidecar`` command line: argument parsing and exit codes, nothing else.
+
+Subcommands: ``version``, ``run``, ``config check``, ``inspect``. Each maps a SidecarError to its
+``exit_code`` (ConfigError → 2) and prints one clear line on stderr. Heavy modules are imported
+inside the subcommand that needs them, so ``sidecar --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sidecar import __version__
+from sidecar.errors import ConfigError, SidecarError
+
+__all__ = ["main"]
+
+
+def _parse_set(items: Sequence[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set takes KEY=VALUE with a dotted key, got {item!r}")
+        overrides[key.strip()] = value
+    return overrides
+
+
+def _add_config_args(parser: argparse.ArgumentParser, *, file_required: bool = False) -> None:
+    if file_required:
+        parser.add_argument("file", type=Path, help="TOML configuration file")
+    else:
+        parser.add_argument(
+            "-c", "--config", dest="file", type=Path, default=None, help="TOML configuration file"
+        )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting by dotted path, e.g. s3.bucket=tiered "
+        "(beats the file and SIDECAR_* variables)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sidecar",
+        description="Tiered-storage sidecar for Apache Kafka: uploads rolled segments to S3, "
+        "publishes KIP-405 metadata, serves tiered reads.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sub.add_parser("version", help="print the version and exit")
+
+    run = sub.add_parser("run", help="run the daemon until SIGTERM")
+    _add_config_args(run)
+    run.add_argument(
+        "--log-dir",
+        dest="log_dirs",
+        action="append",
+        default=None,
+        type=Path,
+        help="a broker log dir to watch (repeat for JBOD); = broker.log_dirs",
+    )
+    run.add_argument("--bootstrap-servers", default=None, help="= kafka.bootstrap_servers")
+    run.add_argument("--log-level", default=None, help="= logging.level")
+    run.add_argument(
+        "--log-format", default=None, choices=("auto", "json", "console"), help="= logging.format"
+    )
+
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    check = config_sub.add_parser(
+        "check", help="validate a config file and print the effective config (secrets masked)"
+    )
+    _add_config_args(check, file_required=True)
+    check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+
+    inspect = sub.add_parser(
+        "inspect", help="show partitions and segments of a log dir, partition dir or segment"
+    )
+    inspect.add_argument("path", type=Path, help="a log dir, a partition dir or a .log file")
+    inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every batch CRC and the indexes; exit 1 on problems",
+    )
+    inspect.add_argument("--records", action="store_true", help="dump decoded records")
+    return parser
+
+
+def _run_overrides(args: argparse.Namespace) -> dict[str, str]:
+    overrides = _parse_set(args.overrides)
+    if args.log_dirs:
+        overrides["broker.log_dirs"] = ",".join(str(p) for p in args.log_dirs)
+    if args.bootstrap_servers:
+        overrides["kafka.bootstrap_servers"] = args.bootstrap_servers
+    if args.log_level:
+        overrides["logging.level"] = args.log_level.upper()
+    if args.log_format:
+        overrides["logging.format"] = args.log_format
+    return overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sidecar`` console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except SidecarError as exc:
+        print(f"sidecar: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from sidecar import config as cfg
+
+    if args.command == "version":
+        print(f"kafka-tiered-sidecar {__version__}")
+        return 0
+    if args.command == "config":
+        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        data = cfg.masked(config)
+        print(json.dumps(data, indent=2) if args.json else cfg.to_toml(data), end="")
+        if args.json:
+            print()
+        return 0
+    if args.command == "run":
+        config = cfg.load_config(args.file, overrides=_run_overrides(args))
+        from sidecar.app import run_daemon
+
+        return run_daemon(config)
+    if args.command == "inspect":
+        from sidecar.kafka.inspect import run_inspect
+
+        return run_inspect(
+            args.path, as_json=args.json, verify=args.verify, records=args.records, out=sys.stdout
+        )
+    raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover

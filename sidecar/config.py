@@ -1,0 +1,329 @@
+"""The one typed configuration object, and the only reader of config files and the environment.
+
+Sources, lowest precedence first: defaults < TOML file < ``SIDECAR_*`` environment variables <
+CLI flags (``--set section.key=value`` and the dedicated flags of ``sidecar run``).
+
+Environment variables name a field by its path with ``__`` between levels, e.g.
+``SIDECAR_S3__BUCKET=tiered`` or ``SIDECAR_KAFKA__BOOTSTRAP_SERVERS=b1:9092,b2:9092`` (lists are
+comma-separated). Unknown keys and wrong types are errors that name the key (exit code 2).
+
+Secrets are ``SecretStr``: they print as ``**********`` in ``repr``, in ``sidecar config check``,
+in logs and in errors. This module does no I/O beyond reading the file it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from sidecar.errors import ConfigError
+
+__all__ = [
+    "BrokerConfig",
+    "KafkaConfig",
+    "LoggingConfig",
+    "MetricsConfig",
+    "ReadServerConfig",
+    "RemoteLogMetadataConfig",
+    "S3Config",
+    "SidecarConfig",
+    "TieringConfig",
+    "load_config",
+    "masked",
+    "to_toml",
+]
+
+ENV_PREFIX = "SIDECAR_"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class KafkaConfig(_Section):
+    """How the sidecar talks to the Kafka cluster (metadata, offsets, the metadata topic)."""
+
+    bootstrap_servers: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1:9092"],
+        description="host:port of one or more brokers of the cluster",
+    )
+    client_id: str = Field("kafka-tiered-sidecar", description="client.id sent to the brokers")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka's security.protocol"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="Kafka's sasl.mechanism"
+    )
+    sasl_username: str | None = Field(None, description="SASL user name")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (secret)")
+    ssl_cafile: Path | None = Field(None, description="CA bundle for SSL listeners")
+    ssl_certfile: Path | None = Field(None, description="client certificate for mutual TLS")
+    ssl_keyfile: Path | None = Field(None, description="client private key for mutual TLS")
+    request_timeout_ms: int = Field(30_000, gt=0, description="per-request timeout")
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _host_port(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one bootstrap server is required")
+        for item in value:
+            host, sep, port = item.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{item!r} is not host:port")
+        return value
+
+
+class BrokerConfig(_Section):
+    """The broker this sidecar runs beside: its log dirs are read, never written."""
+
+    log_dirs: list[Path] = Field(
+        default_factory=lambda: [Path("/var/lib/kafka/data")],
+        description="the broker's log.dirs (several for JBOD)",
+    )
+    broker_id: int | None = Field(
+        None, ge=0, description="node.id; read from meta.properties when not set"
+    )
+
+
+class S3Config(_Section):
+    """Where tiered segments go."""
+
+    bucket: str = Field("kafka-tiered", min_length=3, max_length=63, description="bucket name")
+    prefix: str = Field("", description="key prefix inside the bucket, e.g. 'prod/cluster-a/'")
+    region: str = Field("us-east-1", description="S3 region")
+    endpoint_url: str | None = Field(
+        None, description="S3 endpoint for S3-compatible stores (SeaweedFS, MinIO); None = AWS"
+    )
+    access_key_id: SecretStr | None = Field(
+        None, description="access key; None = the default AWS credential chain (IRSA, env, ...)"
+    )
+    secret_access_key: SecretStr | None = Field(None, description="secret key (secret)")
+    path_style: bool = Field(True, description="path-style addressing (needed by most non-AWS)")
+    part_size_bytes: int = Field(
+        16 * 1024 * 1024, ge=5 * 1024 * 1024, description="multipart upload part size"
+    )
+    max_concurrency: int = Field(4, ge=1, le=64, description="parallel part uploads")
+    request_timeout_s: float = Field(30.0, gt=0, description="timeout of one S3 request")
+
+
+class RemoteLogMetadataConfig(_Section):
+    """The KIP-405 remote log metadata topic; names and defaults follow Kafka's."""
+
+    topic: str = Field("__remote_log_metadata", description="metadata topic name")
+    num_partitions: int = Field(
+        50, ge=1, description="remote.log.metadata.topic.num.partitions (Kafka's default 50)"
+    )
+    replication_factor: int = Field(
+        3, ge=1, description="remote.log.metadata.topic.replication.factor"
+    )
+    retention_ms: int = Field(-1, ge=-1, description="remote.log.metadata.topic.retention.ms")
+
+
+class TieringConfig(_Section):
+    """Which topics are tiered and how the log dirs are watched."""
+
+    include_topics: list[str] = Field(
+        default_factory=list,
+        description="regexes of topics to tier even without remote.storage.enable=true",
+    )
+    exclude_topics: list[str] = Field(
+        default_factory=lambda: [r"__.*"], description="regexes of topics never tiered"
+    )
+    rescan_interval_s: float = Field(
+        30.0, gt=0, description="full rescan of the log dirs; inotify events are only hints"
+    )
+
+
+class ReadServerConfig(_Section):
+    """The local read socket (HTTP/1.1)."""
+
+    socket_path: Path = Field(
+        Path("/run/kafka-tiered-sidecar/read.sock"), description="Unix socket, mode 0660"
+    )
+    tcp_port: int | None = Field(None, ge=1, le=65535, description="optional loopback TCP port")
+
+
+class MetricsConfig(_Section):
+    """Prometheus metrics and health probes."""
+
+    host: str = Field("127.0.0.1", description="listen address for /metrics, /healthz, /readyz")
+    port: int = Field(9464, ge=0, le=65535, description="listen port (0 = any free port)")
+
+
+class LoggingConfig(_Section):
+    """Structured logs."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    format: Literal["auto", "json", "console"] = Field(
+        "auto", description="auto = console on a TTY, JSON lines otherwise"
+    )
+
+
+class SidecarConfig(_Section):
+    """Everything the sidecar reads from its configuration."""
+
+    state_dir: Path = Field(
+        Path("/var/lib/kafka-tiered-sidecar"),
+        description="the sidecar's own state (metadata store); never inside a log dir",
+    )
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)  # type: ignore[arg-type]
+    broker: BrokerConfig = Field(default_factory=BrokerConfig)  # type: ignore[arg-type]
+    s3: S3Config = Field(default_factory=S3Config)  # type: ignore[arg-type]
+    remote_log_metadata: RemoteLogMetadataConfig = Field(
+        default_factory=RemoteLogMetadataConfig  # type: ignore[arg-type]
+    )
+    tiering: TieringConfig = Field(default_factory=TieringConfig)  # type: ignore[arg-type]
+    read_server: ReadServerConfig = Field(default_factory=ReadServerConfig)  # type: ignore[arg-type]
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)  # type: ignore[arg-type]
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)  # type: ignore[arg-type]
+
+    @field_validator("state_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser()
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> SidecarConfig:
+    """Build the effective configuration from a TOML file, the environment and CLI overrides.
+
+    ``overrides`` maps dotted paths (``s3.bucket``) to string values, as given on the command
+    line. Raises :class:`ConfigError` naming the offending key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_file(path)
+    env = os.environ if environ is None else environ
+    for key, raw in sorted(env.items()):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
+        _assign(data, dotted, raw, source=f"environment variable {key}")
+    for dotted, raw in (overrides or {}).items():
+        _assign(data, dotted, raw, source=f"--set {dotted}")
+    try:
+        return SidecarConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+
+
+def _field_at(dotted: str) -> Any:
+    """The pydantic FieldInfo for a dotted path, or None when the path names no field."""
+    model: type[BaseModel] | None = SidecarConfig
+    info = None
+    for part in dotted.split("."):
+        if model is None or part not in model.model_fields:
+            return None
+        info = model.model_fields[part]
+        annotation = info.annotation
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+    return info
+
+
+def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None:
+    """Set ``data[a][b] = value`` for ``a.b``, turning comma lists into lists for list fields."""
+    parts = dotted.split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"{source}: {dotted!r} is not a valid key")
+    info = _field_at(dotted)
+    value: Any = raw
+    if info is not None and "list[" in str(info.annotation):
+        stripped = raw.strip()
+        if stripped.startswith("["):
+            try:
+                value = json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{source}: {dotted}: not a JSON list: {exc}") from None
+        else:
+            value = [item.strip() for item in raw.split(",") if item.strip()]
+    elif raw.strip().lower() in {"null", "none"}:
+        value = None
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" in {path}" if path is not None else ""
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors(include_url=False, include_input=False):
+        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        else:
+            lines.append(f"  {key}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def masked(config: SidecarConfig) -> dict[str, Any]:
+    """The effective configuration as plain data with every secret replaced by asterisks."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return "**********"
+        if isinstance(value, BaseModel):
+            return {name: walk(getattr(value, name)) for name in type(value).model_fields}
+        if isinstance(value, list | tuple):
+            return [walk(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    result: dict[str, Any] = walk(config)
+    return result
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """Render :func:`masked` output as TOML (scalars first, then one table per section)."""
+
+    def scalar(value: Any) -> str:
+        if value is None:
+            return '""  # unset'
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, int | float):
+            return repr(value)
+        if isinstance(value, list):
+            return "[" + ", ".join(scalar(v) for v in value) + "]"
+        return json.dumps(str(value))
+
+    lines = [f"{k} = {scalar(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    for section, values in data.items():
+        if isinstance(values, Mapping):
+            lines.append("")
+            lines.append(f"[{section}]")
+            lines.extend(f"{k} = {scalar(v)}" for k, v in values.items())
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,91 @@
+"""The metrics and health HTTP server: ``/metrics``, ``/healthz`` (alive) and ``/readyz``.
+
+Readiness is the conjunction of named checks that other components register and update
+(``readiness.set("log_dirs", True)``). The server binds the configured host (127.0.0.1 by
+default). It does no domain work: it only reports what others recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sidecar.observability.logging import get_logger
+from sidecar.observability.metrics import Metrics
+
+__all__ = ["HealthServer", "Readiness"]
+
+log = get_logger(__name__)
+
+
+class Readiness:
+    """Named readiness checks; the sidecar is ready when every registered check is true."""
+
+    def __init__(self) -> None:
+        self._checks: dict[str, bool] = {}
+
+    def register(self, name: str) -> None:
+        self._checks.setdefault(name, False)
+
+    def set(self, name: str, ok: bool) -> None:
+        self._checks[name] = ok
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._checks) and all(self._checks.values())
+
+    def snapshot(self) -> dict[str, bool]:
+        return dict(self._checks)
+
+
+class HealthServer:
+    """aiohttp server for metrics and probes, run as a root task until ``stopping`` is set."""
+
+    def __init__(self, *, host: str, port: int, metrics: Metrics, readiness: Readiness) -> None:
+        self._host = host
+        self._port = port
+        self._metrics = metrics
+        self._readiness = readiness
+        self.bound_port: int | None = None
+        self.started = asyncio.Event()
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle_metrics)
+        app.router.add_get("/healthz", self._handle_healthz)
+        app.router.add_get("/readyz", self._handle_readyz)
+        return app
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _handle_healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _handle_readyz(self, request: web.Request) -> web.Response:
+        checks = self._readiness.snapshot()
+        status = 200 if self._readiness.ready else 503
+        return web.Response(
+            status=status,
+            text=json.dumps({"ready": status == 200, "checks": checks}),
+            content_type="application/json",
+        )
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self._host, self._port, reuse_address=True)
+            await site.start()
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
+            self.bound_port = int(sockets[0].getsockname()[1]) if sockets else self._port
+            log.info("health_server_listening", host=self._host, port=self.bound_port)
+            self.started.set()
+            await stopping.wait()
+        finally:
+            await runner.cleanup()

@@ -1,0 +1,106 @@
+"""Structured logging with structlog: JSON lines in production, readable output on a TTY.
+
+Context (broker id, topic, partition, segment) is bound through contextvars with
+:func:`bind_context`, so it follows a coroutine and survives ``asyncio.to_thread``. Third-party
+stdlib logging (aiokafka, botocore) goes through the same processors. A last-line defence
+redacts configured secret values from every event, whatever field they end up in.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable, Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any, Literal, TextIO
+
+import structlog
+
+__all__ = ["bind_context", "configure_logging", "get_logger"]
+
+_REDACTED = "**********"
+
+
+class _SecretRedactor:
+    """Replace any configured secret value that appears in an event's values."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(
+        self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        if not self._secrets:
+            return event_dict
+        for key, value in list(event_dict.items()):
+            text = value if isinstance(value, str) else None
+            if text is None:
+                continue
+            for secret in self._secrets:
+                if secret in text:
+                    text = text.replace(secret, _REDACTED)
+            event_dict[key] = text
+        return event_dict
+
+
+def configure_logging(
+    *,
+    level: str = "INFO",
+    fmt: Literal["auto", "json", "console"] = "auto",
+    stream: TextIO | None = None,
+    secrets: Iterable[str] = (),
+) -> None:
+    """Configure structlog and the stdlib root logger once, at process start."""
+    out = stream if stream is not None else sys.stderr
+    use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.stdlib.add_logger_name,
+        _SecretRedactor(secrets),
+    ]
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=out.isatty())
+        if use_console
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            *shared,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info if not use_console else _passthrough,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # chatty libraries stay at WARNING unless we debug
+    for noisy in ("aiokafka", "botocore", "aiobotocore", "watchdog", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+
+
+def _passthrough(logger: Any, method_name: str, event_dict: Any) -> Any:
+    return event_dict
+
+
+def get_logger(name: str) -> Any:
+    """A structlog logger named after the module (``get_logger(__name__)``)."""
+    return structlog.stdlib.get_logger(name)
+
+
+@contextmanager
+def bind_context(**values: Any) -> Iterator[None]:
+    """Bind key-values (broker_id, topic, partition, segment) to every log line in this block."""
+    with structlog.contextvars.bound_contextvars(**values):
+        yield

@@ -1,0 +1,70 @@
+"""Every Prometheus metric the sidecar exports, in one place, each with its help text.
+
+Names follow Prometheus conventions (base units, ``_total``, ``_seconds``, ``_bytes``). Labels
+stay bounded: topic and outcome at most, never offsets, file names or exception text. The
+metrics live in a registry owned by the :class:`Metrics` object (not the process-global default
+registry), so tests and several daemons in one process never collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+__all__ = ["Metrics"]
+
+NAMESPACE = "kafka_tiered_sidecar"
+
+
+class Metrics:
+    """The sidecar's metrics, registered in their own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.build_info = Info("build", "Sidecar version.", namespace=NAMESPACE, registry=r)
+        self.partitions_watched = Gauge(
+            "partitions_watched",
+            "Partitions found in the broker's log dirs.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.segments_local = Gauge(
+            "local_segments",
+            "Segments in the broker's log dirs, by state (rolled = closed, active = open).",
+            ["state"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.segments_local_bytes = Gauge(
+            "local_segment_bytes",
+            "Bytes of .log files in the broker's log dirs.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.log_dir_scans = Counter(
+            "log_dir_scans",
+            "Full scans of the broker's log dirs, by outcome.",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.log_dir_scan_seconds = Histogram(
+            "log_dir_scan_seconds",
+            "Time to scan the broker's log dirs.",
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
+        )
+        self.format_errors = Counter(
+            "format_errors",
+            "Files in the log dirs that could not be parsed, by kind.",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.log_dir_events = Counter(
+            "log_dir_events",
+            "inotify events received from the log dirs (hints for a rescan).",
+            namespace=NAMESPACE,
+            registry=r,
+        )

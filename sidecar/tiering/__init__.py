@@ -1,0 +1,1 @@
+"""The local → remote pipeline: detect rolled segments, plan, upload, publish."""

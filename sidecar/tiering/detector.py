@@ -1,0 +1,188 @@
+"""Roll detection: inotify events are hints, the periodic full reconcile is the truth.
+
+The detector keeps one view per partition directory. A full scan lists every log dir and scans
+each partition directory; between full scans, inotify events (through watchdog) mark single
+partition directories dirty and only those are rescanned. Content writes to the active segment
+(``modified``) are ignored: a roll shows up as a created ``.log``/``.snapshot`` or a rename.
+
+All file work runs in a worker thread (``asyncio.to_thread``); the event loop only merges
+results. The detector reads the log dirs and never writes to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from sidecar.observability.logging import get_logger
+from sidecar.observability.metrics import Metrics
+
+__all__ = ["LogDirDetector"]
+
+log = get_logger(__name__)
+
+V = TypeVar("V")
+
+# a burst of events (a roll touches several files) is coalesced into one rescan
+_DEBOUNCE_S = 0.02
+
+
+class _Hints(FileSystemEventHandler):
+    """Runs on watchdog's thread: turn events into dirty partition dirs on the loop's thread."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        log_dirs: Sequence[Path],
+        mark: Callable[[Path], None],
+    ) -> None:
+        self._loop = loop
+        self._log_dirs = {d.resolve() for d in log_dirs}
+        self._mark = mark
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in {"modified", "opened", "closed_no_write", "closed"}:
+            return
+        for raw in (event.src_path, getattr(event, "dest_path", "")):
+            if not raw:
+                continue
+            path = Path(raw if isinstance(raw, str) else raw.decode())
+            partition_dir = path if event.is_directory and path.parent in self._log_dirs else None
+            if partition_dir is None and path.parent.parent in self._log_dirs:
+                partition_dir = path.parent
+            if partition_dir is None and path.parent in self._log_dirs:
+                partition_dir = path
+            if partition_dir is not None:
+                self._loop.call_soon_threadsafe(self._mark, partition_dir)
+
+
+class LogDirDetector(Generic[V]):
+    """Watch log dirs and keep ``views`` (partition dir → view) current.
+
+    ``scan_partition`` turns one partition directory into a view, or ``None`` when the directory
+    is not a partition we track (gone, ``-delete``, garbage). ``on_change(dir, old, new)`` is
+    called on the loop for every partition whose view changed (``old``/``new`` ``None`` when it
+    appeared or disappeared).
+    """
+
+    def __init__(
+        self,
+        *,
+        log_dirs: Sequence[Path],
+        scan_partition: Callable[[Path], V | None],
+        on_change: Callable[[Path, V | None, V | None], None],
+        rescan_interval_s: float,
+        metrics: Metrics,
+    ) -> None:
+        self._log_dirs = [Path(d) for d in log_dirs]
+        self._scan_partition = scan_partition
+        self._on_change = on_change
+        self._interval = rescan_interval_s
+        self._metrics = metrics
+        self.views: dict[Path, V] = {}
+        self._dirty: set[Path] = set()
+        self._wake = asyncio.Event()
+        self.scanned = asyncio.Event()  # set after every completed scan (tests and readiness)
+        self.full_scans = 0
+
+    def _mark(self, partition_dir: Path) -> None:
+        self._metrics.log_dir_events.inc()
+        self._dirty.add(partition_dir)
+        self._wake.set()
+
+    def _list_partition_dirs(self) -> list[Path]:
+        dirs: list[Path] = []
+        for log_dir in self._log_dirs:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                dirs.extend(p for p in log_dir.iterdir() if p.is_dir())
+        return dirs
+
+    def _scan(self, dirs: Iterable[Path] | None) -> dict[Path, V | None]:
+        """Thread side: scan the given partition dirs, or all of them (full reconcile)."""
+        targets = self._list_partition_dirs() if dirs is None else list(dirs)
+        result: dict[Path, V | None] = {}
+        for d in targets:
+            result[d.resolve()] = self._scan_partition(d)
+        return result
+
+    def _merge(self, scanned: dict[Path, V | None], *, full: bool) -> None:
+        """Loop side: apply scan results and report changes."""
+        if full:
+            for gone in set(self.views) - set(scanned):
+                scanned[gone] = None
+        for d, new in scanned.items():
+            old = self.views.get(d)
+            if new is None:
+                if old is not None:
+                    del self.views[d]
+                    self._on_change(d, old, None)
+                continue
+            if old != new:
+                self.views[d] = new
+                self._on_change(d, old, new)
+
+    async def scan_once(self, dirs: set[Path] | None = None) -> None:
+        """Scan now: all partition dirs when ``dirs`` is None, else just those."""
+        started = time.perf_counter()
+        try:
+            scanned = await asyncio.to_thread(self._scan, dirs)
+        except Exception:
+            self._metrics.log_dir_scans.labels("error").inc()
+            log.exception("log_dir_scan_failed")
+            raise
+        self._merge(scanned, full=dirs is None)
+        if dirs is None:
+            self.full_scans += 1
+        self._metrics.log_dir_scans.labels("ok").inc()
+        self._metrics.log_dir_scan_seconds.observe(time.perf_counter() - started)
+        self.scanned.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Root task: full scan, then event-driven partial scans and periodic full scans."""
+        loop = asyncio.get_running_loop()
+        observer = Observer()
+        handler = _Hints(loop, self._log_dirs, self._mark)
+        for log_dir in self._log_dirs:
+            if log_dir.is_dir():
+                observer.schedule(handler, str(log_dir), recursive=True)
+            else:
+                log.warning("log_dir_missing", log_dir=str(log_dir))
+        observer.start()
+        try:
+            next_full = 0.0
+            while not stopping.is_set():
+                now = loop.time()
+                if now >= next_full:
+                    self._dirty.clear()
+                    await self.scan_once(None)
+                    next_full = loop.time() + self._interval
+                elif self._dirty:
+                    dirty, self._dirty = self._dirty, set()
+                    await self.scan_once(dirty)
+                self._wake.clear()
+                if self._dirty:
+                    continue
+                stop_wait = asyncio.ensure_future(stopping.wait())
+                wake_wait = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait(
+                        {stop_wait, wake_wait},
+                        timeout=max(0.0, next_full - loop.time()),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    stop_wait.cancel()
+                    wake_wait.cancel()
+                if self._wake.is_set() and not stopping.is_set():
+                    # let the rest of a roll's burst of events arrive: one rescan, not five
+                    await asyncio.sleep(_DEBOUNCE_S)
+        finally:
+            observer.stop()
+            await asyncio.to_thread(observer.join, 5.0)

@@ -1,0 +1,93 @@
+"""The local stack's Kafka: a real KRaft broker from the Maven Central jars, on loopback."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from tests.helpers import create_topic, produce, segment_files, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class TestSingleBroker:
+    async def test_segments_roll_in_the_log_dir(self, kafka, topic_name):
+        """Producing 3 MiB to a topic with 1 MiB segments rolls segments in the broker's log dir."""
+        await create_topic(
+            kafka.bootstrap_servers, topic_name, configs={"segment.bytes": "1048576"}
+        )
+        offsets = await produce(kafka.bootstrap_servers, topic_name, count=3000, value_size=1000)
+        assert offsets == list(range(3000))
+
+        partition_dir = kafka.log_dir / f"{topic_name}-0"
+        wait_for(lambda: len(segment_files(partition_dir)) >= 3, timeout=30, what="3 segments")
+        logs = segment_files(partition_dir)
+        bases = [int(p.stem) for p in logs]
+        assert bases[0] == 0
+        assert bases == sorted(bases)
+        # every rolled segment is at most segment.bytes and has its indexes beside it
+        for log_file in logs[:-1]:
+            assert 0 < log_file.stat().st_size <= 1048576
+            assert log_file.with_suffix(".index").exists()
+            assert log_file.with_suffix(".timeindex").exists()
+        # the broker writes a producer snapshot named after each roll's next base offset
+        snapshots = {int(p.stem) for p in partition_dir.glob("*.snapshot")}
+        assert set(bases[1:]) <= snapshots
+        assert (partition_dir / "partition.metadata").exists()
+        assert (kafka.log_dir / "meta.properties").exists()
+
+    async def test_records_read_back(self, kafka, topic_name):
+        """What we produce, a consumer reads back with keys and headers intact."""
+        await create_topic(kafka.bootstrap_servers, topic_name)
+        await produce(kafka.bootstrap_servers, topic_name, count=50, value_size=16)
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
+        await consumer.start()
+        try:
+            tp = TopicPartition(topic_name, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            records = []
+            while len(records) < 50:
+                batch = await consumer.getmany(tp, timeout_ms=5000)
+                assert batch, "no records within 5 s"
+                records.extend(batch[tp])
+        finally:
+            await consumer.stop()
+        assert [r.key for r in records] == [f"key-{i}".encode() for i in range(50)]
+        assert records[7].headers == (("i", b"7"),)
+
+    def test_kafka_tools_run_from_the_same_jars(self, kafka, topic_name):
+        """Kafka's own DumpLogSegments (the oracle for format tests) runs from the same jars."""
+        assert kafka.cluster is not None
+        meta = kafka.log_dir / "meta.properties"
+        result = kafka.cluster.tool(
+            "org.apache.kafka.tools.DumpLogSegments",
+            "--files",
+            str(next(kafka.log_dir.glob("__cluster_metadata-0/*.log"))),
+        )
+        assert result.returncode == 0, result.stderr
+        assert "baseOffset" in result.stdout
+        assert "cluster.id=" in meta.read_text()
+
+
+class TestThreeNodeCluster:
+    async def test_replicated_topic_spreads_over_three_brokers(self, kafka_cluster3, topic_name):
+        """A replication-factor-3 topic has a replica in every node's log dir, and a leader."""
+        await create_topic(
+            kafka_cluster3.bootstrap_servers, topic_name, partitions=3, replication=3
+        )
+        await produce(kafka_cluster3.bootstrap_servers, topic_name, count=30, value_size=10)
+        for log_dir in kafka_cluster3.log_dirs:
+            for p in range(3):
+                assert (log_dir / f"{topic_name}-{p}").is_dir()
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_cluster3.bootstrap_servers)
+        await admin.start()
+        try:
+            described = await admin.describe_topics([topic_name])
+            cluster = await admin.describe_cluster()
+        finally:
+            await admin.close()
+        leaders = {p["leader"] for p in described[0]["partitions"]}
+        assert leaders <= {1, 2, 3}
+        assert len(cluster["brokers"]) == 3
