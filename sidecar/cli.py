@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(check, file_required=True)
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    config_sub.add_parser("docs", help="print the configuration reference (Markdown)")
 
     inspect = sub.add_parser(
         "inspect", help="show partitions and segments of a log dir, partition dir or segment"
@@ -126,6 +127,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "version":
         print(f"kafka-tiered-sidecar {__version__}")
+        return 0
+    if args.command == "config" and args.config_command == "docs":
+        print(cfg.reference_markdown(), end="")
         return 0
     if args.command == "config":
         config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))

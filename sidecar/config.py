@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import os
 import tomllib
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
@@ -36,6 +37,7 @@ __all__ = [
     "TieringConfig",
     "load_config",
     "masked",
+    "reference_markdown",
     "to_toml",
 ]
 
@@ -327,3 +329,46 @@ def to_toml(data: Mapping[str, Any]) -> str:
             lines.append(f"[{section}]")
             lines.extend(f"{k} = {scalar(v)}" for k, v in values.items())
     return "\n".join(lines) + "\n"
+
+
+def reference_markdown() -> str:
+    """The configuration reference as a Markdown table, generated from the model (README)."""
+    rows = [
+        "| key | type | default | environment variable | description |",
+        "|---|---|---|---|---|",
+    ]
+
+    def type_name(annotation: Any) -> str:
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin is Literal:
+            return " / ".join(str(a) for a in args)
+        if origin in (Union, types.UnionType):
+            return " or ".join(type_name(a) for a in args)
+        if origin is list:
+            return f"list of {type_name(args[0])}"
+        if annotation is type(None):
+            return "unset"
+        return str(getattr(annotation, "__name__", annotation))
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name}.")
+                continue
+            if info.default_factory is not None:
+                default: Any = info.default_factory()  # type: ignore[call-arg]
+            else:
+                default = info.default
+            if isinstance(default, list):
+                default = ", ".join(str(d) for d in default) or "(empty)"
+            shown = "(unset)" if default is None else str(default)
+            key = f"{prefix}{name}"
+            env = ENV_PREFIX + key.upper().replace(".", "__")
+            description = (info.description or "").replace("|", "/")
+            rows.append(
+                f"| `{key}` | {type_name(annotation)} | `{shown}` | `{env}` | {description} |"
+            )
+
+    walk(SidecarConfig, "")
+    return "\n".join(rows) + "\n"

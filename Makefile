@@ -1,0 +1,58 @@
+# One entry point for developers and CI. `make test` is what CI runs (.ci/run calls it).
+#   make demo   start the local stack (Kafka + SeaweedFS) and run the sidecar's main job on it
+#   make test   lint, type-check and run every test tier against real components
+# Downloads land in home caches only (~/.cache/pip, ~/.m2, ~/.cache/kafka-tiered-sidecar).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install lint type test test-unit test-integration test-e2e demo stack-up stack-down clean check-python
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (found %s); install python3.11 and run make PYTHON=python3.11" % sys.version.split()[0])'
+
+# Everything is installed in one resolver run: aiobotocore pins botocore exactly, and a second
+# pip command could pull an incompatible botocore.
+$(STAMP): pyproject.toml | check-python
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip check
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check sidecar tests deploy
+	$(BIN)/ruff format --check sidecar tests deploy
+
+type: $(STAMP)
+	$(BIN)/mypy --strict sidecar
+
+# Every tier: unit, integration and e2e, against the real broker and S3 the session starts.
+test: lint type
+	$(BIN)/python deploy/local/stack.py fetch
+	$(BIN)/python -m pytest tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+test-integration: $(STAMP)
+	$(BIN)/python -m pytest tests/integration
+
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest tests/e2e
+
+demo: $(STAMP)
+	$(BIN)/python deploy/local/demo.py
+
+stack-up: $(STAMP)
+	$(BIN)/python deploy/local/stack.py up
+
+stack-down:
+	$(BIN)/python deploy/local/stack.py down
+
+clean: stack-down
+	rm -rf .stack

@@ -1,0 +1,176 @@
+"""Configuration: file < environment < CLI precedence, typed errors naming the key, masking."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import SidecarConfig, load_config, masked, to_toml
+from sidecar.errors import ConfigError
+
+GOOD = """
+state_dir = "/tmp/sidecar-state"
+
+[kafka]
+bootstrap_servers = ["127.0.0.1:9092"]
+sasl_password = "kafka-pass-123"
+
+[broker]
+log_dirs = ["/var/lib/kafka/data"]
+
+[s3]
+bucket = "from-file"
+secret_access_key = "very-secret-key"
+part_size_bytes = 8388608
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sidecar.toml"
+    path.write_text(text)
+    return path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+class TestLoadConfig:
+    def test_defaults_are_valid(self):
+        """An empty configuration validates, with Kafka's metadata-topic defaults."""
+        config = load_config(None, environ={})
+        assert isinstance(config, SidecarConfig)
+        assert config.remote_log_metadata.num_partitions == 50
+        assert config.remote_log_metadata.topic == "__remote_log_metadata"
+
+    def test_file_values_are_read(self, tmp_path):
+        """Values in the TOML file reach the typed object with their types."""
+        config = load_config(_write(tmp_path, GOOD), environ={})
+        assert config.s3.bucket == "from-file"
+        assert config.s3.part_size_bytes == 8388608
+        assert config.broker.log_dirs == [Path("/var/lib/kafka/data")]
+
+    def test_environment_beats_file_and_cli_beats_environment(self, tmp_path):
+        """SIDECAR_* variables override the file, and --set overrides both."""
+        path = _write(tmp_path, GOOD)
+        env = {"SIDECAR_S3__BUCKET": "from-env", "SIDECAR_S3__REGION": "eu-west-1"}
+        config = load_config(path, environ=env, overrides={"s3.bucket": "from-cli"})
+        assert config.s3.bucket == "from-cli"
+        assert config.s3.region == "eu-west-1"
+
+    def test_environment_lists_are_comma_separated(self):
+        """A list field given in the environment is split on commas."""
+        env = {
+            "SIDECAR_KAFKA__BOOTSTRAP_SERVERS": "a:1, b:2",
+            "SIDECAR_BROKER__LOG_DIRS": "/d1,/d2",
+        }
+        config = load_config(None, environ=env)
+        assert config.kafka.bootstrap_servers == ["a:1", "b:2"]
+        assert config.broker.log_dirs == [Path("/d1"), Path("/d2")]
+
+    def test_unrelated_environment_is_ignored(self):
+        """Only SIDECAR_-prefixed variables are read."""
+        config = load_config(None, environ={"S3__BUCKET": "nope", "HOME": "/root"})
+        assert config.s3.bucket == "kafka-tiered"
+
+    @pytest.mark.parametrize(
+        ("text", "key"),
+        [
+            pytest.param('[s3]\nbuckett = "x"\n', "s3.buckett", id="unknown-key"),
+            pytest.param('[s3]\npart_size_bytes = "big"\n', "s3.part_size_bytes", id="wrong-type"),
+            pytest.param("[nope]\na = 1\n", "nope", id="unknown-section"),
+            pytest.param(
+                '[kafka]\nbootstrap_servers = ["no-port"]\n',
+                "kafka.bootstrap_servers",
+                id="bad-host-port",
+            ),
+            pytest.param("[s3]\npart_size_bytes = 1024\n", "s3.part_size_bytes", id="too-small"),
+        ],
+    )
+    def test_bad_values_name_the_key(self, tmp_path, text, key):
+        """An unknown key or a wrong type raises ConfigError that names the key."""
+        with pytest.raises(ConfigError) as info:
+            load_config(_write(tmp_path, text), environ={})
+        assert key in str(info.value)
+        assert info.value.exit_code == 2
+
+    def test_bad_environment_value_names_the_key(self):
+        """A wrong type from the environment is reported with its key too."""
+        with pytest.raises(ConfigError, match=r"metrics\.port"):
+            load_config(None, environ={"SIDECAR_METRICS__PORT": "http"})
+
+    def test_invalid_toml(self, tmp_path):
+        """A file that is not TOML is a ConfigError naming the file."""
+        path = _write(tmp_path, "[s3\nbucket=")
+        with pytest.raises(ConfigError, match="not valid TOML"):
+            load_config(path, environ={})
+
+    def test_missing_file(self, tmp_path):
+        """A missing file is a ConfigError, not a traceback."""
+        with pytest.raises(ConfigError, match="cannot read"):
+            load_config(tmp_path / "absent.toml", environ={})
+
+    def test_secrets_are_masked(self, tmp_path):
+        """Secrets never appear in repr, masked output or rendered TOML."""
+        config = load_config(_write(tmp_path, GOOD), environ={})
+        rendered = to_toml(masked(config)) + json.dumps(masked(config)) + repr(config)
+        assert "very-secret-key" not in rendered
+        assert "kafka-pass-123" not in rendered
+        assert masked(config)["s3"]["secret_access_key"] == "**********"
+        assert config.s3.secret_access_key is not None
+        assert config.s3.secret_access_key.get_secret_value() == "very-secret-key"
+
+    def test_config_is_frozen(self):
+        """The configuration object cannot be changed after loading."""
+        config = load_config(None, environ={})
+        with pytest.raises(ValueError, match="frozen"):
+            config.s3.bucket = "other"  # type: ignore[misc]
+
+
+class TestConfigCheckCommand:
+    def test_valid_file_prints_effective_config(self, tmp_path):
+        """`sidecar config check` prints the effective config with secrets masked, exit 0."""
+        result = _cli("config", "check", str(_write(tmp_path, GOOD)))
+        assert result.returncode == 0, result.stderr
+        assert 'bucket = "from-file"' in result.stdout
+        assert "very-secret-key" not in result.stdout
+        assert "**********" in result.stdout
+
+    def test_unknown_key_exits_2_naming_it(self, tmp_path):
+        """An unknown key exits with code 2 and names the key."""
+        result = _cli("config", "check", str(_write(tmp_path, '[s3]\nbuckett = "x"\n')))
+        assert result.returncode == 2
+        assert "s3.buckett" in result.stderr
+        assert "unknown key" in result.stderr
+
+    def test_wrong_type_exits_2_naming_it(self, tmp_path):
+        """A wrong type exits with code 2 and names the key."""
+        result = _cli("config", "check", str(_write(tmp_path, '[metrics]\nport = "x"\n')))
+        assert result.returncode == 2
+        assert "metrics.port" in result.stderr
+
+    def test_json_output_round_trips(self, tmp_path):
+        """--json prints parseable JSON of the effective config."""
+        result = _cli(
+            "config", "check", str(_write(tmp_path, GOOD)), "--json", "--set", "s3.prefix=p/"
+        )
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert data["s3"]["prefix"] == "p/"
+        assert data["kafka"]["sasl_password"] == "**********"
+
+    def test_bad_set_syntax(self, tmp_path):
+        """--set without '=' is a configuration error (exit 2)."""
+        result = _cli("config", "check", str(_write(tmp_path, GOOD)), "--set", "s3.bucket")
+        assert result.returncode == 2
+        assert "KEY=VALUE" in result.stderr

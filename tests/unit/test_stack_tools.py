@@ -1,0 +1,50 @@
+"""The local stack tells the user what to install when Java or Maven is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+STACK = Path(__file__).resolve().parents[2] / "deploy" / "local" / "stack.py"
+
+
+def _run_fetch(tmp_path: Path, tools: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run `stack.py fetch` with a PATH holding only the named tools and an empty cache."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in tools:
+        found = shutil.which(tool)
+        assert found, f"{tool} must exist on this machine for the test to mean anything"
+        (bin_dir / tool).symlink_to(found)
+    env = {
+        **os.environ,
+        "PATH": str(bin_dir),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "KAFKA_VERSION": "4.3.1",
+    }
+    return subprocess.run(
+        [sys.executable, str(STACK), "--root", str(tmp_path / "stack"), "fetch"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+class TestMissingTools:
+    def test_missing_java_says_what_to_install(self, tmp_path):
+        """Without java on PATH, the stack exits 3 naming the package to install."""
+        result = _run_fetch(tmp_path, [])
+        assert result.returncode == 3
+        assert "Java 17" in result.stderr
+        assert "openjdk-17-jre-headless" in result.stderr
+
+    def test_missing_maven_says_what_to_install(self, tmp_path):
+        """With java but without mvn on PATH, the stack exits 3 naming Maven."""
+        result = _run_fetch(tmp_path, ["java"])
+        assert result.returncode == 3
+        assert "Maven" in result.stderr
+        assert "apt-get install -y maven" in result.stderr

@@ -1,0 +1,137 @@
+"""The log-dir detector: full scans, inotify hints for single partitions, removal."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from sidecar.observability.metrics import Metrics
+from sidecar.tiering.detector import LogDirDetector
+
+
+def _files(d: Path) -> tuple[str, ...] | None:
+    if not d.is_dir() or "-" not in d.name:
+        return None
+    return tuple(sorted(p.name for p in d.iterdir()))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.changes: list[tuple[str, object, object]] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, d: Path, old: object, new: object) -> None:
+        self.changes.append((d.name, old, new))
+        self.event.set()
+
+    async def next(self, timeout: float = 10.0) -> tuple[str, object, object]:
+        await asyncio.wait_for(self.event.wait(), timeout)
+        self.event.clear()
+        return self.changes[-1]
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    (d / "orders-0").mkdir(parents=True)
+    (d / "orders-0" / "00000000000000000000.log").write_bytes(b"")
+    return d
+
+
+class TestLogDirDetector:
+    async def test_initial_full_scan_reports_partitions(self, log_dir):
+        """The first scan reports every partition directory as new."""
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        await det.scan_once()
+        assert rec.changes == [("orders-0", None, ("00000000000000000000.log",))]
+        assert det.full_scans == 1
+
+    async def test_inotify_hint_rescans_the_partition(self, log_dir):
+        """A file created in a partition dir is seen without waiting for the periodic rescan."""
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        stopping = asyncio.Event()
+        task = asyncio.create_task(det.run(stopping))
+        await rec.next()
+        # wait for the observer thread to be watching before we create a file
+        await asyncio.wait_for(det.scanned.wait(), 10)
+        for attempt in range(50):
+            (log_dir / "orders-0" / f"0000000000000000{attempt:04d}.snapshot").write_bytes(b"")
+            try:
+                name, old, new = await rec.next(timeout=0.5)
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise AssertionError("no change reported after inotify events")
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        assert name == "orders-0"
+        assert old is not None
+        assert any(n.endswith(".snapshot") for n in new)  # type: ignore[union-attr]
+        assert det.full_scans == 1  # found through the hint, not a full rescan
+
+    async def test_removed_partition_is_reported(self, log_dir):
+        """A partition directory that disappears is reported with new=None on the next scan."""
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        await det.scan_once()
+        for f in (log_dir / "orders-0").iterdir():
+            f.unlink()
+        (log_dir / "orders-0").rmdir()
+        await det.scan_once()
+        assert rec.changes[-1][0] == "orders-0"
+        assert rec.changes[-1][2] is None
+        assert det.views == {}
+
+    async def test_non_partitions_are_ignored(self, log_dir):
+        """Directories the scan function rejects never become views."""
+        (log_dir / "garbage").mkdir()
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        await det.scan_once()
+        assert [c[0] for c in rec.changes] == ["orders-0"]
+
+    async def test_missing_log_dir_is_not_fatal(self, tmp_path):
+        """A configured log dir that does not exist yet scans as empty."""
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[tmp_path / "absent"],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        stopping = asyncio.Event()
+        task = asyncio.create_task(det.run(stopping))
+        await asyncio.wait_for(det.scanned.wait(), 10)
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        assert rec.changes == []
