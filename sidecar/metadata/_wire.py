@@ -1,0 +1,175 @@
+"""Kafka's flexible-version ("compact") encoding primitives, as its generated message classes use
+them: unsigned varints, compact strings, nullable bytes and arrays, and tagged-field sections.
+
+Upstream (apache/kafka): ``clients/src/main/java/org/apache/kafka/common/protocol/Writable.java``,
+``Readable.java``, ``ByteBufferAccessor.java`` and ``clients/.../common/utils/ByteUtils.java``;
+the reading rules of ``generator/src/main/java/org/apache/kafka/message/MessageDataGenerator.java``.
+
+Reading follows Kafka's rules, with one deliberate narrowing: a varint must fit a non-negative Java
+int (Kafka silently wraps larger 5-byte varints into negative ints). So everything this reader
+accepts, Kafka's reader accepts too. Pure and synchronous; no Kafka client, no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from sidecar.metadata.errors import MetadataFormatError
+
+#: the longest string Kafka reads or writes (``0x7fff`` bytes of UTF-8)
+MAX_STRING_BYTES = 0x7FFF
+#: varints above this would be negative Java ints
+_MAX_VARINT = (1 << 31) - 1
+#: an empty tagged-field section: ``uvarint(0)``
+EMPTY_TAGGED_FIELDS = b"\x00"
+
+INT8 = struct.Struct(">b")
+INT32 = struct.Struct(">i")
+
+
+def uvarint(value: int) -> bytes:
+    """Encode a non-negative int as Kafka's unsigned varint (``ByteUtils.writeUnsignedVarint``)."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def compact_string(raw: bytes) -> bytes:
+    """A compact string from its UTF-8 bytes: ``uvarint(len + 1)`` then the bytes."""
+    return uvarint(len(raw) + 1) + raw
+
+
+def compact_nullable_bytes(value: bytes | None) -> bytes:
+    """Compact nullable bytes: ``00`` for null, else ``uvarint(len + 1)`` then the bytes."""
+    if value is None:
+        return b"\x00"
+    return uvarint(len(value) + 1) + value
+
+
+def tagged_fields(fields: Mapping[int, bytes]) -> bytes:
+    """A tagged-field section: count, then ``uvarint(tag) uvarint(size) value`` by ascending tag."""
+    if not fields:
+        return EMPTY_TAGGED_FIELDS
+    out = [uvarint(len(fields))]
+    for tag in sorted(fields):
+        out += (uvarint(tag), uvarint(len(fields[tag])), fields[tag])
+    return b"".join(out)
+
+
+class Reader:
+    """A cursor over one record value; every failure names the offset where the bad item starts."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def fail(self, message: str, position: int | None = None) -> NoReturn:
+        """Raise MetadataFormatError at ``position`` (default: the cursor)."""
+        raise MetadataFormatError(message, position=self.pos if position is None else position)
+
+    @property
+    def remaining(self) -> int:
+        """Bytes left after the cursor."""
+        return len(self.buf) - self.pos
+
+    def take(self, size: int, what: str) -> bytes:
+        """The next ``size`` bytes."""
+        end = self.pos + size
+        if end > len(self.buf):
+            self.fail(f"truncated: {what} needs {size} byte(s), {self.remaining} left")
+        data = self.buf[self.pos : end]
+        self.pos = end
+        return data
+
+    def unpack(self, layout: struct.Struct, what: str) -> tuple[Any, ...]:
+        """Fixed-width fields with ``layout``."""
+        pos = self.pos
+        if pos + layout.size > len(self.buf):
+            self.fail(f"truncated: {what} needs {layout.size} byte(s), {self.remaining} left")
+        self.pos = pos + layout.size
+        return layout.unpack_from(self.buf, pos)
+
+    def uvarint(self, what: str) -> int:
+        """An unsigned varint (``ByteUtils.readUnsignedVarint``), at most 5 bytes and < 2**31."""
+        buf, start = self.buf, self.pos
+        if start < len(buf) and buf[start] < 0x80:  # the common one-byte case
+            self.pos = start + 1
+            return buf[start]
+        value = shift = 0
+        pos = start
+        while True:
+            if pos >= len(buf):
+                self.fail(f"truncated: {what} ends inside a varint", start)
+            byte = buf[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                break
+            shift += 7
+            if shift > 28:
+                self.fail(f"{what}: varint is longer than 5 bytes", start)
+        if value > _MAX_VARINT:
+            self.fail(f"{what}: varint {value} does not fit a non-negative Java int", start)
+        self.pos = pos
+        return value
+
+    def uuid(self, what: str) -> uuid.UUID:
+        """A UUID: most significant 8 bytes, then least significant 8 bytes, big-endian."""
+        return uuid.UUID(bytes=self.take(16, what))
+
+    def compact_string(self, what: str) -> str:
+        """A non-nullable compact string of at most 0x7fff bytes of valid UTF-8."""
+        start = self.pos
+        size = self.uvarint(what) - 1
+        if size < 0:
+            self.fail(f"{what}: non-nullable string was serialized as null", start)
+        if size > MAX_STRING_BYTES:
+            self.fail(f"{what}: string length {size} exceeds {MAX_STRING_BYTES}", start)
+        data_start = self.pos
+        raw = self.take(size, what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.fail(f"{what}: invalid UTF-8 ({exc.reason})", data_start + exc.start)
+
+    def compact_nullable_bytes(self, what: str) -> bytes | None:
+        """Compact nullable bytes."""
+        size = self.uvarint(what) - 1
+        if size < 0:
+            return None
+        return self.take(size, what)
+
+    def compact_array_length(self, what: str) -> int:
+        """The element count of a non-nullable compact array, checked as Kafka does."""
+        start = self.pos
+        count = self.uvarint(what) - 1
+        if count < 0:
+            self.fail(f"{what}: non-nullable array was serialized as null", start)
+        if count > self.remaining:
+            self.fail(f"{what}: {count} elements cannot fit in {self.remaining} byte(s)", start)
+        return count
+
+    def tagged_fields(self, what: str) -> dict[int, tuple[int, bytes]]:
+        """A tagged-field section as ``{tag: (offset of the tag, value)}``; a repeated tag keeps the
+        last value, as Kafka's generated ``read`` does. Unknown tags are the caller's to ignore."""
+        buf, pos = self.buf, self.pos
+        if pos < len(buf) and buf[pos] == 0:  # the common empty section
+            self.pos = pos + 1
+            return {}
+        fields: dict[int, tuple[int, bytes]] = {}
+        for _ in range(self.uvarint(f"{what} tagged field count")):
+            tag_pos = self.pos
+            tag = self.uvarint(f"{what} tag")
+            size = self.uvarint(f"{what} tag {tag} size")
+            fields[tag] = (tag_pos, self.take(size, f"{what} tag {tag}"))
+        return fields
