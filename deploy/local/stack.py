@@ -471,8 +471,7 @@ class KafkaCluster:
                             "kafka.tools.StorageTool",
                             "format",
                             "--ignore-formatted",
-                            "-t",
-                            self.cluster_id,
+                            f"--cluster-id={self.cluster_id}",
                             "-c",
                             str(node.home / "server.properties"),
                         ],
@@ -564,10 +563,17 @@ def _kafka_started(log: Path) -> bool:
 
 
 def _kafka_uuid() -> str:
-    """A Kafka-style base64url UUID (what ``StorageTool random-uuid`` prints), without the JVM."""
+    """A Kafka-style base64url UUID (what ``StorageTool random-uuid`` prints), without the JVM.
+
+    Like Kafka's ``Uuid.randomUuid()``, never one whose text starts with '-': command-line
+    parsers would take it for an option.
+    """
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 # ---------------------------------------------------------------------------------------------

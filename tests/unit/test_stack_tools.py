@@ -48,3 +48,12 @@ class TestMissingTools:
         assert result.returncode == 3
         assert "Maven" in result.stderr
         assert "apt-get install -y maven" in result.stderr
+
+
+class TestClusterId:
+    def test_cluster_ids_never_start_with_a_dash(self):
+        """Generated cluster ids are base64url UUIDs that StorageTool cannot mistake for flags."""
+        from tests.conftest import stack
+
+        ids = [stack._kafka_uuid() for _ in range(5000)]
+        assert all(len(i) == 22 and not i.startswith("-") for i in ids)
