@@ -18,6 +18,7 @@ The type carries the retry policy (``retriable``); workers decide from the type,
     - KeyNotFoundError           the key does not exist (not retriable)
     - InvalidRangeError          the byte range is outside the object (not retriable)
     - ChecksumMismatchError      the store rejected or returned data whose checksum did not match
+    - StorageAccessError         credentials refused, access denied, no bucket (not retriable)
   + MetadataPublishError (R)     publishing to the remote log metadata topic failed
   + StackError                   the local development stack could not be started or stopped
 """
@@ -41,6 +42,7 @@ __all__ = [
     "SidecarError",
     "SnapshotFormatError",
     "StackError",
+    "StorageAccessError",
     "StorageError",
     "TruncatedFileError",
     "UnreadableFileError",
@@ -131,6 +133,15 @@ class InvalidRangeError(StorageError):
 
 class ChecksumMismatchError(StorageError):
     """The store rejected our checksum, or returned bytes whose checksum does not match."""
+
+
+class StorageAccessError(StorageError):
+    """The store refused our credentials or permissions, or the bucket does not exist.
+
+    Retrying at once cannot help; the worker backs off for long and readiness turns false.
+    """
+
+    retriable: ClassVar[bool] = False
 
 
 class MetadataPublishError(SidecarError):

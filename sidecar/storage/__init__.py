@@ -1,0 +1,50 @@
+"""Object storage: the :class:`ObjectStore` protocol, its value types, and the backends.
+
+Importing this package imports no backend client: :func:`open_store` imports the S3 backend
+(aiobotocore, heavy) only when it is called, so Spark executors and unit tests stay light.
+:class:`MemoryObjectStore` is the in-memory fake with fault injection for unit tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sidecar.storage.base import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_PART_SIZE,
+    DELETE_BATCH_SIZE,
+    MAX_PARTS,
+    MIN_PART_SIZE,
+    MultipartUpload,
+    ObjectInfo,
+    ObjectStore,
+)
+from sidecar.storage.memory import MemoryObjectStore
+
+if TYPE_CHECKING:
+    from sidecar.storage.s3 import S3Settings
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_PAGE_SIZE",
+    "DEFAULT_PART_SIZE",
+    "DELETE_BATCH_SIZE",
+    "MAX_PARTS",
+    "MIN_PART_SIZE",
+    "MemoryObjectStore",
+    "MultipartUpload",
+    "ObjectInfo",
+    "ObjectStore",
+    "open_store",
+]
+
+
+def open_store(config: S3Settings) -> ObjectStore:
+    """The S3 store for ``sidecar.config.S3Config`` (imports the S3 backend on first use).
+
+    The store opens its client lazily; use it as an async context manager or ``aclose()`` it.
+    """
+    from sidecar.storage.s3 import S3ObjectStore  # lazy: aiobotocore is heavy
+
+    return S3ObjectStore.from_config(config)

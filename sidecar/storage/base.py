@@ -1,0 +1,148 @@
+"""The object-store interface: the few verbs the sidecar needs, and the values they return.
+
+Every backend (``s3.py``, ``memory.py``) implements :class:`ObjectStore`; callers depend on this
+module only. It must not import a backend or any third-party client.
+
+Errors are the same for every backend (:mod:`sidecar.errors`):
+
+* :class:`~sidecar.errors.KeyNotFoundError`: ``get``, ``head`` or ``get_range`` of a missing key;
+* :class:`~sidecar.errors.InvalidRangeError`: ``get_range`` whose start is negative, after the
+  end, or beyond the object's last byte (an end beyond the last byte is clamped, as S3 does);
+* :class:`~sidecar.errors.ChecksumMismatchError`: the store rejected our CRC-32C, or returned
+  bytes or a checksum that do not match;
+* :class:`~sidecar.errors.StorageError` (retriable): everything else. Messages name the
+  operation and the key, never a credential.
+
+``put_file`` lets local file errors (``OSError``, e.g. ``FileNotFoundError`` when the broker
+deleted the segment first) propagate unchanged, so callers can handle Kafka's deletion race.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Protocol, Self
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_PAGE_SIZE",
+    "DEFAULT_PART_SIZE",
+    "DELETE_BATCH_SIZE",
+    "MAX_PARTS",
+    "MIN_PART_SIZE",
+    "MultipartUpload",
+    "ObjectInfo",
+    "ObjectStore",
+]
+
+#: S3's smallest part size (every part but the last)
+MIN_PART_SIZE = 5 * 1024 * 1024
+#: S3's largest part count; put_file raises the part size to stay below it
+MAX_PARTS = 10_000
+DEFAULT_PART_SIZE = 16 * 1024 * 1024
+DEFAULT_CONCURRENCY = 4
+#: keys per listing request (S3's maximum)
+DEFAULT_PAGE_SIZE = 1000
+#: keys per DeleteObjects request (S3's maximum)
+DELETE_BATCH_SIZE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What the store knows about one object."""
+
+    key: str
+    #: size in bytes
+    size: int
+    #: CRC-32C of the whole object; None when unknown (listings, and ``head`` of a multipart
+    #: object, whose S3 checksum is a composite CRC of part CRCs)
+    crc32c: int | None = None
+    #: the store's entity tag, without quotes; opaque
+    etag: str | None = None
+    #: timezone-aware; None when the store did not report it (put responses)
+    last_modified: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MultipartUpload:
+    """An incomplete multipart upload (the orphan scrub aborts old ones)."""
+
+    key: str
+    upload_id: str
+    #: timezone-aware
+    initiated: datetime | None = None
+
+
+class ObjectStore(Protocol):
+    """An object store: a bucket (or a fake of one) seen through the sidecar's verbs only.
+
+    Use it as an async context manager, or call :meth:`aclose` (idempotent). Using a closed
+    store raises ``RuntimeError``.
+    """
+
+    async def put(self, key: str, body: bytes) -> ObjectInfo:
+        """Store ``body`` under ``key`` (one request), with its CRC-32C checked by the store."""
+        ...
+
+    async def put_file(
+        self,
+        key: str,
+        path: str | os.PathLike[str],
+        *,
+        part_size: int = DEFAULT_PART_SIZE,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ) -> ObjectInfo:
+        """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
+
+        The file is read in a thread, ``part_size`` bytes at a time, so at most about
+        ``concurrency * part_size`` bytes are in memory. Every part carries its CRC-32C; the
+        returned ``crc32c`` is the whole file's. A failed multipart upload is aborted.
+        """
+        ...
+
+    async def get(self, key: str) -> bytes:
+        """The whole object (for small objects: manifests, indexes)."""
+        ...
+
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+        """Bytes ``start..end_inclusive`` (Kafka's ``fetchLogSegment`` convention); an end
+        beyond the last byte is clamped."""
+        ...
+
+    async def head(self, key: str) -> ObjectInfo:
+        """Size, checksum and entity tag of an object."""
+        ...
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        """Delete objects, in batches of :data:`DELETE_BATCH_SIZE`; missing keys are fine."""
+        ...
+
+    def list(self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE) -> AsyncIterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, in key order, one page at a time."""
+        ...
+
+    def list_multipart_uploads(
+        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> AsyncIterator[MultipartUpload]:
+        """Incomplete multipart uploads whose key starts with ``prefix``, in the store's order."""
+        ...
+
+    async def abort_multipart_upload(self, key: str, upload_id: str) -> None:
+        """Abort an incomplete multipart upload; an upload that is already gone is fine."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections; idempotent."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

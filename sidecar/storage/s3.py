@@ -1,0 +1,675 @@
+"""The S3 backend of :class:`~sidecar.storage.base.ObjectStore`, on aiobotocore.
+
+* Integrity: every upload carries a CRC-32C we compute (``x-amz-checksum-crc32c``), which the
+  store verifies; botocore adds no checksum of its own (``when_required``), and by default the
+  payload is not SHA-256 signed either (the signed checksum header protects it for a fraction
+  of the CPU). Each part's echoed checksum and the multipart object's composite checksum
+  (CRC-32C of the part CRCs, ``-N``) are compared with ours; the whole-file CRC-32C we return is
+  combined from the part CRCs. Full-object checksums returned by ``get`` are verified.
+* Errors are translated here and nowhere else, always ``from`` the original: see
+  :mod:`sidecar.storage.base`. Messages name the operation and the key, never a credential.
+* Every request attempt has a timeout; transient failures are retried by the one policy in
+  :mod:`sidecar.storage._retry` (botocore's own retries are off). A failed multipart upload is
+  aborted best-effort; the orphan scrub removes whatever an abort could not.
+
+This module never imports :mod:`sidecar.config`; :meth:`S3ObjectStore.from_config` accepts any
+object with the fields of ``S3Config``. The key prefix is the caller's business (``keys.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import io
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Protocol, Self, TypeVar
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    FlexibleChecksumError,
+    HTTPClientError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from sidecar.errors import (
+    ChecksumMismatchError,
+    InvalidRangeError,
+    KeyNotFoundError,
+    StorageAccessError,
+    StorageError,
+)
+from sidecar.observability.logging import get_logger
+from sidecar.storage._crc import composite_checksum, decode_checksum, encode_checksum
+from sidecar.storage._parts import (
+    FilePart,
+    PartReader,
+    batches,
+    check_page_size,
+    check_range,
+    check_upload_args,
+    combine_parts,
+    crc32c_off_loop,
+    open_parts,
+    plan_parts,
+)
+from sidecar.storage._retry import RetryPolicy, retrying
+from sidecar.storage.base import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_PART_SIZE,
+    DELETE_BATCH_SIZE,
+    MultipartUpload,
+    ObjectInfo,
+)
+
+__all__ = ["S3ObjectStore", "S3Settings"]
+
+T = TypeVar("T")
+
+log = get_logger(__name__)
+
+#: what one request attempt can raise from the client and its HTTP stack
+_CLIENT_ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, OSError)  # OSError ⊃ Timeout
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_BAD_RANGE_CODES = frozenset({"InvalidRange", "416"})
+_BAD_CHECKSUM_CODES = frozenset({"BadDigest", "XAmzContentChecksumMismatch", "InvalidDigest"})
+_ACCESS_CODES = frozenset(
+    {"AccessDenied", "SignatureDoesNotMatch", "InvalidAccessKeyId", "NoSuchBucket", "403"}
+)
+#: error codes worth another attempt, whatever their HTTP status
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        *_BAD_CHECKSUM_CODES,  # our checksum was computed from the bytes we send: transit damage
+    }
+)
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+class _Secret(Protocol):
+    def get_secret_value(self) -> str: ...
+
+
+class S3Settings(Protocol):
+    """The fields :meth:`S3ObjectStore.from_config` reads (``sidecar.config.S3Config``)."""
+
+    @property
+    def bucket(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def endpoint_url(self) -> str | None: ...
+    @property
+    def access_key_id(self) -> _Secret | None: ...
+    @property
+    def secret_access_key(self) -> _Secret | None: ...
+    @property
+    def path_style(self) -> bool: ...
+    @property
+    def request_timeout_s(self) -> float: ...
+    @property
+    def max_concurrency(self) -> int: ...
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class _UploadedPart:
+    number: int
+    etag: str
+    crc32c: int
+    length: int
+
+
+def _error_code(exc: BaseException | None) -> str:
+    if isinstance(exc, ClientError):
+        return str(exc.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def _http_status(exc: ClientError) -> int | None:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return int(status) if status is not None else None
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether another attempt may succeed: server trouble, throttling, timeouts, broken
+    connections, damaged bytes. Never a missing key, a bad range, a refused signature or
+    a malformed request."""
+    if not isinstance(exc, StorageError) or not exc.retriable:
+        return False
+    cause = exc.__cause__
+    if cause is None:  # our own verification of a response
+        return True
+    if isinstance(cause, ClientError):
+        status = _http_status(cause) or 0
+        return _error_code(cause) in _TRANSIENT_CODES or status >= 500 or status in (408, 429)
+    if isinstance(cause, BotoCoreError):
+        return isinstance(cause, BotoConnectionError | HTTPClientError)
+    return isinstance(cause, aiohttp.ClientError | OSError)
+
+
+def _utc(value: object) -> datetime | None:
+    """botocore's timestamps (dateutil tzutc or tzlocal) as ``datetime.UTC`` values."""
+    return value.astimezone(UTC) if isinstance(value, datetime) else None
+
+
+def _etag(response: dict[str, Any]) -> str | None:
+    etag = response.get("ETag")
+    return str(etag).strip('"') if etag else None
+
+
+class S3ObjectStore:
+    """An S3 bucket (AWS or compatible: SeaweedFS, MinIO) as an :class:`ObjectStore`.
+
+    ``S3ObjectStore(bucket="tiered", endpoint_url="http://127.0.0.1:8333")``; credentials None
+    use botocore's default chain (environment, IRSA, instance profile). The client opens on
+    ``async with`` or on first use; :meth:`aclose` closes it, after which calls raise
+    ``RuntimeError``.
+    """
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        path_style: bool = True,
+        request_timeout_s: float = 30.0,
+        max_attempts: int = 4,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+        max_connections: int = 32,
+        sign_payload: bool = False,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be positive")
+        self._bucket = bucket
+        self._endpoint_url = endpoint_url
+        self._timeout_s = request_timeout_s
+        self._retry = RetryPolicy(
+            attempts=max_attempts, base_delay_s=backoff_s, max_delay_s=max_backoff_s
+        )
+        self._sleep = sleep
+        self._secrets = tuple(s for s in (access_key_id, secret_access_key) if s)
+        credentials: dict[str, str] = {}
+        if access_key_id is not None and secret_access_key is not None:
+            credentials = {
+                "aws_access_key_id": access_key_id,
+                "aws_secret_access_key": secret_access_key,
+            }
+        self._client_args: dict[str, Any] = {
+            "region_name": region,
+            "endpoint_url": endpoint_url,
+            **credentials,
+            "config": AioConfig(
+                signature_version="s3v4",
+                s3={
+                    "addressing_style": "path" if path_style else "virtual",
+                    "payload_signing_enabled": sign_payload,
+                },
+                retries={"total_max_attempts": 1},  # retried by our policy, once
+                connect_timeout=min(request_timeout_s, 10.0),
+                read_timeout=request_timeout_s,
+                max_pool_connections=max_connections,
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                tcp_keepalive=True,
+            ),
+        }
+        self._session = get_session()
+        self._state = _State.UNOPENED
+        self._client: Any = None
+        self._exit_stack = contextlib.AsyncExitStack()
+        self._open_lock = asyncio.Lock()
+
+    @classmethod
+    def from_config(cls, config: S3Settings, **overrides: Any) -> S3ObjectStore:
+        """A store for ``sidecar.config.S3Config`` (secrets unwrapped here, and only here)."""
+
+        def reveal(secret: _Secret | None) -> str | None:
+            return None if secret is None else secret.get_secret_value()
+
+        arguments: dict[str, Any] = {
+            "bucket": config.bucket,
+            "endpoint_url": config.endpoint_url,
+            "region": config.region,
+            "access_key_id": reveal(config.access_key_id),
+            "secret_access_key": reveal(config.secret_access_key),
+            "path_style": config.path_style,
+            "request_timeout_s": config.request_timeout_s,
+            "max_connections": max(32, 2 * config.max_concurrency),
+        }
+        arguments.update(overrides)
+        return cls(**arguments)
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStore(endpoint_url={self._endpoint_url!r}, bucket={self._bucket!r})"
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self._ensure_client()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the client and its connection pool; idempotent."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        self._client = None
+        await self._exit_stack.aclose()
+
+    def _check_open(self) -> None:
+        if self._state is _State.CLOSED:
+            raise RuntimeError("S3ObjectStore is closed")
+
+    async def _ensure_client(self) -> Any:
+        self._check_open()
+        if self._client is None:
+            async with self._open_lock:
+                self._check_open()  # closed while we waited for the lock
+                if self._client is None:
+                    creator = self._session.create_client("s3", **self._client_args)
+                    self._client = await self._exit_stack.enter_async_context(creator)
+                    self._state = _State.OPENED
+        return self._client
+
+    # -- the request boundary ------------------------------------------------------------
+
+    async def _call(self, op: str, key: str | None, request: Callable[[Any], Awaitable[T]]) -> T:
+        """One logical operation: attempts with a timeout each, errors mapped, retried."""
+        client = await self._ensure_client()
+
+        async def attempt() -> T:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    return await request(client)
+            except _CLIENT_ERRORS as exc:
+                raise self._error(op, key, exc) from exc
+
+        return await retrying(
+            attempt, policy=self._retry, is_transient=_is_transient, what=op, sleep=self._sleep
+        )
+
+    async def _request(self, op: str, key: str | None, method: str, **params: Any) -> Any:
+        """A plain client call (``method`` of the aiobotocore client) through :meth:`_call`."""
+
+        async def request(client: Any) -> Any:
+            return await getattr(client, method)(Bucket=self._bucket, **params)
+
+        return await self._call(op, key, request)
+
+    def _where(self, op: str, key: str | None) -> str:
+        return f"{op} s3://{self._bucket}/{key or ''}"
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "**********")
+        return text
+
+    def _error(self, op: str, key: str | None, exc: BaseException) -> StorageError:
+        """The sidecar error for a client failure (the caller chains it ``from exc``)."""
+        where = self._where(op, key)
+        if isinstance(exc, ClientError):
+            code = _error_code(exc)
+            status = _http_status(exc)
+            message = self._redact(str(exc.response.get("Error", {}).get("Message", "") or ""))
+            detail = f"{code or 'error'} (HTTP {status})" + (f": {message}" if message else "")
+            if code == "NoSuchUpload":
+                return StorageError(f"{where}: {detail}")
+            if code in _NOT_FOUND_CODES or (status == 404 and not code):
+                return KeyNotFoundError(f"{where}: no such key")
+            if code in _BAD_RANGE_CODES or status == 416:
+                return InvalidRangeError(f"{where}: range not satisfiable: {detail}")
+            if code in _BAD_CHECKSUM_CODES:
+                return ChecksumMismatchError(f"{where}: the store rejected the checksum: {detail}")
+            if code in _ACCESS_CODES or status == 403:
+                return StorageAccessError(f"{where} refused: {detail}")
+            return StorageError(f"{where} failed: {detail}")
+        if isinstance(exc, FlexibleChecksumError):
+            return ChecksumMismatchError(f"{where}: {self._redact(str(exc))}")
+        if isinstance(exc, TimeoutError) and not isinstance(exc, BotoCoreError):
+            return StorageError(f"{where} timed out after {self._timeout_s} s")
+        return StorageError(f"{where} failed: {type(exc).__name__}: {self._redact(str(exc))}")
+
+    # -- ObjectStore ---------------------------------------------------------------------
+
+    async def put(self, key: str, body: bytes) -> ObjectInfo:
+        """Store ``body`` under ``key`` with one PUT carrying its CRC-32C."""
+        body = bytes(body)
+        return await self._put_object(key, body, len(body), await crc32c_off_loop(body))
+
+    async def _put_object(
+        self, key: str, body: bytes | io.BytesIO, size: int, crc: int
+    ) -> ObjectInfo:
+        checksum = encode_checksum(crc)
+
+        async def request(client: Any) -> Any:
+            if isinstance(body, io.BytesIO):
+                body.seek(0)  # every attempt sends the whole body
+            return await client.put_object(
+                Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum
+            )
+
+        response = await self._call("put", key, request)
+        returned = response.get("ChecksumCRC32C")
+        if returned is not None and returned != checksum:
+            raise ChecksumMismatchError(
+                f"{self._where('put', key)}: the store answered CRC-32C {returned}, "
+                f"we sent {checksum}"
+            )
+        return ObjectInfo(key, size, crc, _etag(response), None)
+
+    async def put_file(
+        self,
+        key: str,
+        path: str | os.PathLike[str],
+        *,
+        part_size: int = DEFAULT_PART_SIZE,
+        concurrency: int = DEFAULT_CONCURRENCY,
+    ) -> ObjectInfo:
+        """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
+
+        Memory stays near ``concurrency * part_size``: each of ``concurrency`` workers reads
+        one part (in a thread), uploads it and drops it before reading the next.
+        """
+        check_upload_args(part_size, concurrency)
+        async with open_parts(path) as reader:
+            if reader.size <= part_size:
+                body, crc = await reader.read(0, reader.size)
+                return await self._put_object(key, body, reader.size, crc)
+            parts = plan_parts(reader.size, part_size)
+            upload_id = await self._create_multipart_upload(key)
+            try:
+                uploaded = await self._upload_parts(key, upload_id, reader, parts, concurrency)
+                response = await self._request(
+                    "complete_multipart_upload",
+                    key,
+                    "complete_multipart_upload",
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={
+                        "Parts": [
+                            {
+                                "PartNumber": p.number,
+                                "ETag": p.etag,
+                                "ChecksumCRC32C": encode_checksum(p.crc32c),
+                            }
+                            for p in uploaded
+                        ]
+                    },
+                )
+            except BaseException:
+                await self._abort_quietly(key, upload_id)
+                raise
+        whole = combine_parts([(p.crc32c, p.length) for p in uploaded])
+        returned = response.get("ChecksumCRC32C")
+        if returned is not None:
+            matches = (
+                returned == composite_checksum(p.crc32c for p in uploaded)
+                if "-" in returned
+                else decode_checksum(returned) == whole
+            )
+            if not matches:
+                await self._delete_quietly(key)
+                raise ChecksumMismatchError(
+                    f"{self._where('put_file', key)}: the store's checksum {returned} of the "
+                    f"completed upload does not match the parts we sent"
+                )
+        return ObjectInfo(key, reader.size, whole, _etag(response), None)
+
+    async def _create_multipart_upload(self, key: str) -> str:
+        response = await self._request(
+            "create_multipart_upload",
+            key,
+            "create_multipart_upload",
+            Key=key,
+            ChecksumAlgorithm="CRC32C",
+        )
+        return str(response["UploadId"])
+
+    async def _upload_parts(
+        self,
+        key: str,
+        upload_id: str,
+        reader: PartReader,
+        parts: Sequence[FilePart],
+        concurrency: int,
+    ) -> Sequence[_UploadedPart]:
+        """Upload every part with ``concurrency`` workers; the first failure cancels the rest
+        and propagates on its own (not in an exception group)."""
+        uploaded: dict[int, _UploadedPart] = {}
+        pending = iter(parts)
+
+        async def worker() -> None:
+            for part in pending:
+                body, crc = await reader.read(part.offset, part.length)
+                etag = await self._upload_part(key, upload_id, part.number, body, crc)
+                del body  # before reading the next part: memory stays at one part per worker
+                uploaded[part.number] = _UploadedPart(part.number, etag, crc, part.length)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for n in range(min(concurrency, len(parts))):
+                    group.create_task(worker(), name=f"upload {key} worker {n}")
+        except BaseExceptionGroup as failures:
+            first = failures.exceptions[0]
+            raise first from first.__cause__
+        return [uploaded[p.number] for p in parts]
+
+    async def _upload_part(
+        self, key: str, upload_id: str, number: int, body: io.BytesIO, crc: int
+    ) -> str:
+        checksum = encode_checksum(crc)
+
+        async def request(client: Any) -> Any:
+            body.seek(0)  # every attempt sends the whole part
+            return await client.upload_part(
+                Bucket=self._bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=body,
+                ChecksumCRC32C=checksum,
+            )
+
+        response = await self._call("upload_part", key, request)
+        returned = response.get("ChecksumCRC32C")
+        if returned is not None and returned != checksum:
+            raise ChecksumMismatchError(
+                f"{self._where('upload_part', key)}: part {number}: the store answered CRC-32C "
+                f"{returned}, we sent {checksum}"
+            )
+        etag = _etag(response)
+        if etag is None:
+            raise StorageError(f"{self._where('upload_part', key)}: part {number} has no ETag")
+        return etag
+
+    async def _abort_quietly(self, key: str, upload_id: str) -> None:
+        try:
+            await self.abort_multipart_upload(key, upload_id)
+        except (StorageError, RuntimeError) as exc:
+            log.warning("multipart_abort_failed", key=key, upload_id=upload_id, error=str(exc))
+
+    async def _delete_quietly(self, key: str) -> None:
+        try:
+            await self.delete([key])
+        except (StorageError, RuntimeError) as exc:
+            log.warning("object_delete_failed", key=key, error=str(exc))
+
+    async def get(self, key: str) -> bytes:
+        """The whole object; a full-object CRC-32C returned by the store is verified."""
+
+        async def request(client: Any) -> bytes:
+            response = await client.get_object(Bucket=self._bucket, Key=key, ChecksumMode="ENABLED")
+            async with response["Body"] as stream:
+                body: bytes = await stream.read()
+            expected = decode_checksum(response.get("ChecksumCRC32C"))
+            if expected is not None and await crc32c_off_loop(body) != expected:
+                raise ChecksumMismatchError(
+                    f"{self._where('get', key)}: the bytes do not match the stored CRC-32C"
+                )
+            return body
+
+        return await self._call("get", key, request)
+
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+        """Bytes ``start..end_inclusive``, the end clamped to the last byte (as S3 does)."""
+        check_range(key, start, end_inclusive)
+
+        async def request(client: Any) -> bytes:
+            response = await client.get_object(
+                Bucket=self._bucket, Key=key, Range=f"bytes={start}-{end_inclusive}"
+            )
+            async with response["Body"] as stream:
+                body: bytes = await stream.read()
+            content_range = response.get("ContentRange")
+            if content_range is None:  # a store that ignored Range sent the whole object
+                if start >= len(body):
+                    raise InvalidRangeError(
+                        f"{self._where('get_range', key)}: range {start}-{end_inclusive} is "
+                        f"beyond the object's {len(body)} bytes"
+                    )
+                return body[start : end_inclusive + 1]
+            match = _CONTENT_RANGE.fullmatch(content_range)
+            if match is None or int(match[1]) != start or int(match[2]) - start + 1 != len(body):
+                raise StorageError(
+                    f"{self._where('get_range', key)}: asked for {start}-{end_inclusive}, "
+                    f"got {content_range!r} with {len(body)} bytes"
+                )
+            return body
+
+        return await self._call("get_range", key, request)
+
+    async def head(self, key: str) -> ObjectInfo:
+        """Size, entity tag and (for single-PUT objects) the CRC-32C."""
+        response = await self._request("head", key, "head_object", Key=key, ChecksumMode="ENABLED")
+        return ObjectInfo(
+            key,
+            int(response["ContentLength"]),
+            decode_checksum(response.get("ChecksumCRC32C")),
+            _etag(response),
+            _utc(response.get("LastModified")),
+        )
+
+    async def delete(self, keys: Sequence[str]) -> None:
+        """Delete with DeleteObjects, 1000 keys a request; missing keys are not errors."""
+        for batch in batches(keys, DELETE_BATCH_SIZE):
+            response = await self._request(
+                "delete",
+                batch[0],
+                "delete_objects",
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            failed = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if failed:
+                first = failed[0]
+                raise StorageError(
+                    f"{self._where('delete', first.get('Key'))}: {len(failed)} of {len(batch)} "
+                    f"keys not deleted, e.g. {first.get('Code')}: "
+                    f"{self._redact(str(first.get('Message', '')))}"
+                )
+
+    async def list(
+        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> AsyncIterator[ObjectInfo]:
+        """Objects under ``prefix`` in key order (ListObjectsV2, ``page_size`` keys a page)."""
+        check_page_size(page_size)
+        params: dict[str, Any] = {"Prefix": prefix, "MaxKeys": page_size}
+        while True:
+            page = await self._request("list", prefix, "list_objects_v2", **params)
+            for item in page.get("Contents", []):
+                yield ObjectInfo(
+                    str(item["Key"]),
+                    int(item["Size"]),
+                    None,
+                    _etag(item),
+                    _utc(item.get("LastModified")),
+                )
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated"):
+                return
+            if not token:
+                raise StorageError(f"{self._where('list', prefix)}: truncated page without token")
+            params["ContinuationToken"] = token
+
+    async def list_multipart_uploads(
+        self, prefix: str, *, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> AsyncIterator[MultipartUpload]:
+        """Incomplete multipart uploads under ``prefix`` (ListMultipartUploads, paginated), in
+        the store's order (AWS: by key; SeaweedFS: by upload id)."""
+        check_page_size(page_size)
+        params: dict[str, Any] = {"Prefix": prefix, "MaxUploads": page_size}
+        while True:
+            page = await self._request(
+                "list_multipart_uploads", prefix, "list_multipart_uploads", **params
+            )
+            for item in page.get("Uploads", []):
+                yield MultipartUpload(
+                    str(item["Key"]), str(item["UploadId"]), _utc(item.get("Initiated"))
+                )
+            if not page.get("IsTruncated"):
+                return
+            # AWS pages by NextKeyMarker + NextUploadIdMarker; SeaweedFS orders by upload id
+            # and sends only NextUploadIdMarker. Send whichever markers came back.
+            markers = {
+                name: str(page[f"Next{name}"])
+                for name in ("KeyMarker", "UploadIdMarker")
+                if page.get(f"Next{name}")
+            }
+            previous = {n: params[n] for n in ("KeyMarker", "UploadIdMarker") if n in params}
+            if not markers or markers == previous:
+                raise StorageError(
+                    f"{self._where('list_multipart_uploads', prefix)}: truncated page "
+                    f"without a new marker"
+                )
+            params.pop("KeyMarker", None)
+            params.pop("UploadIdMarker", None)
+            params.update(markers)
+
+    async def abort_multipart_upload(self, key: str, upload_id: str) -> None:
+        """Abort an incomplete multipart upload; an upload that is already gone is fine."""
+        try:
+            await self._request(
+                "abort_multipart_upload",
+                key,
+                "abort_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+            )
+        except StorageError as exc:
+            if _error_code(exc.__cause__) in {"NoSuchUpload", "NoSuchKey", "404"}:
+                return
+            raise

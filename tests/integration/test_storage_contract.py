@@ -1,0 +1,451 @@
+"""The ObjectStore contract, run against every backend: the in-memory fake and the S3 backend on
+the real SeaweedFS (which verifies checksums and signatures). Then the S3-only behaviour:
+checksum rejection, credentials kept out of errors, no multipart upload left behind.
+
+Every test deletes what it writes; the ``backend`` fixture fails a test that leaks objects or
+multipart uploads under its prefix (and removes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.errors import (
+    ChecksumMismatchError,
+    InvalidRangeError,
+    KeyNotFoundError,
+    StorageAccessError,
+    StorageError,
+)
+from sidecar.storage import MIN_PART_SIZE, MemoryObjectStore, ObjectStore
+from sidecar.storage._crc import crc32c
+from sidecar.storage.s3 import S3ObjectStore
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Backend:
+    """One store under test, plus what the contract needs beyond the protocol."""
+
+    name: str
+    store: ObjectStore
+    prefix: str
+    #: a fresh, unopened store on the same backend
+    new_store: Callable[[], ObjectStore]
+    #: start a multipart upload and leave it incomplete (what a crash leaves)
+    start_upload: Callable[[str], Awaitable[str]]
+
+
+def _s3_store(s3: Any, **kwargs: Any) -> S3ObjectStore:
+    arguments: dict[str, Any] = {
+        "bucket": s3.bucket,
+        "endpoint_url": s3.endpoint,
+        "access_key_id": s3.access_key,
+        "secret_access_key": s3.secret_key,
+        "request_timeout_s": 30.0,
+    }
+    arguments.update(kwargs)
+    return S3ObjectStore(**arguments)
+
+
+async def _leftovers(store: ObjectStore, prefix: str) -> tuple[list[str], list[Any]]:
+    keys = [o.key async for o in store.list(prefix)]
+    uploads = [u async for u in store.list_multipart_uploads(prefix)]
+    return keys, uploads
+
+
+@pytest.fixture(params=["memory", "seaweedfs"])
+async def backend(request: pytest.FixtureRequest, s3_prefix: str) -> AsyncIterator[Backend]:
+    """Each backend in turn; SeaweedFS starts only when a seaweedfs case is selected."""
+    if request.param == "memory":
+        memory = MemoryObjectStore()
+        handle = Backend(
+            "memory", memory, s3_prefix, MemoryObjectStore, memory.create_multipart_upload
+        )
+    else:
+        s3 = request.getfixturevalue("s3")
+        remote = _s3_store(s3)
+        handle = Backend(
+            "seaweedfs",
+            remote,
+            s3_prefix,
+            lambda: _s3_store(s3),
+            remote._create_multipart_upload,  # the step put_file starts with
+        )
+    async with handle.store:
+        yield handle
+        keys, uploads = await _leftovers(handle.store, s3_prefix)
+        await handle.store.delete(keys)
+        for upload in uploads:
+            await handle.store.abort_multipart_upload(upload.key, upload.upload_id)
+    assert (keys, uploads) == ([], []), "the test leaked objects or multipart uploads"
+
+
+@pytest.fixture
+async def s3_store(s3: Any, s3_prefix: str) -> AsyncIterator[S3ObjectStore]:
+    """The S3 backend on SeaweedFS, checked for leaks under the test's prefix afterwards."""
+    async with _s3_store(s3) as store:
+        yield store
+        keys, uploads = await _leftovers(store, s3_prefix)
+        await store.delete(keys)
+        for upload in uploads:
+            await store.abort_multipart_upload(upload.key, upload.upload_id)
+    assert (keys, uploads) == ([], []), "the test leaked objects or multipart uploads"
+
+
+def _payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, incompressible-enough bytes."""
+    block = (
+        os.urandom(64 * 1024) if seed < 0 else bytes((i * 131 + seed) % 251 for i in range(4096))
+    )
+    return (block * (size // len(block) + 1))[:size]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+class TestRoundTrip:
+    async def test_put_get(self, backend: Backend) -> None:
+        """A put object comes back byte-identical, with its size and CRC-32C reported."""
+        key = f"{backend.prefix}object.bin"
+        body = _payload(300_000)
+        info = await backend.store.put(key, body)
+        assert (key, len(body), crc32c(body)) == (info.key, info.size, info.crc32c)
+        assert body == await backend.store.get(key)
+        head = await backend.store.head(key)
+        assert (len(body), crc32c(body), info.etag) == (head.size, head.crc32c, head.etag)
+        assert head.last_modified is not None
+        assert abs(datetime.now(UTC) - head.last_modified) < timedelta(minutes=5)
+        await backend.store.delete([key])
+
+    async def test_put_empty_and_overwrite(self, backend: Backend) -> None:
+        """An empty object is stored, and a second put replaces the first."""
+        key = f"{backend.prefix}empty"
+        await backend.store.put(key, b"")
+        assert await backend.store.get(key) == b""
+        assert (await backend.store.head(key)).size == 0
+        await backend.store.put(key, b"second")
+        assert await backend.store.get(key) == b"second"
+        await backend.store.delete([key])
+
+
+class TestGetRange:
+    async def test_inclusive_end(self, backend: Backend) -> None:
+        """Ranges include their end byte: first byte, last byte, a middle span, everything."""
+        key = f"{backend.prefix}range.bin"
+        body = _payload(10_000, seed=7)
+        await backend.store.put(key, body)
+        store = backend.store
+        assert body[:1] == await store.get_range(key, 0, 0)
+        assert body[-1:] == await store.get_range(key, len(body) - 1, len(body) - 1)
+        assert body[100:201] == await store.get_range(key, 100, 200)
+        assert body == await store.get_range(key, 0, len(body) - 1)
+        await store.delete([key])
+
+    async def test_end_beyond_object_is_clamped(self, backend: Backend) -> None:
+        """An end past the last byte returns up to the last byte, as S3 does."""
+        key = f"{backend.prefix}clamp.bin"
+        body = _payload(1000, seed=3)
+        await backend.store.put(key, body)
+        assert body[900:] == await backend.store.get_range(key, 900, 5000)
+        await backend.store.delete([key])
+
+    @pytest.mark.parametrize(
+        ("start", "end"),
+        [
+            pytest.param(1000, 1000, id="start-at-size"),
+            pytest.param(5000, 6000, id="start-past-size"),
+            pytest.param(-1, 10, id="negative-start"),
+            pytest.param(10, 9, id="end-before-start"),
+        ],
+    )
+    async def test_unsatisfiable_range(self, backend: Backend, start: int, end: int) -> None:
+        """A range starting beyond the last byte, or malformed, is InvalidRangeError."""
+        key = f"{backend.prefix}short.bin"
+        await backend.store.put(key, _payload(1000))
+        with pytest.raises(InvalidRangeError):
+            await backend.store.get_range(key, start, end)
+        await backend.store.delete([key])
+
+    async def test_range_of_empty_object(self, backend: Backend) -> None:
+        """No range is satisfiable on an empty object."""
+        key = f"{backend.prefix}empty"
+        await backend.store.put(key, b"")
+        with pytest.raises(InvalidRangeError):
+            await backend.store.get_range(key, 0, 0)
+        await backend.store.delete([key])
+
+
+class TestMissingKey:
+    @pytest.mark.parametrize("op", ["get", "head", "get_range"])
+    async def test_missing_key(self, backend: Backend, op: str) -> None:
+        """Reading a key that does not exist is KeyNotFoundError, naming the key."""
+        key = f"{backend.prefix}absent"
+        call: Callable[[], Awaitable[object]] = {
+            "get": lambda: backend.store.get(key),
+            "head": lambda: backend.store.head(key),
+            "get_range": lambda: backend.store.get_range(key, 0, 10),
+        }[op]
+        with pytest.raises(KeyNotFoundError, match="absent"):
+            await call()
+
+
+class TestPutFile:
+    async def test_small_file_single_put(self, backend: Backend, tmp_path: Path) -> None:
+        """A file up to one part goes up in one PUT, with the whole file's CRC-32C."""
+        data = _payload(MIN_PART_SIZE - 1, seed=1)
+        key = f"{backend.prefix}small.log"
+        info = await backend.store.put_file(key, _write(tmp_path / "small.log", data))
+        assert (len(data), crc32c(data)) == (info.size, info.crc32c)
+        assert info.etag is not None
+        assert "-" not in info.etag  # not a multipart entity tag
+        assert crc32c(data) == (await backend.store.head(key)).crc32c
+        assert data == await backend.store.get(key)
+        await backend.store.delete([key])
+
+    async def test_multipart(self, backend: Backend, tmp_path: Path) -> None:
+        """A 12 MiB file in 5 MiB parts, 3 at a time, arrives whole with the right CRC-32C."""
+        data = _payload(12 * MiB + 12345, seed=-1)
+        key = f"{backend.prefix}big.log"
+        info = await backend.store.put_file(
+            key, _write(tmp_path / "big.log", data), part_size=5 * MiB, concurrency=3
+        )
+        assert (len(data), crc32c(data)) == (info.size, info.crc32c)
+        assert info.etag is not None
+        assert info.etag.endswith("-3")
+        head = await backend.store.head(key)
+        assert (len(data), None) == (head.size, head.crc32c)  # S3's checksum is composite
+        assert data == await backend.store.get(key)
+        assert data[5 * MiB - 1 : 5 * MiB + 1] == await backend.store.get_range(
+            key, 5 * MiB - 1, 5 * MiB
+        )
+        assert [u async for u in backend.store.list_multipart_uploads(backend.prefix)] == []
+        await backend.store.delete([key])
+
+    async def test_empty_file(self, backend: Backend, tmp_path: Path) -> None:
+        """An empty file is an empty object with CRC-32C 0."""
+        key = f"{backend.prefix}empty.log"
+        info = await backend.store.put_file(key, _write(tmp_path / "empty.log", b""))
+        assert (info.size, info.crc32c) == (0, 0)
+        assert await backend.store.get(key) == b""
+        await backend.store.delete([key])
+
+    async def test_missing_file(self, backend: Backend, tmp_path: Path) -> None:
+        """A missing local file raises FileNotFoundError unchanged and writes nothing."""
+        with pytest.raises(FileNotFoundError):
+            await backend.store.put_file(f"{backend.prefix}gone.log", tmp_path / "gone.log")
+
+    async def test_part_size_below_minimum(self, backend: Backend, tmp_path: Path) -> None:
+        """A part size S3 would refuse is rejected before any request."""
+        with pytest.raises(ValueError, match="part_size"):
+            await backend.store.put_file(
+                f"{backend.prefix}x", _write(tmp_path / "x", b"x"), part_size=MIN_PART_SIZE - 1
+            )
+
+
+class TestDelete:
+    async def test_delete_several_with_missing(self, backend: Backend) -> None:
+        """Deleting existing and missing keys together succeeds and removes the existing."""
+        keys = [f"{backend.prefix}d/{i}" for i in range(5)]
+        for key in keys:
+            await backend.store.put(key, key.encode())
+        await backend.store.delete([*keys[:3], f"{backend.prefix}d/never-written"])
+        assert keys[3:] == [o.key async for o in backend.store.list(f"{backend.prefix}d/")]
+        await backend.store.delete(keys[3:])
+        await backend.store.delete([])
+        assert [o.key async for o in backend.store.list(f"{backend.prefix}d/")] == []
+
+
+class TestList:
+    async def test_pagination(self, backend: Backend) -> None:
+        """Small pages still list every key under the prefix, in order, with sizes."""
+        keys = [f"{backend.prefix}l/{i:03d}" for i in range(23)]
+        await asyncio.gather(*(backend.store.put(k, b"x" * i) for i, k in enumerate(keys)))
+        await backend.store.put(f"{backend.prefix}other", b"not listed")
+        listed = [o async for o in backend.store.list(f"{backend.prefix}l/", page_size=5)]
+        assert keys == [o.key for o in listed]
+        assert list(range(23)) == [o.size for o in listed]
+        assert all(o.last_modified is not None for o in listed)
+        await backend.store.delete([*keys, f"{backend.prefix}other"])
+
+    async def test_empty_prefix(self, backend: Backend) -> None:
+        """Listing a prefix with nothing under it yields nothing."""
+        assert [o async for o in backend.store.list(f"{backend.prefix}nothing/")] == []
+
+
+class TestMultipartUploads:
+    async def test_list_and_abort(self, backend: Backend) -> None:
+        """Incomplete uploads are listed (across pages) and aborting removes them, twice is fine."""
+        keys = [f"{backend.prefix}mpu/{i}" for i in range(3)]
+        ids = [await backend.start_upload(k) for k in keys]
+        listed = [
+            u
+            async for u in backend.store.list_multipart_uploads(
+                f"{backend.prefix}mpu/", page_size=2
+            )
+        ]
+        assert sorted(zip(keys, ids, strict=True)) == sorted((u.key, u.upload_id) for u in listed)
+        assert all(u.initiated is not None for u in listed)
+        for key, upload_id in zip(keys, ids, strict=True):
+            await backend.store.abort_multipart_upload(key, upload_id)
+        await backend.store.abort_multipart_upload(keys[0], ids[0])
+        assert [u async for u in backend.store.list_multipart_uploads(backend.prefix)] == []
+
+
+class TestLifecycle:
+    async def test_closed_store_refuses_calls(self, backend: Backend) -> None:
+        """After aclose (idempotent) every call raises RuntimeError."""
+        async with backend.new_store() as store:
+            await store.aclose()
+        await store.aclose()
+        with pytest.raises(RuntimeError, match="closed"):
+            await store.get(f"{backend.prefix}x")
+
+
+class TestS3Checksums:
+    async def test_wrong_crc32c_is_rejected(self, s3_store: S3ObjectStore, s3_prefix: str) -> None:
+        """SeaweedFS refuses a body whose CRC-32C is wrong; that is ChecksumMismatchError."""
+        body = b"the bytes the broker wrote" * 100
+        key = f"{s3_prefix}corrupt"
+        with pytest.raises(ChecksumMismatchError, match="corrupt"):
+            await s3_store._put_object(
+                key, body, len(body), crc32c(body) ^ 1
+            )  # private: inject a bad CRC
+        with pytest.raises(KeyNotFoundError):
+            await s3_store.head(key)
+
+    async def test_wrong_part_crc32c_aborts_upload(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path, monkeypatch: Any
+    ) -> None:
+        """A part whose CRC-32C the store rejects fails the upload and leaves nothing behind."""
+        original = s3_store._upload_part
+
+        async def corrupt_part_2(
+            key: str, upload_id: str, number: int, body: io.BytesIO, crc: int
+        ) -> str:
+            return await original(key, upload_id, number, body, crc ^ (number == 2))
+
+        monkeypatch.setattr(s3_store, "_upload_part", corrupt_part_2)
+        key = f"{s3_prefix}bad-part.log"
+        path = _write(tmp_path / "f", _payload(11 * MiB))
+        with pytest.raises(ChecksumMismatchError):
+            await s3_store.put_file(key, path, part_size=5 * MiB, concurrency=2)
+        assert [u async for u in s3_store.list_multipart_uploads(s3_prefix)] == []
+        with pytest.raises(KeyNotFoundError):
+            await s3_store.head(key)
+
+
+class TestS3Failures:
+    async def test_failed_part_aborts_upload(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path, monkeypatch: Any
+    ) -> None:
+        """When one part fails, put_file raises it and no multipart upload or object remains."""
+        original = s3_store._upload_part
+
+        async def fail_part_3(
+            key: str, upload_id: str, number: int, body: io.BytesIO, crc: int
+        ) -> str:
+            if number == 3:
+                raise StorageError(f"injected failure of part {number}")
+            return await original(key, upload_id, number, body, crc)
+
+        monkeypatch.setattr(s3_store, "_upload_part", fail_part_3)
+        key = f"{s3_prefix}failing.log"
+        path = _write(tmp_path / "f", _payload(16 * MiB))
+        with pytest.raises(StorageError, match="injected failure of part 3"):
+            await s3_store.put_file(key, path, part_size=5 * MiB, concurrency=2)
+        assert [u async for u in s3_store.list_multipart_uploads(s3_prefix)] == []
+        with pytest.raises(KeyNotFoundError):
+            await s3_store.head(key)
+
+    async def test_cancelled_upload_is_aborted(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path, monkeypatch: Any
+    ) -> None:
+        """Cancelling put_file mid-upload (shutdown) still aborts the multipart upload."""
+        original = s3_store._upload_part
+        stuck = asyncio.Event()
+
+        async def hang_part_2(
+            key: str, upload_id: str, number: int, body: io.BytesIO, crc: int
+        ) -> str:
+            if number == 2:
+                stuck.set()
+                await asyncio.Event().wait()
+            return await original(key, upload_id, number, body, crc)
+
+        monkeypatch.setattr(s3_store, "_upload_part", hang_part_2)
+        path = _write(tmp_path / "f", _payload(11 * MiB))
+        task = asyncio.create_task(
+            s3_store.put_file(f"{s3_prefix}cancelled.log", path, part_size=5 * MiB, concurrency=1)
+        )
+        await asyncio.wait_for(stuck.wait(), 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert [u async for u in s3_store.list_multipart_uploads(s3_prefix)] == []
+
+    async def test_retried_part_resends_the_whole_body(
+        self, s3: Any, s3_prefix: str, tmp_path: Path
+    ) -> None:
+        """A part retried after a dropped connection sends all its bytes again."""
+        delays: list[float] = []
+
+        async def fake_sleep(delay: float) -> None:
+            delays.append(delay)
+
+        async with _s3_store(s3, sleep=fake_sleep) as store:
+            client = await store._ensure_client()
+            original = client.upload_part
+            dropped: list[int] = []
+
+            async def drop_first_attempt(**params: Any) -> Any:
+                if params["PartNumber"] == 2 and not dropped:
+                    dropped.append(len(params["Body"].read()))  # consumed, as a send would
+                    raise ConnectionResetError("injected: connection reset mid-body")
+                return await original(**params)
+
+            client.upload_part = drop_first_attempt
+            data = _payload(11 * MiB, seed=5)
+            key = f"{s3_prefix}retried.log"
+            info = await store.put_file(key, _write(tmp_path / "f", data), part_size=5 * MiB)
+            assert (dropped, len(delays)) == ([5 * MiB], 1)
+            assert info.crc32c == crc32c(data)
+            assert await store.get(key) == data
+            await store.delete([key])
+
+    @pytest.mark.parametrize("wrong", ["secret", "access-key"])
+    async def test_wrong_credentials(self, s3: Any, s3_prefix: str, wrong: str) -> None:
+        """Refused credentials are a StorageError whose message holds neither key nor secret."""
+        access_key = s3.access_key if wrong == "secret" else "AKIDNOTKNOWNHERE01"
+        secret = "wrong-" + s3.secret_key if wrong == "secret" else s3.secret_key
+        async with _s3_store(
+            s3, access_key_id=access_key, secret_access_key=secret, max_attempts=2
+        ) as store:
+            assert secret not in repr(store)
+            for call in (
+                lambda: store.put(f"{s3_prefix}denied", b"x"),
+                lambda: store.get(f"{s3_prefix}denied"),
+            ):
+                with pytest.raises(StorageError) as info:
+                    await call()
+                message = str(info.value)
+                assert type(info.value) is StorageAccessError
+                assert not info.value.retriable
+                assert "denied" in message
+                assert access_key not in message
+                assert secret not in message
+                assert s3.secret_key not in message

@@ -1,0 +1,235 @@
+"""The S3 backend without a server: error translation, the retry classifier, timeouts and
+refused connections on loopback (on injected sleep), configuration and secrets."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    FlexibleChecksumError,
+    NoCredentialsError,
+    ParamValidationError,
+    ReadTimeoutError,
+)
+
+from sidecar.config import S3Config
+from sidecar.errors import (
+    ChecksumMismatchError,
+    InvalidRangeError,
+    KeyNotFoundError,
+    StorageAccessError,
+    StorageError,
+)
+from sidecar.storage import open_store
+from sidecar.storage.s3 import S3ObjectStore, _is_transient
+
+ACCESS_KEY = "AKIAUNITTESTKEY00001"
+SECRET = "unit-test-secret-value-0123456789"
+
+
+class FakeSleep:
+    """Records requested delays instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+def _store(**kwargs: Any) -> S3ObjectStore:
+    arguments: dict[str, Any] = {
+        "bucket": "unit",
+        "endpoint_url": "http://127.0.0.1:9",
+        "access_key_id": ACCESS_KEY,
+        "secret_access_key": SECRET,
+    }
+    arguments.update(kwargs)
+    return S3ObjectStore(**arguments)
+
+
+def _client_error(code: str, status: int, message: str = "") -> ClientError:
+    return ClientError(
+        {
+            "Error": {"Code": code, "Message": message},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
+        "GetObject",
+    )
+
+
+def _mapped(store: S3ObjectStore, exc: BaseException) -> StorageError:
+    """What the boundary raises for ``exc``, chained as the store chains it."""
+    error = store._error("get", "topic-0/00000000000000000000.log", exc)
+    error.__cause__ = exc
+    return error
+
+
+class TestErrorMapping:
+    @pytest.mark.parametrize(
+        ("code", "status", "expected", "transient"),
+        [
+            pytest.param("NoSuchKey", 404, KeyNotFoundError, False, id="no-such-key"),
+            pytest.param("404", 404, KeyNotFoundError, False, id="head-404"),
+            pytest.param("InvalidRange", 416, InvalidRangeError, False, id="invalid-range"),
+            pytest.param("BadDigest", 400, ChecksumMismatchError, True, id="bad-digest"),
+            pytest.param(
+                "XAmzContentChecksumMismatch", 400, ChecksumMismatchError, True, id="checksum"
+            ),
+            pytest.param("NoSuchUpload", 404, StorageError, False, id="no-such-upload"),
+            pytest.param("NoSuchBucket", 404, StorageAccessError, False, id="no-such-bucket"),
+            pytest.param("AccessDenied", 403, StorageAccessError, False, id="access-denied"),
+            pytest.param("SignatureDoesNotMatch", 403, StorageAccessError, False, id="signature"),
+            pytest.param("SlowDown", 503, StorageError, True, id="slow-down"),
+            pytest.param("InternalError", 500, StorageError, True, id="internal"),
+            pytest.param("RequestTimeout", 400, StorageError, True, id="request-timeout"),
+            pytest.param("TooManyRequests", 429, StorageError, True, id="429"),
+        ],
+    )
+    def test_client_errors(
+        self, code: str, status: int, expected: type[StorageError], transient: bool
+    ) -> None:
+        """S3 error codes become the sidecar's types, and only transient ones are retried."""
+        error = _mapped(_store(), _client_error(code, status, "details"))
+        assert type(error) is expected
+        assert "get s3://unit/topic-0/00000000000000000000.log" in str(error)
+        assert _is_transient(error) is transient
+
+    @pytest.mark.parametrize(
+        ("exc", "transient"),
+        [
+            pytest.param(EndpointConnectionError(endpoint_url="http://x"), True, id="refused"),
+            pytest.param(ReadTimeoutError(endpoint_url="http://x"), True, id="read-timeout"),
+            pytest.param(TimeoutError(), True, id="asyncio-timeout"),
+            pytest.param(ConnectionResetError(), True, id="reset"),
+            pytest.param(NoCredentialsError(), False, id="no-credentials"),
+            pytest.param(ParamValidationError(report="bad"), False, id="param-validation"),
+        ],
+    )
+    def test_transport_errors(self, exc: BaseException, transient: bool) -> None:
+        """Transport failures are StorageError; connection trouble and timeouts are retried."""
+        error = _mapped(_store(), exc)
+        assert type(error) is StorageError
+        assert _is_transient(error) is transient
+
+    def test_response_checksum_error(self) -> None:
+        """botocore's own checksum failure is ChecksumMismatchError."""
+        error = _mapped(_store(), FlexibleChecksumError(error_msg="mismatch"))
+        assert type(error) is ChecksumMismatchError
+
+    def test_secrets_are_redacted_from_server_messages(self) -> None:
+        """A server message that echoes a credential never reaches our message."""
+        message = f"Access Key Id {ACCESS_KEY} with secret {SECRET} is refused"
+        error = _mapped(_store(), _client_error("InvalidAccessKeyId", 403, message))
+        assert ACCESS_KEY not in str(error)
+        assert SECRET not in str(error)
+
+    def test_own_verification_failures_are_transient(self) -> None:
+        """A checksum mismatch we detect ourselves (no cause) is worth another read."""
+        assert _is_transient(ChecksumMismatchError("bytes differ"))
+        assert not _is_transient(KeyNotFoundError("gone"))
+        assert not _is_transient(ValueError("not ours"))
+
+
+@pytest.fixture
+async def silent_server() -> AsyncIterator[tuple[int, list[int]]]:
+    """A loopback TCP server that accepts requests and never answers; yields (port, accepts)."""
+    accepted: list[int] = []
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        writers.append(writer)
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield port, accepted
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+class TestTransport:
+    async def test_timeout_is_storage_error_and_retried(
+        self, silent_server: tuple[int, list[int]]
+    ) -> None:
+        """A server that never answers costs one timeout per attempt, then a StorageError."""
+        port, accepted = silent_server
+        sleep = FakeSleep()
+        async with _store(
+            endpoint_url=f"http://127.0.0.1:{port}",
+            request_timeout_s=0.3,
+            max_attempts=2,
+            sleep=sleep,
+        ) as store:
+            with pytest.raises(StorageError, match=r"get s3://unit/k") as info:
+                await store.get("k")
+        assert type(info.value) is StorageError
+        assert len(sleep.delays) == 1
+        assert len(accepted) == 2
+
+    async def test_refused_connection_is_retried(self) -> None:
+        """A refused connection is retried per the policy, then surfaces as StorageError."""
+        sleep = FakeSleep()
+        async with _store(
+            endpoint_url=f"http://127.0.0.1:{_closed_port()}", max_attempts=3, sleep=sleep
+        ) as store:
+            with pytest.raises(StorageError, match="put s3://unit/k") as info:
+                await store.put("k", b"body")
+        assert isinstance(info.value.__cause__, EndpointConnectionError)
+        assert len(sleep.delays) == 2
+        assert SECRET not in str(info.value)
+
+    async def test_invalid_range_needs_no_request(self) -> None:
+        """A malformed range fails before any connection is made."""
+        async with _store(endpoint_url=f"http://127.0.0.1:{_closed_port()}") as store:
+            with pytest.raises(InvalidRangeError):
+                await store.get_range("k", 10, 9)
+
+
+class TestConfiguration:
+    async def test_from_config_and_repr(self) -> None:
+        """open_store builds the S3 store from S3Config; its repr shows no credential."""
+        config = S3Config.model_validate(
+            {
+                "bucket": "tiered",
+                "endpoint_url": "http://127.0.0.1:9",
+                "access_key_id": ACCESS_KEY,
+                "secret_access_key": SECRET,
+                "request_timeout_s": 5.0,
+            }
+        )
+        store = open_store(config)
+        assert isinstance(store, S3ObjectStore)
+        text = repr(store)
+        assert "tiered" in text
+        assert ACCESS_KEY not in text
+        assert SECRET not in text
+        await store.aclose()
+        await store.aclose()
+        with pytest.raises(RuntimeError, match="closed"):
+            await store.head("k")
+
+    def test_invalid_timeout(self) -> None:
+        """A non-positive request timeout is refused."""
+        with pytest.raises(ValueError, match="request_timeout_s"):
+            _store(request_timeout_s=0)
