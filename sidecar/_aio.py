@@ -18,7 +18,7 @@ from typing import Any
 from sidecar.errors import SidecarError
 from sidecar.observability.logging import get_logger
 
-__all__ = ["RootTaskExitedError", "capture_signals", "guard"]
+__all__ = ["RootTaskExitedError", "capture_signals", "guard", "wait_any"]
 
 log = get_logger(__name__)
 
@@ -68,3 +68,13 @@ def capture_signals(stopping: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+async def wait_any(*events: asyncio.Event, within: float) -> None:
+    """Return when any of the events is set, or after ``within`` seconds."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=max(0.0, within), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from sidecar._aio import wait_any
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
 
@@ -169,17 +170,7 @@ class LogDirDetector(Generic[V]):
                 self._wake.clear()
                 if self._dirty:
                     continue
-                stop_wait = asyncio.ensure_future(stopping.wait())
-                wake_wait = asyncio.ensure_future(self._wake.wait())
-                try:
-                    await asyncio.wait(
-                        {stop_wait, wake_wait},
-                        timeout=max(0.0, next_full - loop.time()),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                finally:
-                    stop_wait.cancel()
-                    wake_wait.cancel()
+                await wait_any(stopping, self._wake, within=next_full - loop.time())
                 if self._wake.is_set() and not stopping.is_set():
                     # let the rest of a roll's burst of events arrive: one rescan, not five
                     await asyncio.sleep(_DEBOUNCE_S)

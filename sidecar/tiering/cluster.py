@@ -1,0 +1,287 @@
+"""What the cluster says about this broker's partitions: leadership, last stable offsets and topic
+configs, from the Kafka protocol only (Metadata, ListOffsets read_committed, DescribeConfigs),
+never from ZooKeeper, so it works with KRaft and ZooKeeper clusters alike.
+
+``ClusterWatcher.run`` refreshes a :class:`ClusterView` periodically and on demand; readers get
+the latest immutable view. When a refresh fails the view is marked stale and, past
+``stale_after_s``, :meth:`ClusterView.may_upload` says no: an old leadership picture must not let
+two sidecars upload the same partition. The topic-selection rule is pure and lives here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar._aio import wait_any
+from sidecar.errors import SidecarError
+from sidecar.observability.logging import get_logger
+
+__all__ = [
+    "ClusterUnavailableError",
+    "ClusterView",
+    "ClusterWatcher",
+    "TopicConfig",
+    "TopicSelector",
+]
+
+log = get_logger(__name__)
+
+# the topic configs the sidecar reads (DescribeConfigs), with Kafka's defaults when absent
+_CONFIG_KEYS = ("remote.storage.enable", "cleanup.policy", "retention.ms", "retention.bytes")
+
+
+class ClusterUnavailableError(SidecarError):
+    """Kafka did not answer a metadata, offsets or configs request."""
+
+    retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """The topic configs that decide tiering and remote retention."""
+
+    remote_storage_enable: bool = False
+    cleanup_policy: str = "delete"
+    retention_ms: int = 604_800_000
+    retention_bytes: int = -1
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.cleanup_policy.split(",")
+
+    @classmethod
+    def from_entries(cls, entries: Mapping[str, str | None]) -> TopicConfig:
+        def number(key: str, default: int) -> int:
+            value = entries.get(key)
+            try:
+                return int(value) if value is not None else default
+            except ValueError:
+                return default
+
+        return cls(
+            remote_storage_enable=(entries.get("remote.storage.enable") or "").lower() == "true",
+            cleanup_policy=entries.get("cleanup.policy") or "delete",
+            retention_ms=number("retention.ms", 604_800_000),
+            retention_bytes=number("retention.bytes", -1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSelector:
+    """Which topics are tiered: ``remote.storage.enable=true`` or an include pattern, never an
+    exclude pattern, never a compacted topic (Kafka's ``UnifiedLog.isRemoteLogEnabled``)."""
+
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = (r"__.*",)
+    _include_re: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _exclude_re: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_include_re", tuple(re.compile(p) for p in self.include))
+        object.__setattr__(self, "_exclude_re", tuple(re.compile(p) for p in self.exclude))
+
+    def selected(self, topic: str, config: TopicConfig | None) -> bool:
+        if any(p.fullmatch(topic) for p in self._exclude_re):
+            return False
+        if config is not None and config.compacted:
+            return False
+        if config is not None and config.remote_storage_enable:
+            return True
+        return any(p.fullmatch(topic) for p in self._include_re)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """One consistent picture of the cluster, as of ``refreshed_at`` (monotonic seconds)."""
+
+    broker_id: int | None
+    leaders: Mapping[tuple[str, int], int]
+    """(topic, partition) → leader node id (-1 when leaderless)."""
+    configs: Mapping[str, TopicConfig]
+    last_stable_offsets: Mapping[tuple[str, int], int]
+    """LSO of the partitions this broker leads (ListOffsets with read_committed)."""
+    refreshed_at: float
+    stale_after_s: float
+
+    @classmethod
+    def empty(cls, broker_id: int | None, stale_after_s: float) -> ClusterView:
+        return cls(broker_id, {}, {}, {}, refreshed_at=-1e18, stale_after_s=stale_after_s)
+
+    @property
+    def fresh(self) -> bool:
+        return time.monotonic() - self.refreshed_at <= self.stale_after_s
+
+    def leads(self, topic: str, partition: int) -> bool:
+        return self.broker_id is not None and self.leaders.get((topic, partition)) == self.broker_id
+
+    def lso(self, topic: str, partition: int) -> int | None:
+        return self.last_stable_offsets.get((topic, partition))
+
+    def may_upload(self, topic: str, partition: int) -> bool:
+        """Only the leader's sidecar uploads, and only on a fresh picture."""
+        return self.fresh and self.leads(topic, partition)
+
+    def led_partitions(self) -> list[tuple[str, int]]:
+        return sorted(tp for tp, leader in self.leaders.items() if leader == self.broker_id)
+
+
+class ClusterWatcher:
+    """Keeps a :class:`ClusterView` current with an aiokafka admin client and consumer."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: Sequence[str],
+        broker_id: int | None,
+        selector: TopicSelector,
+        refresh_interval_s: float = 10.0,
+        stale_after_s: float = 60.0,
+        request_timeout_ms: int = 30_000,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._bootstrap = list(bootstrap_servers)
+        self._selector = selector
+        self._interval = refresh_interval_s
+        self._timeout_ms = request_timeout_ms
+        self._options = dict(client_options or {})
+        self.view = ClusterView.empty(broker_id, stale_after_s)
+        self._stale_after = stale_after_s
+        self._wake = asyncio.Event()
+        self.refreshed = asyncio.Event()  # set after every successful refresh
+        self.last_error: str | None = None
+        self._admin: Any = None
+        self._consumer: Any = None
+
+    @property
+    def broker_id(self) -> int | None:
+        return self.view.broker_id
+
+    def request_refresh(self) -> None:
+        """Ask for a refresh now (e.g. after NotLeader errors or a new partition dir)."""
+        self._wake.set()
+
+    async def _clients(self) -> tuple[Any, Any]:
+        if self._admin is None:
+            from aiokafka import AIOKafkaConsumer
+            from aiokafka.admin import AIOKafkaAdminClient
+
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._bootstrap,
+                request_timeout_ms=self._timeout_ms,
+                client_id="kafka-tiered-sidecar-admin",
+                **self._options,
+            )
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                isolation_level="read_committed",
+                enable_auto_commit=False,
+                request_timeout_ms=self._timeout_ms,
+                client_id="kafka-tiered-sidecar-offsets",
+                **self._options,
+            )
+            try:
+                await admin.start()
+                await consumer.start()
+            except BaseException:
+                await _close(admin.close(), consumer.stop())
+                raise
+            self._admin, self._consumer = admin, consumer
+        return self._admin, self._consumer
+
+    async def aclose(self) -> None:
+        admin, consumer = self._admin, self._consumer
+        self._admin = self._consumer = None
+        if admin is not None:
+            await _close(admin.close(), consumer.stop())
+
+    async def refresh(self) -> ClusterView:
+        """Fetch leaders, configs and LSOs; raises ClusterUnavailableError on failure."""
+        from aiokafka import TopicPartition
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+        from aiokafka.errors import KafkaError
+
+        try:
+            admin, consumer = await self._clients()
+            metadata = (await admin._get_cluster_metadata(topics=None)).to_object()
+            leaders: dict[tuple[str, int], int] = {}
+            for topic in metadata["topics"]:
+                if topic["error_code"] != 0:
+                    continue
+                for p in topic["partitions"]:
+                    leaders[(topic["topic"], p["partition"])] = p["leader"]
+            topics = sorted({t for t, _ in leaders})
+            configs: dict[str, TopicConfig] = {}
+            if topics:
+                responses = await admin.describe_configs(
+                    [
+                        ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(_CONFIG_KEYS))
+                        for t in topics
+                    ]
+                )
+                for response in responses:
+                    for resource in response.to_object()["resources"]:
+                        if resource["error_code"] != 0:
+                            continue
+                        entries = {
+                            e["config_names"]: e["config_value"] for e in resource["config_entries"]
+                        }
+                        configs[resource["resource_name"]] = TopicConfig.from_entries(entries)
+            broker_id = self.view.broker_id
+            mine = [
+                TopicPartition(t, p)
+                for (t, p), leader in leaders.items()
+                if leader == broker_id and self._selector.selected(t, configs.get(t))
+            ]
+            lsos: dict[tuple[str, int], int] = {}
+            if mine:
+                ends = await consumer.end_offsets(mine)
+                lsos = {(tp.topic, tp.partition): int(offset) for tp, offset in ends.items()}
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            await self.aclose()  # reconnect from scratch next time
+            raise ClusterUnavailableError(f"Kafka cluster unavailable: {self.last_error}") from exc
+        self.last_error = None
+        self.view = ClusterView(
+            broker_id=broker_id,
+            leaders=leaders,
+            configs=configs,
+            last_stable_offsets=lsos,
+            refreshed_at=time.monotonic(),
+            stale_after_s=self._stale_after,
+        )
+        self.refreshed.set()
+        return self.view
+
+    def selected(self, topic: str) -> bool:
+        return self._selector.selected(topic, self.view.configs.get(topic))
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Root task: refresh every ``refresh_interval_s`` or when asked; back off on errors."""
+        backoff = 0.5
+        try:
+            while not stopping.is_set():
+                self._wake.clear()
+                try:
+                    await self.refresh()
+                    backoff = 0.5
+                    delay = self._interval
+                except ClusterUnavailableError as exc:
+                    log.warning("cluster_refresh_failed", error=str(exc), retry_in_s=backoff)
+                    delay = backoff
+                    backoff = min(backoff * 2, self._interval)
+                await wait_any(stopping, self._wake, within=delay)
+        finally:
+            await self.aclose()
+
+
+async def _close(*closers: Any) -> None:
+    for closer in closers:
+        try:
+            await closer
+        except Exception as exc:  # noqa: BLE001 - closing is best effort
+            log.debug("client_close_failed", error=str(exc))

@@ -1,0 +1,51 @@
+"""The cluster watcher against the real broker: leaders, configs, LSO, outage."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.tiering.cluster import ClusterUnavailableError, ClusterWatcher, TopicSelector
+from tests.helpers import create_topic, produce
+
+pytestmark = pytest.mark.integration
+
+
+class TestClusterWatcher:
+    async def test_refresh_sees_leaders_configs_and_lso(self, kafka, topic_name):
+        """After a refresh, this broker leads the new topic and its LSO is the produced count."""
+        await create_topic(
+            kafka.bootstrap_servers, topic_name, partitions=2, configs={"retention.ms": "3600000"}
+        )
+        await produce(kafka.bootstrap_servers, topic_name, count=42, value_size=10, partition=1)
+        watcher = ClusterWatcher(
+            bootstrap_servers=[kafka.bootstrap_servers],
+            broker_id=1,
+            selector=TopicSelector(include=[topic_name]),
+        )
+        try:
+            view = await watcher.refresh()
+        finally:
+            await watcher.aclose()
+        assert view.may_upload(topic_name, 0)
+        assert view.lso(topic_name, 1) == 42
+        assert view.lso(topic_name, 0) == 0
+        assert view.configs[topic_name].retention_ms == 3_600_000
+        assert not view.configs[topic_name].remote_storage_enable
+        # internal topics are never selected, so no LSO is fetched for them
+        assert all(not t.startswith("__") for t, _ in view.last_stable_offsets)
+
+    async def test_unreachable_cluster_is_a_typed_error(self):
+        """A cluster that does not answer raises ClusterUnavailableError, not a client error."""
+        from tests.conftest import stack
+
+        watcher = ClusterWatcher(
+            bootstrap_servers=[f"127.0.0.1:{stack.free_port()}"],
+            broker_id=1,
+            selector=TopicSelector(),
+            request_timeout_ms=2000,
+        )
+        with pytest.raises(ClusterUnavailableError, match="unavailable"):
+            await watcher.refresh()
+        await watcher.aclose()
+        assert watcher.last_error is not None
+        assert not watcher.view.fresh
