@@ -1,0 +1,98 @@
+"""Planning uploads: Kafka's starting point after leader changes, LSO, readiness, strict order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.kafka.checkpoints import EpochEntry
+from sidecar.kafka.logdir import scan_partition_dir
+from sidecar.testing import TestRecord, build_batch, write_partition
+from sidecar.tiering.planner import find_highest_remote_offset, plan_partition
+
+
+def _segments(count: int, per_segment: int = 10, epoch: int = 0) -> list[list[bytes]]:
+    """``count`` segments of ``per_segment`` single-record batches (the last one is active)."""
+    return [
+        [build_batch([TestRecord(b"k", b"v" * 10)], leader_epoch=epoch) for _ in range(per_segment)]
+        for _ in range(count)
+    ]
+
+
+def _scan(tmp_path: Path, count: int = 4, **kwargs):
+    path = write_partition(tmp_path, "orders", 0, _segments(count), **kwargs)
+    scan = scan_partition_dir(path)
+    assert scan is not None
+    return scan
+
+
+class TestFindHighestRemoteOffset:
+    EPOCHS = (EpochEntry(0, 0), EpochEntry(1, 100), EpochEntry(3, 250))
+
+    @pytest.mark.parametrize(
+        ("remote", "expected"),
+        [
+            pytest.param({}, -1, id="nothing-remote"),
+            pytest.param({3: 270}, 270, id="latest-epoch"),
+            pytest.param({1: 180}, 180, id="older-epoch"),
+            pytest.param({1: 400}, 249, id="clamped-to-epoch-end"),
+            pytest.param({0: 99, 1: 120, 3: 260}, 260, id="latest-wins"),
+            pytest.param({7: 999}, -1, id="foreign-epoch-ignored"),
+        ],
+    )
+    def test_matches_kafka(self, remote, expected):
+        """The latest epoch with remote data decides, clamped by that epoch's end (§3.3)."""
+        assert find_highest_remote_offset(self.EPOCHS, 300, remote.get) == expected
+
+
+class TestPlanPartition:
+    def test_first_upload_is_the_oldest_rolled_segment(self, tmp_path):
+        """With nothing remote, the plan starts at the first segment, one at a time."""
+        scan = _scan(tmp_path)
+        plan = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None)
+        assert [s.base_offset for s in plan.uploads] == [0]
+        plan = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None, limit=10)
+        assert [s.base_offset for s in plan.uploads] == [0, 10, 20]  # never the active one
+
+    def test_already_remote_segments_are_skipped(self, tmp_path):
+        """Segments ending at or below the highest remote offset are not uploaded again."""
+        scan = _scan(tmp_path)
+        plan = plan_partition(scan, lso=10_000, highest_for_epoch={0: 19}.get, limit=10)
+        assert plan.highest_remote_offset == 19
+        assert [s.base_offset for s in plan.uploads] == [20]
+
+    def test_lso_holds_back_segments(self, tmp_path):
+        """A segment whose end offset is not below the LSO waits (open transactions)."""
+        scan = _scan(tmp_path)
+        plan = plan_partition(scan, lso=19, highest_for_epoch={0: 9}.get, limit=10)
+        assert plan.uploads == ()
+        assert plan.waiting is not None
+        assert "LSO" in plan.waiting
+
+    def test_unknown_lso_uploads_nothing(self, tmp_path):
+        """Without an LSO from the cluster nothing is uploaded."""
+        scan = _scan(tmp_path)
+        plan = plan_partition(scan, lso=None, highest_for_epoch=lambda e: None)
+        assert plan.uploads == ()
+
+    def test_not_ready_segment_blocks_the_ones_after_it(self, tmp_path):
+        """A missing <nextBase>.snapshot stops planning there: uploads stay in order."""
+        scan = _scan(tmp_path)
+        (scan.path / "00000000000000000020.snapshot").unlink()
+        scan = scan_partition_dir(scan.path)
+        assert scan is not None
+        plan = plan_partition(scan, lso=10_000, highest_for_epoch={0: 9}.get, limit=10)
+        assert plan.uploads == ()
+        assert plan.waiting is not None
+        assert "10 not ready" in plan.waiting
+
+    def test_quarantined_segment_blocks(self, tmp_path):
+        """A quarantined (corrupt) segment is never planned, nor anything after it."""
+        scan = _scan(tmp_path)
+        plan = plan_partition(
+            scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined={0}, limit=10
+        )
+        assert plan.uploads == ()
+        assert plan.waiting is not None
+        assert "quarantined" in plan.waiting
