@@ -3,28 +3,44 @@ TaskGroup, and shut down in phases on SIGTERM.
 
 Root tasks (each wrapped by :func:`sidecar._aio.guard`; one exiting early stops the daemon):
 
-* ``log-dir detector``  watches the broker's log dirs and keeps a view per partition
-* ``health server``     serves /metrics, /healthz and /readyz
+* ``log-dir detector``   watches the broker's log dirs and keeps a view per partition
+* ``cluster watcher``    leadership, LSOs and topic configs from Kafka
+* ``metadata tailer``    tails the remote log metadata partitions into the local store
+* ``tiering engine``     plans and uploads segments, one worker per partition
+* ``readiness probe``    turns component health into /readyz
+* ``health server``      serves /metrics, /healthz and /readyz
 
-Later issues add the upload workers, the metadata tailer, the read server and retention here.
+Shutdown is phased: SIGTERM sets ``stopping``; the engine stops starting uploads and drains the
+ones in flight (they still need the publisher and the tailer to read their events back); only
+then do the other root tasks stop, and the clients close in reverse order of opening.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 from sidecar import __version__
-from sidecar._aio import capture_signals, guard
-from sidecar.config import SidecarConfig
-from sidecar.errors import FormatError, SidecarError
+from sidecar._aio import capture_signals, guard, wait_any
+from sidecar.config import KafkaConfig, SidecarConfig
+from sidecar.errors import ConfigError, FormatError, SidecarError
 from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
 from sidecar.kafka.logdir import META_PROPERTIES, PartitionScan, scan_partition_dir
+from sidecar.metadata.publisher import MetadataPublisher
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.health import HealthServer, Readiness
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.storage import ObjectStore, open_store
+from sidecar.storage.keys import KeyLayout
+from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
+from sidecar.tiering.uploader import SegmentUploader
+from sidecar.tiering.workers import EngineSettings, Quarantine, TieringEngine
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -41,6 +57,25 @@ def read_broker_identity(log_dirs: list[Path]) -> MetaProperties | None:
     return None
 
 
+def kafka_client_options(kafka: KafkaConfig) -> dict[str, Any]:
+    """aiokafka keyword arguments for the cluster's security settings (no secrets logged)."""
+    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.sasl_mechanism is not None:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        if kafka.sasl_password is not None:
+            options["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        options["ssl_context"] = create_ssl_context(
+            cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None,
+            certfile=str(kafka.ssl_certfile) if kafka.ssl_certfile else None,
+            keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
+        )
+    return options
+
+
 def _secrets(config: SidecarConfig) -> list[str]:
     values = [config.s3.access_key_id, config.s3.secret_access_key, config.kafka.sasl_password]
     return [v.get_secret_value() for v in values if v is not None]
@@ -54,8 +89,11 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.build_info.info({"version": __version__})
         self.readiness = Readiness()
-        self.readiness.register("log_dirs_scanned")
+        for check in ("log_dirs_scanned", "kafka", "metadata", "s3"):
+            self.readiness.register(check)
         self.stopping = asyncio.Event()
+        self._infra_stop = asyncio.Event()  # set once the engine has drained
+        self.engine: TieringEngine | None = None
         self.detector: LogDirDetector[PartitionScan] = LogDirDetector(
             log_dirs=config.broker.log_dirs,
             scan_partition=scan_partition_dir,
@@ -116,6 +154,8 @@ class Daemon:
                             error=str(problem),
                         )
         self._refresh_gauges()
+        if self.engine is not None:
+            self.engine.poke()
 
     def _refresh_gauges(self) -> None:
         views = self.detector.views.values()
@@ -128,6 +168,8 @@ class Daemon:
     async def _mark_ready_after_first_scan(self) -> None:
         await self.detector.scanned.wait()
         self.readiness.set("log_dirs_scanned", True)
+        if self.engine is not None:
+            self.engine.poke()
         views = self.detector.views.values()
         log.info(
             "log_dirs_scanned",
@@ -136,29 +178,156 @@ class Daemon:
             ready=sum(len(v.ready_segments) for v in views),
         )
 
-    async def run(self) -> None:
-        """Run every root task until SIGTERM/SIGINT, then stop them in order."""
+    def _broker_id(self, identity: MetaProperties | None) -> int:
         broker_id = self.config.broker.broker_id
-        identity = await asyncio.to_thread(read_broker_identity, self.config.broker.log_dirs)
         if broker_id is None and identity is not None:
             broker_id = identity.node_id
+        if broker_id is None:
+            raise ConfigError(
+                "broker.broker_id is not set and no meta.properties with node.id/broker.id was"
+                f" found in {[str(d) for d in self.config.broker.log_dirs]}"
+            )
+        return broker_id
+
+    async def run(self) -> None:
+        """Run every root task until SIGTERM/SIGINT, then stop them in order."""
+        config = self.config
+        identity = await asyncio.to_thread(read_broker_identity, config.broker.log_dirs)
+        broker_id = self._broker_id(identity)
         with capture_signals(self.stopping), bind_context(broker_id=broker_id):
             log.info(
                 "sidecar_starting",
                 version=__version__,
-                log_dirs=[str(d) for d in self.config.broker.log_dirs],
+                log_dirs=[str(d) for d in config.broker.log_dirs],
                 cluster_id=identity.cluster_id if identity else None,
             )
-            async with asyncio.TaskGroup() as tg:
-                for name, coro in (
-                    # keeps the per-partition views of the broker's log dirs current
-                    ("log-dir detector", self.detector.run(self.stopping)),
-                    # /metrics, /healthz, /readyz for Prometheus and the kubelet
-                    ("health server", self.health.run(self.stopping)),
-                ):
-                    tg.create_task(guard(coro, name=name, stopping=self.stopping), name=name)
-                tg.create_task(self._mark_ready_after_first_scan(), name="readiness")
+            async with AsyncExitStack() as resources:
+                await self._run_with(resources, broker_id)
             log.info("sidecar_stopped")
+
+    async def _run_with(self, resources: AsyncExitStack, broker_id: int) -> None:
+        config = self.config
+        meta = config.remote_log_metadata
+        options = kafka_client_options(config.kafka)
+        bootstrap = config.kafka.bootstrap_servers
+        store = await asyncio.to_thread(RemoteSegmentStore, config.state_dir)
+        resources.callback(store.close)
+        objects = open_store(config.s3)
+        resources.push_async_callback(objects.aclose)
+        tailer = MetadataTailer(
+            bootstrap_servers=bootstrap,
+            store=store,
+            broker_id=broker_id,
+            topic=meta.topic,
+            client_kwargs=options,
+            on_undecodable=lambda *_: self.metrics.metadata_undecodable.inc(),
+        )
+        await tailer.start()
+        resources.push_async_callback(tailer.aclose)
+        publisher = MetadataPublisher(
+            bootstrap_servers=bootstrap,
+            broker_id=broker_id,
+            topic=meta.topic,
+            num_partitions=meta.num_partitions,
+            replication_factor=meta.replication_factor,
+            retention_ms=meta.retention_ms,
+            client_kwargs=options,
+            read_back=tailer,
+            read_back_timeout_s=meta.consume_wait_ms / 1000,
+        )
+        await publisher.start()
+        resources.push_async_callback(publisher.aclose)
+        await publisher.ensure_topic()
+        cluster = ClusterWatcher(
+            bootstrap_servers=bootstrap,
+            broker_id=broker_id,
+            selector=TopicSelector(
+                include=config.tiering.include_topics, exclude=config.tiering.exclude_topics
+            ),
+            refresh_interval_s=config.kafka.metadata_refresh_interval_s,
+            stale_after_s=config.kafka.metadata_stale_after_s,
+            request_timeout_ms=config.kafka.request_timeout_ms,
+            client_options=options,
+        )
+        resources.push_async_callback(cluster.aclose)
+        uploader = SegmentUploader(
+            objects=objects,
+            publisher=publisher,
+            layout=KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix),
+            broker_id=broker_id,
+            part_size=config.s3.part_size_bytes,
+            concurrency=config.s3.max_concurrency,
+        )
+        self.engine = TieringEngine(
+            views=lambda: self.detector.views,
+            cluster=cluster,
+            store=store,
+            tailer=tailer,
+            uploader=uploader,
+            quarantine=Quarantine(config.state_dir / "quarantine.json"),
+            metrics=self.metrics,
+            settings=EngineSettings(
+                max_concurrent_uploads=config.tiering.max_concurrent_uploads,
+                drain_timeout_s=config.tiering.drain_timeout_s,
+                num_metadata_partitions=meta.num_partitions,
+            ),
+        )
+        engine = self.engine
+        infra = self._infra_stop
+        async with asyncio.TaskGroup() as tg:
+            engine_task = tg.create_task(
+                guard(engine.run(self.stopping), name="tiering engine", stopping=self.stopping),
+                name="tiering engine",
+            )
+            for name, coro in (
+                # keeps the per-partition views of the broker's log dirs current
+                ("log-dir detector", self.detector.run(infra)),
+                # leadership, LSOs and topic configs; uploads stop when it goes stale
+                ("cluster watcher", cluster.run(infra)),
+                # remote log metadata → local store; read-back for the publisher
+                ("metadata tailer", tailer.run(infra)),
+                # component health → /readyz
+                ("readiness probe", self._probe(cluster, tailer, objects, infra)),
+                # /metrics, /healthz, /readyz for Prometheus and the kubelet
+                ("health server", self.health.run(infra)),
+            ):
+                tg.create_task(guard(coro, name=name, stopping=infra), name=name)
+            tg.create_task(self._mark_ready_after_first_scan(), name="first scan")
+            await self.stopping.wait()
+            # phase 2: the engine drains with the publisher and tailer still running
+            await asyncio.wait([engine_task])
+            infra.set()
+
+    async def _probe(
+        self,
+        cluster: ClusterWatcher,
+        tailer: MetadataTailer,
+        objects: ObjectStore,
+        stopping: asyncio.Event,
+    ) -> None:
+        """Every few seconds: Kafka fresh, metadata caught up, S3 answering."""
+        prefix = self.config.s3.prefix
+        was_ready = False
+        while not stopping.is_set():
+            self.readiness.set("kafka", cluster.view.fresh)
+            self.readiness.set("metadata", all(tailer.caught_up(p) for p in tailer.tracked))
+            try:
+                async with asyncio.timeout(self.config.s3.request_timeout_s):
+                    async for _ in objects.list(prefix, page_size=1):
+                        break
+                s3_ok = True
+            except (SidecarError, TimeoutError) as exc:
+                if self.readiness.snapshot().get("s3", True):
+                    log.warning("s3_unreachable", error=str(exc))
+                s3_ok = False
+            self.readiness.set("s3", s3_ok)
+            if self.readiness.ready != was_ready:
+                was_ready = self.readiness.ready
+                log.info(
+                    "sidecar_ready" if was_ready else "sidecar_not_ready",
+                    checks=self.readiness.snapshot(),
+                )
+            await wait_any(stopping, within=1.0)
 
 
 def run_daemon(config: SidecarConfig) -> int:

@@ -68,6 +68,12 @@ class KafkaConfig(_Section):
     ssl_certfile: Path | None = Field(None, description="client certificate for mutual TLS")
     ssl_keyfile: Path | None = Field(None, description="client private key for mutual TLS")
     request_timeout_ms: int = Field(30_000, gt=0, description="per-request timeout")
+    metadata_refresh_interval_s: float = Field(
+        10.0, gt=0, description="how often leadership, LSOs and topic configs are refreshed"
+    )
+    metadata_stale_after_s: float = Field(
+        60.0, gt=0, description="no uploads when the last successful refresh is older than this"
+    )
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -107,10 +113,13 @@ class S3Config(_Section):
     )
     secret_access_key: SecretStr | None = Field(None, description="secret key (secret)")
     path_style: bool = Field(True, description="path-style addressing (needed by most non-AWS)")
+    hash_prefix: bool = Field(
+        False, description="spread keys under 4-hex-digit prefixes (S3 request-rate partitions)"
+    )
     part_size_bytes: int = Field(
         16 * 1024 * 1024, ge=5 * 1024 * 1024, description="multipart upload part size"
     )
-    max_concurrency: int = Field(4, ge=1, le=64, description="parallel part uploads")
+    max_concurrency: int = Field(2, ge=1, le=64, description="parallel part uploads per segment")
     request_timeout_s: float = Field(30.0, gt=0, description="timeout of one S3 request")
 
 
@@ -125,6 +134,9 @@ class RemoteLogMetadataConfig(_Section):
         3, ge=1, description="remote.log.metadata.topic.replication.factor"
     )
     retention_ms: int = Field(-1, ge=-1, description="remote.log.metadata.topic.retention.ms")
+    consume_wait_ms: int = Field(
+        120_000, gt=0, description="remote.log.metadata.consume.wait.ms: read-back timeout"
+    )
 
 
 class TieringConfig(_Section):
@@ -139,6 +151,12 @@ class TieringConfig(_Section):
     )
     rescan_interval_s: float = Field(
         30.0, gt=0, description="full rescan of the log dirs; inotify events are only hints"
+    )
+    max_concurrent_uploads: int = Field(
+        2, ge=1, le=256, description="segments uploaded at once (across partitions)"
+    )
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM, how long uploads in flight may finish"
     )
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.kafka_serde import kafka_serde  # noqa: F401 - registers the fixture
+
 REPO = Path(__file__).resolve().parent.parent
 
 

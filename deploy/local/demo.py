@@ -76,6 +76,73 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
+SUMMARY_METRICS = tuple(
+    f"kafka_tiered_sidecar_{name}"
+    for name in (
+        "partitions_watched",
+        "local_segments",
+        "segments_copied_total",
+        "copied_bytes_total",
+        "copy_lag_segments",
+        "segment_upload_seconds_count",
+        "segment_upload_seconds_sum",
+    )
+)
+
+
+def read_events(log: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def wait_for_events(
+    log: Path, name: str, topic: str, count: int, proc: subprocess.Popen[bytes]
+) -> list[dict[str, object]]:
+    """Wait (up to 120 s) until the sidecar has logged ``count`` events ``name`` for ``topic``."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = [e for e in read_events(log) if e.get("event") == name and e.get("topic") == topic]
+        if len(found) >= count:
+            return found
+        if proc.poll() is not None:
+            raise SystemExit(f"sidecar exited early:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    raise SystemExit(f"only {len(found)} of {count} {name} events after 120 s")
+
+
+def bucket_keys(local: stack.Stack) -> list[str]:
+    client = local.s3.client()
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=local.s3.bucket)
+        return sorted(
+            obj["Key"]
+            for page in pages
+            for obj in page.get("Contents", [])
+            if obj["Key"].startswith(TOPIC + "-")
+        )
+    finally:
+        client.close()
+
+
+def compare_with_broker(local: stack.Stack, keys: list[str]) -> list[str]:
+    """Keys whose .log object differs from the broker's segment file."""
+    client = local.s3.client()
+    log_dir = local.kafka.nodes[0].log_dir
+    bad = []
+    try:
+        for key in keys:
+            if not key.endswith(".log"):
+                continue
+            _, partition, name = key.rsplit("/", 2)
+            base = name.split("-", 1)[0]
+            local_file = log_dir / f"{TOPIC}-{partition}" / f"{base}.log"
+            body = client.get_object(Bucket=local.s3.bucket, Key=key)["Body"].read()
+            if body != local_file.read_bytes():
+                bad.append(key)
+    finally:
+        client.close()
+    return bad
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=stack.REPO / ".stack" / "demo")
@@ -105,7 +172,8 @@ def main() -> int:
             f'[broker]\nlog_dirs = ["{local.kafka.nodes[0].log_dir}"]\n'
             f'[kafka]\nbootstrap_servers = ["{local.kafka.bootstrap_servers}"]\n'
             f'[s3]\nendpoint_url = "{local.s3.endpoint}"\nbucket = "{local.s3.bucket}"\n'
-            f"[tiering]\nrescan_interval_s = 5.0\n"
+            f'[tiering]\nrescan_interval_s = 5.0\ninclude_topics = ["demo\\\\.orders"]\n'
+            f"[remote_log_metadata]\nreplication_factor = 1\n"
             f"[metrics]\nport = {metrics_port}\n"
             f'[logging]\nformat = "json"\n'
         )
@@ -158,19 +226,31 @@ def main() -> int:
                 f"    {e['partition']:>9} {e['segments']:>8} {e['rolled']:>6} {e['ready']:>5} "
                 f"{e['active_base_offset']:>11} {e['log_bytes']:>10}"
             )
-        _, metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
-        watched = [
-            line
-            for line in metrics.splitlines()
-            if line.startswith(
-                ("kafka_tiered_sidecar_partitions_watched", "kafka_tiered_sidecar_local_segments")
-            )
-        ]
-        say("its /metrics says:")
-        for line in watched:
-            print(f"    {line}")
         if len(seen) != PARTITIONS or not any(e["rolled"] for e in seen):
             raise SystemExit("expected the sidecar to see every partition with rolled segments")
+
+        expected = sum(e["ready"] for e in seen)
+        say(f"waiting for the sidecar to tier the {expected} ready segments to S3")
+        tiered = wait_for_events(sidecar_log, "segment_tiered", TOPIC, expected, sidecar_proc)
+        for e in sorted(tiered, key=lambda e: (e["partition"], e["base_offset"])):
+            print(
+                f"    {TOPIC}-{e['partition']} offsets {e['base_offset']}..{e['end_offset']}"
+                f" ({e['bytes']} bytes) in {e['seconds']} s, segment id {e['segment_id']}"
+            )
+        keys = bucket_keys(local)
+        say(f"the bucket holds {len(keys)} objects for {TOPIC!r}, for example:")
+        for key in keys[:3]:
+            print(f"    s3://{local.s3.bucket}/{key}")
+        mismatches = compare_with_broker(local, keys)
+        if mismatches:
+            raise SystemExit(f"objects differ from the broker's files: {mismatches}")
+        say("every tiered .log object is byte-identical to the broker's file")
+
+        _, metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+        say("metrics summary (/metrics):")
+        for line in metrics.splitlines():
+            if line.startswith(SUMMARY_METRICS):
+                print(f"    {line}")
 
         say(f"`sidecar inspect {local.kafka.nodes[0].log_dir / (TOPIC + '-0')}`:")
         subprocess.run(
@@ -202,7 +282,7 @@ def main() -> int:
         else:
             local.stop()
             say("stack stopped")
-    say("demo finished: the sidecar watched the broker's log dirs and saw the segments roll")
+    say("demo finished: the sidecar saw the segments roll and tiered them to S3")
     return 0
 
 

@@ -68,3 +68,77 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.copy_lag_segments = Gauge(
+            "copy_lag_segments",
+            "Rolled local segments not yet copied to remote storage, by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.copy_lag_bytes = Gauge(
+            "copy_lag_bytes",
+            "Bytes of rolled local segments not yet copied, by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.copy_lag_seconds = Gauge(
+            "copy_lag_seconds",
+            "Age of the newest record of the oldest segment not yet copied, by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.segments_copied = Counter(
+            "segments_copied",
+            "Segments copied to remote storage (COPY_SEGMENT_FINISHED published), by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.bytes_copied = Counter(
+            "copied_bytes",
+            "Bytes copied to remote storage (segments and indexes), by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.upload_seconds = Histogram(
+            "segment_upload_seconds",
+            "Time to copy one segment, from COPY_SEGMENT_STARTED to FINISHED read back.",
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+        )
+        self.upload_errors = Counter(
+            "upload_errors",
+            "Failed segment copies, by error type.",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.quarantined_segments = Gauge(
+            "quarantined_segments",
+            "Corrupt local segments that are never uploaded.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.repairs = Counter(
+            "crash_repairs",
+            "Unfinished copies deleted and unfinished deletes finished after a restart, by kind.",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.metadata_undecodable = Counter(
+            "metadata_undecodable_records",
+            "Records of the remote log metadata topic that did not decode (skipped).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.partitions_led = Gauge(
+            "partitions_led",
+            "Partitions selected for tiering that this broker leads.",
+            namespace=NAMESPACE,
+            registry=r,
+        )

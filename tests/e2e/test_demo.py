@@ -17,12 +17,17 @@ def test_demo_runs_and_exits_zero(tmp_path):
     """`make demo`'s script exits 0 and shows the partitions and segments the sidecar sees."""
     result = subprocess.run(
         [sys.executable, str(DEMO), "--root", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     out = result.stdout
     assert "sees 3 partitions of 'demo.orders'" in out
     assert "kafka_tiered_sidecar_partitions_watched" in out
+    assert "every tiered .log object is byte-identical to the broker's file" in out
+    assert 'kafka_tiered_sidecar_segments_copied_total{topic="demo.orders"}' in out
     assert "sidecar stopped cleanly (exit 0)" in out
     assert "stack stopped" in out
     # the stack was stopped by PID: nothing it started is still running

@@ -92,6 +92,8 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, tmp_path):
         f'[kafka]\nbootstrap_servers = ["{kafka.bootstrap_servers}"]\n'
         f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\n'
         f"[metrics]\nport = {port}\n[tiering]\nrescan_interval_s = 3600\n"
+        f"[remote_log_metadata]\nreplication_factor = 1\nnum_partitions = 5\n"
+        f'topic = "__rlm_{topic_name}"\n'
     )
     env = {
         **os.environ,
@@ -122,11 +124,12 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, tmp_path):
         assert p1["segments"] == 1
         assert p1["rolled"] == 0
         await sidecar.next_event("log_dirs_scanned")
+        await sidecar.next_event("sidecar_ready")
         before = _snapshot(kafka.log_dir)
 
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
-                assert r.status == 200
+                assert r.status == 200, await r.text()
                 assert (await r.json())["ready"] is True
             async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
                 assert r.status == 200

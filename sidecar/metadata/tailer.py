@@ -1,0 +1,425 @@
+"""MetadataTailer: reads ``__remote_log_metadata`` into the local RemoteSegmentStore, the way
+Kafka's ``ConsumerTask`` feeds ``RemoteLogMetadataCache`` (kafka-kip405-internals.md §2.3), but
+resuming from the offsets stored with the state instead of re-reading from offset 0.
+
+* A consumer with ``assign()`` (no group, no commits, ``auto_offset_reset=earliest``,
+  ``read_committed``) reads the metadata partitions the sidecar tracks (``track``/``untrack``:
+  those that hold its user partitions' events). Each partition resumes at the store's consumed
+  offset + 1, or at its beginning when it was never read.
+* Each fetch is decoded and applied to the store in one transaction, together with the consumed
+  offsets (``asyncio.to_thread``: the loop keeps serving while SQLite writes).
+* A record that does not decode (MetadataFormatError, or a null value) never stops the tailer,
+  unlike Kafka's ConsumerTask: it is counted (``undecodable_records``, ``on_undecodable``), logged
+  with its metadata partition and offset, and skipped; its offset still counts as consumed.
+  Events the store drops (invalid transitions, snapshots) are logged the same way.
+* ``caught_up(p)``: everything up to the end offset seen when ``p`` was assigned is applied
+  (TBRLMM's initialization rule, ``readOffset + 1 >= endOffset`` or an empty partition).
+  ``wait_for_offset`` is the publisher's read-after-write (TBRLMM's waitTillConsumptionCatchesUp).
+  When ``run`` ends, every waiter fails with MetadataPublishError.
+
+It never writes to Kafka; publishing is publisher.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final, Self
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from sidecar.errors import MetadataPublishError
+from sidecar.metadata.errors import (
+    MetadataFormatError,
+    MetadataNotTrackedError,
+    MetadataStoreError,
+    MetadataTailError,
+)
+from sidecar.metadata.events import RemoteLogMetadata
+from sidecar.metadata.publisher import DEFAULT_METADATA_TOPIC, client_id
+from sidecar.metadata.serde import decode
+from sidecar.metadata.store import ApplyResult, RemoteSegmentStore
+from sidecar.observability.logging import get_logger
+
+__all__ = ["MetadataTailer", "UndecodableCallback"]
+
+log = get_logger(__name__)
+
+#: called with (metadata partition, offset, error) for each record that does not decode
+UndecodableCallback = Callable[[int, int, MetadataFormatError], None]
+
+_NULL_VALUE: Final = MetadataFormatError("the record value is null", position=0)
+_POLL_TIMEOUT_MS: Final = 1000  # a broker long-poll; new records, stop and track() end it early
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    STARTED = "started"
+    CLOSED = "closed"
+
+
+class _Ingested:
+    """What one fetch did, computed in the worker thread."""
+
+    __slots__ = ("consumed", "origins", "result", "undecodable")
+
+    def __init__(
+        self,
+        result: ApplyResult,
+        origins: list[tuple[int, int]],
+        undecodable: list[tuple[int, int, MetadataFormatError]],
+        consumed: dict[int, int],
+    ) -> None:
+        self.result = result
+        self.origins = origins
+        self.undecodable = undecodable
+        self.consumed = consumed
+
+
+class MetadataTailer:
+    """Tails the tracked metadata partitions into ``store``; ``run(stopping)`` is its root task.
+
+    Use as an async context manager (``start``/``aclose``) around ``run``. ``client_kwargs`` go to
+    the aiokafka consumer (security settings); the settings Kafka forces cannot be overridden.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str | Sequence[str],
+        store: RemoteSegmentStore,
+        broker_id: int,
+        topic: str = DEFAULT_METADATA_TOPIC,
+        client_kwargs: Mapping[str, Any] | None = None,
+        max_batch_records: int = 5000,
+        on_undecodable: UndecodableCallback | None = None,
+    ) -> None:
+        self.topic = topic
+        self.broker_id = broker_id
+        self._bootstrap = (
+            bootstrap_servers if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+        )
+        self._store = store
+        self._client_kwargs = dict(client_kwargs or {})
+        self._max_records = max_batch_records
+        self._on_undecodable = on_undecodable
+        self._state = _State.NEW
+        self._consumer: AIOKafkaConsumer | None = None
+        self._tracked: set[int] = set()
+        self._assigned: frozenset[int] = frozenset()
+        self._changed = asyncio.Event()  # track()/untrack() since the last assignment
+        self._targets: dict[int, int] = {}  # end offset seen at assignment
+        self._caught_up: set[int] = set()
+        self._consumed: dict[int, int] = {}  # mirrors the store's committed consumed offsets
+        self._progress = asyncio.Event()  # replaced after every change that waiters look at
+        self._failure: BaseException | None = None
+        #: records received from the broker (since start)
+        self.records_fetched = 0
+        #: records whose value did not decode, skipped (since start)
+        self.undecodable_records = 0
+        #: decoded events the store dropped (since start; the store keeps persistent counters)
+        self.rejected_events = 0
+
+    # --- lifecycle
+
+    async def start(self) -> None:
+        """Bind the store to the topic and start the consumer."""
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"MetadataTailer cannot start: it is {self._state.value}")
+        self._state = _State.STARTED
+        self._store.claim_topic(self.topic)
+        self._consumed = self._store.consumed_offsets()
+        consumer = AIOKafkaConsumer(
+            **self._client_kwargs,
+            bootstrap_servers=self._bootstrap,
+            client_id=client_id(self.broker_id, "consumer"),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            await consumer.stop()
+            self._fail(MetadataTailError(f"cannot start the metadata consumer: {exc!r}"))
+            raise MetadataTailError(f"cannot start the metadata consumer: {exc!r}") from exc
+        self._consumer = consumer
+
+    async def aclose(self) -> None:
+        """Stop the consumer; idempotent. Waiters fail with MetadataPublishError."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        self._fail(MetadataPublishError("the metadata tailer was closed"))
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- what is read
+
+    @property
+    def tracked(self) -> frozenset[int]:
+        """The metadata partitions being read."""
+        return frozenset(self._tracked)
+
+    def is_tracked(self, metadata_partition: int) -> bool:
+        """Whether ``metadata_partition`` is read."""
+        return metadata_partition in self._tracked
+
+    def track(self, metadata_partitions: Iterable[int]) -> None:
+        """Start reading these metadata partitions too (from the stored offsets)."""
+        added = set(metadata_partitions) - self._tracked
+        if added:
+            self._tracked |= added
+            self._changed.set()
+
+    def untrack(self, metadata_partitions: Iterable[int]) -> None:
+        """Stop reading these metadata partitions; their waiters fail with
+        MetadataNotTrackedError. Their stored state and offsets are kept."""
+        removed = self._tracked & set(metadata_partitions)
+        if removed:
+            self._tracked -= removed
+            for partition in removed:
+                self._targets.pop(partition, None)
+                self._caught_up.discard(partition)
+            self._changed.set()
+            self._notify()
+
+    def caught_up(self, metadata_partition: int) -> bool:
+        """Whether ``metadata_partition`` is read up to the end offset seen when it was assigned."""
+        return metadata_partition in self._caught_up
+
+    def consumed_offset(self, metadata_partition: int) -> int | None:
+        """The last offset of ``metadata_partition`` applied to the store, or None."""
+        return self._consumed.get(metadata_partition)
+
+    async def wait_caught_up(self, metadata_partitions: Collection[int] | None = None) -> None:
+        """Wait until the given (default: all tracked) partitions are caught up. Use
+        ``asyncio.timeout`` to bound it."""
+        while True:
+            self._raise_if_failed()
+            wanted = self._tracked if metadata_partitions is None else set(metadata_partitions)
+            self._raise_if_untracked(wanted)
+            if wanted <= self._caught_up:
+                return
+            await self._progress.wait()
+
+    async def wait_for_offset(self, metadata_partition: int, offset: int) -> None:
+        """Wait until ``offset`` of ``metadata_partition`` is applied to the store. Raises
+        MetadataNotTrackedError at once if the partition is not tracked, and
+        MetadataPublishError once the tailer has stopped. Use ``asyncio.timeout`` to bound it."""
+        while True:
+            self._raise_if_failed()
+            self._raise_if_untracked((metadata_partition,))
+            if self._consumed.get(metadata_partition, -1) >= offset:
+                return
+            await self._progress.wait()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise MetadataPublishError(
+                f"the metadata tailer of {self.topic} stopped: {self._failure}"
+            ) from self._failure
+
+    def _raise_if_untracked(self, partitions: Iterable[int]) -> None:
+        missing = set(partitions) - self._tracked
+        if missing:
+            raise MetadataNotTrackedError(
+                f"the metadata tailer does not read {self.topic} partitions {sorted(missing)}"
+            )
+
+    def _notify(self) -> None:
+        """Wake every waiter; they re-check their condition."""
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def _fail(self, cause: BaseException) -> None:
+        if self._failure is None:
+            self._failure = cause
+        self._notify()
+
+    # --- the root task
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Tail the tracked partitions until ``stopping`` is set. Kafka errors end it with
+        MetadataTailError (retriable: the app restarts); waiters fail either way."""
+        consumer = self._consumer
+        if self._state is not _State.STARTED or consumer is None:
+            raise RuntimeError(
+                f"MetadataTailer.run needs a started tailer, it is {self._state.value}"
+            )
+        try:
+            while not stopping.is_set():
+                if self._changed.is_set():
+                    await self._assign(consumer)
+                if not self._assigned:
+                    await _first(stopping.wait(), self._changed.wait())
+                    continue
+                records = await self._fetch(consumer, stopping)
+                if records:
+                    await self._ingest(records)
+        except KafkaError as exc:
+            error = MetadataTailError(f"reading {self.topic} failed: {exc!r}")
+            self._fail(error)
+            raise error from exc
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self._fail(MetadataPublishError("the metadata tailer stopped"))
+
+    async def _assign(self, consumer: AIOKafkaConsumer) -> None:
+        self._changed.clear()
+        tracked = frozenset(self._tracked)
+        partitions = {p: TopicPartition(self.topic, p) for p in sorted(tracked)}
+        consumer.assign(list(partitions.values()))
+        for p, tp in partitions.items():
+            consumed = self._consumed.get(p)
+            if consumed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, consumed + 1)
+        new = [p for p in partitions if p not in self._targets]
+        if new:
+            tps = [partitions[p] for p in new]
+            beginnings = await consumer.beginning_offsets(tps)
+            ends = await consumer.end_offsets(tps)
+            for p in new:
+                tp = partitions[p]
+                position = self._consumed.get(p, -1) + 1
+                if position > ends[tp]:
+                    # The topic was recreated or truncated (an unclean leader election): new
+                    # events would reuse offsets the store counts as applied and be skipped.
+                    raise MetadataStoreError(
+                        f"the store has applied {self.topic}-{p} up to offset {position - 1},"
+                        f" but the partition ends at {ends[tp]}: the metadata topic was"
+                        " recreated or truncated; remove the store to rebuild it from the topic"
+                    )
+                self._targets[p] = ends[tp]
+                if beginnings[tp] >= ends[tp] or position >= ends[tp]:
+                    self._caught_up.add(p)
+                log.info(
+                    "metadata_partition_assigned",
+                    topic=self.topic,
+                    metadata_partition=p,
+                    resume_offset=position if p in self._consumed else beginnings[tp],
+                    end_offset=ends[tp],
+                    caught_up=p in self._caught_up,
+                )
+        self._assigned = tracked
+        self._notify()
+
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, stopping: asyncio.Event
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """One ``getmany``, ended early by ``stopping`` or a tracking change. Records a finished
+        fetch returned are never dropped (the consumer has already advanced past them)."""
+        fetch = asyncio.ensure_future(
+            consumer.getmany(timeout_ms=_POLL_TIMEOUT_MS, max_records=self._max_records)
+        )
+        try:
+            await _first(fetch, stopping.wait(), self._changed.wait())
+        finally:
+            if not fetch.done():
+                fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+        if fetch.cancelled():
+            return {}
+        records: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]] = fetch.result()
+        return records
+
+    async def _ingest(
+        self, records: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
+    ) -> None:
+        batch: list[tuple[int, int, bytes | None]] = []
+        for tp, partition_records in records.items():
+            self.records_fetched += len(partition_records)
+            done = self._consumed.get(tp.partition, -1)
+            batch += [
+                (tp.partition, r.offset, r.value) for r in partition_records if r.offset > done
+            ]
+        if not batch:
+            return
+        ingested = await asyncio.to_thread(self._decode_and_apply, batch)
+        for partition, offset, error in ingested.undecodable:
+            self.undecodable_records += 1
+            log.error(
+                "metadata_record_undecodable",
+                topic=self.topic,
+                metadata_partition=partition,
+                offset=offset,
+                error=str(error),
+            )
+            if self._on_undecodable is not None:
+                self._on_undecodable(partition, offset, error)
+        for rejection in ingested.result.rejected:
+            self.rejected_events += 1
+            partition, offset = ingested.origins[rejection.index]
+            log.error(
+                "metadata_event_dropped",
+                topic=self.topic,
+                metadata_partition=partition,
+                offset=offset,
+                reason=rejection.reason.value,
+                detail=rejection.detail,
+            )
+        self._consumed.update(ingested.consumed)
+        for partition, last in ingested.consumed.items():
+            target = self._targets.get(partition)
+            if partition not in self._caught_up and target is not None and last + 1 >= target:
+                self._caught_up.add(partition)
+                log.info(
+                    "metadata_partition_caught_up",
+                    topic=self.topic,
+                    metadata_partition=partition,
+                    offset=last,
+                )
+        self._notify()
+
+    def _decode_and_apply(self, batch: Sequence[tuple[int, int, bytes | None]]) -> _Ingested:
+        """Decode a fetch and apply it in one store transaction (runs in a worker thread)."""
+        events: list[RemoteLogMetadata] = []
+        origins: list[tuple[int, int]] = []
+        undecodable: list[tuple[int, int, MetadataFormatError]] = []
+        consumed: dict[int, int] = {}
+        for partition, offset, value in batch:
+            consumed[partition] = offset
+            if value is None:
+                undecodable.append((partition, offset, _NULL_VALUE))
+                continue
+            try:
+                event = decode(value)
+            except MetadataFormatError as exc:
+                undecodable.append((partition, offset, exc))
+                continue
+            events.append(event)
+            origins.append((partition, offset))
+        result = self._store.apply(events, consumed=consumed)
+        return _Ingested(result, origins, undecodable, consumed)
+
+
+async def _first(*awaitables: Any) -> None:
+    """Wait until the first of ``awaitables`` completes; cancel the others' tasks. (A task
+    passed in is not cancelled: its owner decides.)"""
+    tasks = [asyncio.ensure_future(aw) for aw in awaitables]
+    owned = [task for task, aw in zip(tasks, awaitables, strict=True) if task is not aw]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in owned:
+            task.cancel()
+        await asyncio.gather(*owned, return_exceptions=True)

@@ -1,0 +1,285 @@
+"""One segment, start to finish, in commit order:
+
+    COPY_SEGMENT_STARTED (read back) → .log (multipart) → indexes → manifest
+    → COPY_SEGMENT_FINISHED (read back)
+
+Before anything is published, the segment's files are opened once and kept open: the broker may
+rename them to ``.deleted`` and remove them while we upload, and an open descriptor keeps reading
+the same bytes (``/proc/self/fd``). Every record batch's CRC-32C is checked first; a corrupt
+segment raises :class:`CorruptSegmentError` and is never uploaded. The ``.log`` is checked again
+after the upload (size and mtime unchanged), and every object carries a CRC-32C the store
+verifies, so FINISHED is published only for bytes that match the broker's files (invariant 1).
+
+Any failure after STARTED deletes what was written, the way Kafka's RLM does
+(DELETE_SEGMENT_STARTED → delete the objects → DELETE_SEGMENT_FINISHED), best effort: what a
+crash leaves behind is repaired at the next start (the engine's crash repair).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sidecar import __version__
+from sidecar.errors import FormatError, SegmentVanishedError, SidecarError
+from sidecar.kafka.checkpoints import decode_kafka_uuid, leader_epoch_checkpoint_for_segment
+from sidecar.kafka.logdir import PartitionScan, Segment, open_segment_file
+from sidecar.kafka.records import iter_batches
+from sidecar.metadata.events import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentState,
+    SegmentMetadata,
+    SegmentMetadataUpdate,
+    TopicIdPartition,
+)
+from sidecar.metadata.publisher import MetadataPublisher
+from sidecar.observability.logging import get_logger
+from sidecar.storage.base import ObjectStore
+from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
+
+__all__ = ["CorruptSegmentError", "SegmentChangedError", "SegmentUploader", "UploadOutcome"]
+
+log = get_logger(__name__)
+
+
+class CorruptSegmentError(SidecarError):
+    """A segment whose batches fail their CRC (or do not parse): quarantined, never uploaded."""
+
+
+class SegmentChangedError(SidecarError):
+    """The ``.log`` changed while it was uploaded (it should be immutable once rolled)."""
+
+    retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class UploadOutcome:
+    """What one successful upload did."""
+
+    metadata: SegmentMetadata
+    log_bytes: int
+    index_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _OpenSegment:
+    """The segment's files, opened once; paths under /proc/self/fd survive the broker's rename."""
+
+    log: BinaryIO
+    log_path: str
+    index_files: dict[IndexKind, bytes | None]
+    size: int
+    mtime_ns: int
+
+
+def _read_optional(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    handle, _ = open_segment_file(path)
+    with handle:
+        return handle.read()
+
+
+def _check_batches(fd_path: str, segment: Segment, size: int) -> None:
+    """Every batch parses and has a valid CRC-32C, and the batches fill the file exactly."""
+    end = 0
+    try:
+        for header in iter_batches(Path(fd_path), verify_crc=True, path=str(segment.log_path)):
+            end = header.end_position
+    except FormatError as exc:
+        raise CorruptSegmentError(
+            f"segment {segment.log_path} is corrupt and will not be uploaded: {exc}"
+        ) from exc
+    if end != size:
+        raise CorruptSegmentError(
+            f"segment {segment.log_path}: batches end at byte {end} of {size}"
+        )
+
+
+def _index_files(scan: PartitionScan, segment: Segment) -> dict[IndexKind, bytes | None]:
+    """The small files that travel with the segment, byte-exact."""
+    if segment.next_base_offset is None or segment.snapshot_path is None:
+        raise SegmentVanishedError(f"segment {segment.log_path} is not ready to upload")
+    return {
+        IndexKind.OFFSET_INDEX: _read_optional(segment.index_path) or b"",
+        IndexKind.TIME_INDEX: _read_optional(segment.timeindex_path) or b"",
+        IndexKind.TXN_INDEX: _read_optional(segment.txnindex_path),
+        IndexKind.PRODUCER_SNAPSHOT: _read_optional(segment.snapshot_path),
+        IndexKind.LEADER_EPOCH_CHECKPOINT: leader_epoch_checkpoint_for_segment(
+            scan.leader_epochs, segment.next_base_offset
+        ),
+    }
+
+
+def _open_segment(scan: PartitionScan, segment: Segment) -> _OpenSegment:
+    """Open and check the segment (thread side). The caller closes the returned ``log``."""
+    handle, _name = open_segment_file(segment.log_path)
+    try:
+        stat = os.fstat(handle.fileno())
+        fd_path = f"/proc/self/fd/{handle.fileno()}"
+        _check_batches(fd_path, segment, stat.st_size)
+        files = _index_files(scan, segment)
+    except BaseException:
+        handle.close()
+        raise
+    return _OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)
+
+
+class SegmentUploader:
+    """Uploads one segment at a time for a caller that serializes per partition."""
+
+    def __init__(
+        self,
+        *,
+        objects: ObjectStore,
+        publisher: MetadataPublisher,
+        layout: KeyLayout,
+        broker_id: int,
+        part_size: int,
+        concurrency: int,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._objects = objects
+        self._publisher = publisher
+        self._layout = layout
+        self._broker_id = broker_id
+        self._part_size = part_size
+        self._concurrency = concurrency
+        self._clock_ms = clock_ms
+
+    def keys(self, metadata: SegmentMetadata) -> dict[ObjectSuffix, str]:
+        """Every object key of a segment, derived from its metadata alone."""
+        tip = metadata.segment_id.topic_id_partition
+        return {
+            suffix: self._layout.segment_key(
+                topic=tip.topic,
+                topic_id=tip.topic_id,
+                partition=tip.partition,
+                base_offset=metadata.start_offset,
+                segment_id=metadata.segment_id.id,
+                suffix=suffix,
+            )
+            for suffix in ObjectSuffix
+        }
+
+    async def upload(self, scan: PartitionScan, segment: Segment) -> UploadOutcome:
+        """Upload ``segment`` of ``scan``'s partition and publish it FINISHED."""
+        if scan.topic_id is None:
+            raise SegmentVanishedError(f"{scan.path} has no partition.metadata (topic id)")
+        if segment.end_offset is None or segment.max_timestamp_ms is None:
+            raise SegmentVanishedError(f"{segment.log_path} is the active segment")
+        started = time.monotonic()
+        tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
+        opened = await asyncio.to_thread(_open_segment, scan, segment)
+        try:
+            metadata = SegmentMetadata(
+                segment_id=RemoteLogSegmentId(tip, uuid.uuid4()),
+                start_offset=segment.base_offset,
+                end_offset=segment.end_offset,
+                broker_id=self._broker_id,
+                max_timestamp_ms=segment.max_timestamp_ms,
+                event_timestamp_ms=self._clock_ms(),
+                segment_leader_epochs=tuple(
+                    (e.epoch, e.start_offset) for e in segment.leader_epochs
+                ),
+                segment_size_in_bytes=opened.size,
+                txn_index_empty=segment.txn_index_empty,
+            )
+            await self._publisher.publish_and_wait(metadata)
+            try:
+                index_bytes = await self._write_objects(metadata, opened)
+                await self._publish_state(metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+            except BaseException as exc:
+                log.warning(
+                    "segment_upload_failed",
+                    base_offset=segment.base_offset,
+                    segment_id=str(metadata.segment_id.id),
+                    error=str(exc) or type(exc).__name__,
+                )
+                # shield the cleanup from a cancellation that interrupted the upload
+                await asyncio.shield(self._abandon(metadata))
+                raise
+        finally:
+            await asyncio.to_thread(opened.log.close)
+        return UploadOutcome(metadata, opened.size, index_bytes, time.monotonic() - started)
+
+    async def _write_objects(self, metadata: SegmentMetadata, opened: _OpenSegment) -> int:
+        keys = self.keys(metadata)
+        log_info = await self._objects.put_file(
+            keys[ObjectSuffix.LOG],
+            opened.log_path,
+            part_size=self._part_size,
+            concurrency=self._concurrency,
+        )
+        after = await asyncio.to_thread(os.fstat, opened.log.fileno())
+        if (
+            log_info.size != opened.size
+            or after.st_size != opened.size
+            or after.st_mtime_ns != opened.mtime_ns
+        ):
+            raise SegmentChangedError(
+                f"{keys[ObjectSuffix.LOG]}: the local .log changed during the upload"
+                f" ({opened.size} → {after.st_size} bytes)"
+            )
+        blob, ranges = pack_indexes(opened.index_files)
+        index_info = await self._objects.put(keys[ObjectSuffix.INDEXES], blob)
+        tip = metadata.segment_id.topic_id_partition
+        manifest = SegmentManifest(
+            topic=tip.topic,
+            topic_id=tip.topic_id,
+            partition=tip.partition,
+            segment_id=metadata.segment_id.id,
+            start_offset=metadata.start_offset,
+            end_offset=metadata.end_offset,
+            max_timestamp_ms=metadata.max_timestamp_ms,
+            size_bytes=metadata.segment_size_in_bytes,
+            leader_epochs=metadata.segment_leader_epochs,
+            txn_index_empty=metadata.txn_index_empty,
+            broker_id=metadata.broker_id,
+            event_timestamp_ms=metadata.event_timestamp_ms,
+            log=ObjectEntry(keys[ObjectSuffix.LOG], log_info.size, log_info.crc32c or 0),
+            indexes=ObjectEntry(
+                keys[ObjectSuffix.INDEXES], index_info.size, index_info.crc32c or 0, ranges
+            ),
+            created_by=f"kafka-tiered-sidecar {__version__}",
+        )
+        await self._objects.put(keys[ObjectSuffix.MANIFEST], manifest.to_json())
+        return index_info.size
+
+    async def delete_segment(self, metadata: SegmentMetadata) -> None:
+        """DELETE_SEGMENT_STARTED → delete every object → DELETE_SEGMENT_FINISHED."""
+        await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
+        await self.finish_delete(metadata)
+
+    async def finish_delete(self, metadata: SegmentMetadata) -> None:
+        """Delete the objects of a segment whose deletion STARTED, then publish FINISHED."""
+        await self._objects.delete(list(self.keys(metadata).values()))
+        await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED)
+
+    async def _publish_state(self, metadata: SegmentMetadata, state: RemoteLogSegmentState) -> None:
+        await self._publisher.publish_and_wait(
+            SegmentMetadataUpdate(
+                segment_id=metadata.segment_id,
+                broker_id=self._broker_id,
+                event_timestamp_ms=self._clock_ms(),
+                state=state,
+            )
+        )
+
+    async def _abandon(self, metadata: SegmentMetadata) -> None:
+        try:
+            await self.delete_segment(metadata)
+        except Exception as exc:  # noqa: BLE001 - crash repair finishes this at the next start
+            log.warning(
+                "segment_cleanup_failed",
+                segment_id=str(metadata.segment_id.id),
+                error=str(exc) or type(exc).__name__,
+            )

@@ -1,0 +1,138 @@
+"""Run `sidecar run` as a subprocess against the test stack and read its JSON log as it comes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def sidecar_config(
+    path: Path,
+    *,
+    state_dir: Path,
+    log_dirs: list[Path],
+    bootstrap: str,
+    s3: Any,
+    metrics_port: int,
+    metadata_topic: str,
+    include_topics: list[str] = (),  # type: ignore[assignment]
+    prefix: str = "",
+    extra: str = "",
+) -> Path:
+    """Write a sidecar TOML file for the test stack (credentials go through the environment)."""
+    dirs = ", ".join(f'"{d}"' for d in log_dirs)
+    includes = ", ".join(json.dumps(t) for t in include_topics)
+    path.write_text(
+        f'state_dir = "{state_dir}"\n'
+        f"[broker]\nlog_dirs = [{dirs}]\n"
+        f'[kafka]\nbootstrap_servers = ["{bootstrap.replace(",", chr(34) + ", " + chr(34))}"]\n'
+        f"metadata_refresh_interval_s = 1.0\n"
+        f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\nprefix = "{prefix}"\n'
+        f"part_size_bytes = 5242880\n"
+        f"[metrics]\nport = {metrics_port}\n"
+        f"[tiering]\nrescan_interval_s = 5\ninclude_topics = [{includes}]\n"
+        f"[remote_log_metadata]\nreplication_factor = 1\nnum_partitions = 5\n"
+        f'topic = "{metadata_topic}"\n' + extra
+    )
+    return path
+
+
+def sidecar_env(s3: Any) -> dict[str, str]:
+    return {
+        **os.environ,
+        "SIDECAR_S3__ACCESS_KEY_ID": s3.access_key,
+        "SIDECAR_S3__SECRET_ACCESS_KEY": s3.secret_key,
+        "SIDECAR_LOGGING__FORMAT": "json",
+    }
+
+
+@dataclass
+class SidecarProcess:
+    """A running `sidecar run` whose JSON log lines are read on demand."""
+
+    proc: asyncio.subprocess.Process
+    log_path: Path
+    events: list[dict[str, Any]] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)
+    _cursor: int = 0
+
+    @classmethod
+    async def start(cls, config: Path, env: dict[str, str], log_path: Path) -> SidecarProcess:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "sidecar",
+            "run",
+            "--config",
+            str(config),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        return cls(proc, log_path)
+
+    async def _read_line(self, timeout: float) -> bool:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if not line:
+            return False
+        text = line.decode()
+        self.raw.append(text)
+        with self.log_path.open("a") as out:
+            out.write(text)
+        with contextlib.suppress(json.JSONDecodeError):
+            self.events.append(json.loads(text))
+        return True
+
+    def matching(self, name: str, **match: Any) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.events
+            if e.get("event") == name and all(e.get(k) == v for k, v in match.items())
+        ]
+
+    async def wait_for(self, name: str, *, count: int = 1, timeout: float = 60, **match: Any):
+        """Read the log until ``count`` events ``name`` (with the given fields) were logged."""
+        deadline = time.monotonic() + timeout
+        while len(self.matching(name, **match)) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(
+                    f"{len(self.matching(name, **match))}/{count} {name} {match} within "
+                    f"{timeout} s; last log lines:\n" + "".join(self.raw[-40:])
+                )
+            try:
+                alive = await self._read_line(remaining)
+            except TimeoutError:
+                continue
+            if not alive:
+                raise AssertionError(
+                    f"sidecar exited before {name}; log:\n" + "".join(self.raw[-60:])
+                )
+        return self.matching(name, **match)[:count]
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        while True:
+            try:
+                if not await self._read_line(timeout):
+                    break
+            except TimeoutError:
+                self.proc.kill()
+                break
+        return await self.proc.wait()
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.stop(signal.SIGKILL)
