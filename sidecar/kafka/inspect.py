@@ -25,6 +25,7 @@ from sidecar.errors import (
     CorruptRecordError,
     FormatError,
     IndexFormatError,
+    SegmentVanishedError,
     SidecarError,
     UnreadableFileError,
 )
@@ -43,7 +44,7 @@ from sidecar.kafka.logdir import (
     scan_partition_dir,
     segment_file_name,
 )
-from sidecar.kafka.records import BatchHeader, Record, decode_records, iter_batches
+from sidecar.kafka.records import BatchHeader, Record, decode_batches, iter_batches
 
 __all__ = [
     "EXIT_NOT_A_LOG_DIR",
@@ -459,16 +460,15 @@ def _iter_batches(
     with fh:
         path = str(opened)
         try:
-            for header in iter_batches(
-                fh, verify_crc=True, tolerate_tail=target.is_active, path=path
-            ):
-                decoded = None
-                if records:
-                    data = read_at(fh, header.position, header.size, path=path)
-                    decoded = decode_records(
-                        data, verify_crc=False, path=path, position=header.position
-                    )
-                yield header, decoded
+            if records:
+                yield from decode_batches(
+                    fh, verify_crc=True, tolerate_tail=target.is_active, path=path
+                )
+            else:
+                for header in iter_batches(
+                    fh, verify_crc=True, tolerate_tail=target.is_active, path=path
+                ):
+                    yield header, None
         except SidecarError as exc:
             problems.append(exc)
 
@@ -482,7 +482,9 @@ def run_inspect(path: Path, *, as_json: bool, verify: bool, records: bool, out: 
 
     Returns 0 when all is well, 1 when problems were found (every problem with ``verify``; only
     those met while listing otherwise), 2 when ``path`` does not exist or is not a log dir,
-    partition dir or ``.log`` file.
+    partition dir or ``.log`` file. Files the broker deleted while they were being read
+    (``SegmentVanishedError``: retention or topic deletion racing the scan) are listed under
+    ``vanished``; they are the broker at work, not problems.
     """
     try:
         target = _resolve(path)
@@ -498,7 +500,10 @@ def run_inspect(path: Path, *, as_json: bool, verify: bool, records: bool, out: 
     else:
         document = _dir_document(target, verify=verify, records=records, problems=problems)
     problems = _dedupe(problems)
+    vanished = [p for p in problems if isinstance(p, SegmentVanishedError)]
+    problems = [p for p in problems if not isinstance(p, SegmentVanishedError)]
     document["problems"] = [problem_row(p) for p in problems]
+    document["vanished"] = [problem_row(p) for p in vanished]
     document["ok"] = not problems
     if as_json:
         json.dump(document, out, indent=2)
@@ -624,6 +629,8 @@ def _render_text(document: dict[str, Any], out: TextIO) -> None:
                     )
     for problem in document["problems"]:
         out.write(f"PROBLEM {problem['error']}: {problem['message']}\n")
+    for gone in document["vanished"]:
+        out.write(f"VANISHED (deleted by the broker during the scan): {gone['message']}\n")
     out.write("ok\n" if document["ok"] else f"{len(document['problems'])} problem(s)\n")
 
 

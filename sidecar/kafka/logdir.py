@@ -215,6 +215,8 @@ class Segment:
     leader_epochs: tuple[EpochEntry, ...]
     """``epochEntriesInRange(base, nextBase)`` of the partition's leader-epoch checkpoint."""
     txn_index_empty: bool
+    """``segment.txnIndex().isEmpty()``: no ``.txnindex`` or an empty one (checked for the active
+    segment too, whose aborted transactions the broker appends as they happen)."""
     index_trimmed: bool | None
     """``None`` when the file does not exist."""
     timeindex_trimmed: bool | None
@@ -482,6 +484,7 @@ def _scan_segment(
 
     if next_base is None:
         facts.fail(NotReadyReason.ACTIVE)
+        _check_txn_index(facts, txnindex_path)  # its aborted transactions count too (a stat)
     else:
         _check_indexes(facts, index_path, timeindex_path, mtime_ms)
         _check_txn_index(facts, txnindex_path)

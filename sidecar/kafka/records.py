@@ -6,29 +6,37 @@ Upstream layouts: ``clients/src/main/java/org/apache/kafka/common/record/Default
 (https://github.com/apache/kafka/tree/trunk/clients/src/main/java/org/apache/kafka/common/record).
 
 Pure and synchronous, so Spark executors can import it. It must not import asyncio clients,
-aiohttp or aiobotocore, and it never reads a whole segment into memory: files are read batch by
-batch and CRCs are computed in 1 MiB chunks. Record decoding uses aiokafka's compiled batch decoder,
-imported lazily by :func:`decode_records` only (header walks and CRC checks never import it).
+aiohttp or aiobotocore, and it never reads a whole segment into memory: files are read through one
+window of at most 1 MiB (a bigger batch is CRC-checked 1 MiB at a time). Record decoding uses
+aiokafka's compiled batch decoder, imported lazily by :func:`decode_records` and
+:func:`decode_batches` only (header walks and CRC checks never import it).
+
+Hot paths: a batch header is one ``struct`` unpack into a NamedTuple, CRCs run over memoryview
+slices (no copies), and :func:`decode_batches` checks each CRC once and feeds the same bytes to the
+compiled decoder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
 import os
 import struct
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol
 
 import crc32c
 
 from sidecar.errors import CorruptRecordError, MissingToolError, TruncatedFileError
+from sidecar.kafka._codecs import MAX_DECOMPRESSED_BATCH_BYTES, inflate
 from sidecar.kafka._io import open_with_deleted_fallback, read_at, unreadable
 
 __all__ = [
     "BATCH_HEADER",
     "LOG_OVERHEAD",
+    "MAX_DECOMPRESSED_BATCH_BYTES",
     "RECORD_BATCH_OVERHEAD",
     "BatchHeader",
     "Buffer",
@@ -36,6 +44,7 @@ __all__ = [
     "ControlRecordType",
     "Record",
     "TimestampType",
+    "decode_batches",
     "decode_records",
     "iter_batches",
     "parse_batch_header",
@@ -114,11 +123,15 @@ class ControlRecordType(enum.IntEnum):
 
 _CONTROL_TYPES = {t.value: t for t in ControlRecordType}
 _COMPRESSIONS = tuple(Compression)
+_TIMESTAMP_TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """One record batch's header, with where it sits in its file."""
+class BatchHeader(NamedTuple):
+    """One record batch's header, with where it sits in its file.
+
+    A NamedTuple (immutable, hashable) because a segment walk builds one per batch: it is created
+    straight from the ``struct`` unpack, 5x cheaper than a frozen dataclass.
+    """
 
     position: int
     """Byte position of the batch's first byte in the file (or in the buffer's origin frame)."""
@@ -160,9 +173,7 @@ class BatchHeader:
 
     @property
     def timestamp_type(self) -> TimestampType:
-        if self.attributes & _TIMESTAMP_TYPE_MASK:
-            return TimestampType.LOG_APPEND_TIME
-        return TimestampType.CREATE_TIME
+        return _TIMESTAMP_TYPES[(self.attributes & _TIMESTAMP_TYPE_MASK) >> 3]
 
     @property
     def is_transactional(self) -> bool:
@@ -207,8 +218,29 @@ def parse_batch_header(
     Raises ``TruncatedFileError`` when fewer bytes remain than the header or the batch needs, and
     ``CorruptRecordError`` for zero padding, a wrong magic, an impossible length or unknown codec.
     """
+    length = data.nbytes if isinstance(data, memoryview) else len(data)
+    remaining = length if available is None else available
+    if length >= RECORD_BATCH_OVERHEAD and remaining >= RECORD_BATCH_OVERHEAD:
+        # Fast path: one unpack, and every check passes. Anything else is re-examined below, in
+        # the order that picks the most telling error.
+        fields = _unpack_header(data)
+        if (
+            fields[3] == _CURRENT_MAGIC
+            and _MIN_BATCH_LENGTH <= fields[1] <= remaining - LOG_OVERHEAD
+            and fields[5] & _CODEC_MASK < _CODEC_COUNT
+            and fields[12] >= 0  # recordsCount
+            and fields[6] >= 0  # lastOffsetDelta
+        ):
+            return _new_header(BatchHeader, (position, *fields))
+    return _parse_batch_header_checked(data, position=position, path=path, remaining=remaining)
+
+
+def _parse_batch_header_checked(
+    data: Buffer, *, position: int, path: str | None, remaining: int
+) -> BatchHeader:
     view = memoryview(data)
-    remaining = len(view) if available is None else available
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
     if remaining <= 0 or len(view) == 0:
         raise TruncatedFileError(
             "expected a record batch, found end of file", path=path, position=position
@@ -256,9 +288,9 @@ def parse_batch_header(
             path=path,
             position=position,
         )
-    header = BatchHeader(position, *BATCH_HEADER.unpack_from(view))
+    header = _new_header(BatchHeader, (position, *_unpack_header(view)))
     codec = header.attributes & _CODEC_MASK
-    if codec >= len(_COMPRESSIONS):
+    if codec >= _CODEC_COUNT:
         raise CorruptRecordError(
             f"record batch has unknown compression codec id {codec}", path=path, position=position
         )
@@ -272,10 +304,20 @@ def parse_batch_header(
     return header
 
 
-class _Source:
-    """Random access to either a buffer or an open binary file, by absolute file position."""
+_unpack_header = BATCH_HEADER.unpack_from
+_new_header = tuple.__new__  # BatchHeader(...) without NamedTuple's Python-level __new__
+_CODEC_COUNT = len(_COMPRESSIONS)
 
-    __slots__ = ("_fh", "_origin", "_view", "end", "path")
+
+class _Source:
+    """Random access to either a buffer or an open binary file, by absolute file position.
+
+    A file is read through one window of up to ``_CRC_CHUNK`` bytes, so a walk over small batches
+    costs one ``read`` per MiB rather than two per batch. What :meth:`read` returns is only valid
+    until the next call (it may be a view of the window).
+    """
+
+    __slots__ = ("_fh", "_origin", "_view", "_window", "_window_start", "end", "path")
 
     def __init__(
         self,
@@ -289,6 +331,8 @@ class _Source:
         self._view = view
         self._fh = fh
         self._origin = origin
+        self._window = memoryview(b"")
+        self._window_start = 0
         self.end = end
         self.path = path
 
@@ -297,16 +341,23 @@ class _Source:
         if self._view is not None:
             start = position - self._origin
             return self._view[start : start + size]
+        offset = position - self._window_start
+        if offset >= 0 and offset + size <= len(self._window):
+            return self._window[offset : offset + size]
         if self._fh is None:  # pragma: no cover - one of the two is always set
             raise TypeError("_Source needs a buffer or a file")
-        data = read_at(self._fh, position, size, path=self.path or "<file>")
+        want = max(size, min(_CRC_CHUNK, self.end - position))
+        self._window = memoryview(b"")  # drop the old window before reading the next
+        data = read_at(self._fh, position, want, path=self.path or "<file>")
         if len(data) < size:
             raise TruncatedFileError(
                 f"file shrank while being read: wanted {size} bytes, got {len(data)}",
                 path=self.path,
                 position=position + len(data),
             )
-        return data
+        self._window = memoryview(data)
+        self._window_start = position
+        return self._window[:size]
 
     def crc(self, position: int, size: int) -> int:
         value = 0
@@ -339,6 +390,47 @@ def iter_batches(
     cut off by end of file raises ``TruncatedFileError``; with ``tolerate_tail`` (a segment the
     broker may still be appending to) either one just ends the walk, as the broker's reader does.
     """
+    with _open_source(source, start=start, end=end, path=path, origin=origin) as (src, first):
+        yield from _walk(src, start=first, verify_crc=verify_crc, tolerate_tail=tolerate_tail)
+
+
+def decode_batches(
+    source: Buffer | BinaryIO | Path,
+    *,
+    verify_crc: bool = True,
+    tolerate_tail: bool = False,
+    start: int = 0,
+    end: int | None = None,
+    path: str | None = None,
+    origin: int = 0,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BATCH_BYTES,
+) -> Iterator[tuple[BatchHeader, list[Record]]]:
+    """Walk a segment like :func:`iter_batches` and decode every batch's records on the way.
+
+    The fast path for reading many records: each batch's bytes are read once, its CRC is checked
+    once (with ``verify_crc``), and the same bytes go to the compiled decoder, without copies for
+    a buffer source. Arguments and errors are those of :func:`iter_batches` and
+    :func:`decode_records`; errors carry file positions.
+    """
+    with _open_source(source, start=start, end=end, path=path, origin=origin) as (src, first):
+        for header in _walk(src, start=first, verify_crc=False, tolerate_tail=tolerate_tail):
+            data = src.read(header.position, header.size)
+            if verify_crc:
+                _check_crc(data, header, path=src.path)
+            yield header, _decode(data, header, path=src.path, limit=max_decompressed_bytes)
+
+
+@contextlib.contextmanager
+def _open_source(
+    source: Buffer | BinaryIO | Path,
+    *,
+    start: int,
+    end: int | None,
+    path: str | None,
+    origin: int,
+) -> Iterator[tuple[_Source, int]]:
+    """A :class:`_Source` for any supported source and the position to walk from; a file opened
+    here (from a ``Path``) is closed on exit."""
     if isinstance(source, Path):
         fh, opened = open_with_deleted_fallback(source)
         with fh:
@@ -346,18 +438,8 @@ def iter_batches(
                 size = os.fstat(fh.fileno()).st_size
             except OSError as exc:
                 raise unreadable(opened, exc) from exc
-            yield from _walk(
-                _Source(
-                    None,
-                    fh,
-                    origin=0,
-                    end=size if end is None else min(end, size),
-                    path=path or str(opened),
-                ),
-                start=start,
-                verify_crc=verify_crc,
-                tolerate_tail=tolerate_tail,
-            )
+            limit = size if end is None else min(end, size)
+            yield _Source(None, fh, origin=0, end=limit, path=path or str(opened)), start
         return
     if isinstance(source, bytes | bytearray | memoryview):
         view = memoryview(source)
@@ -367,31 +449,24 @@ def iter_batches(
         reader = _Source(
             view, None, origin=origin, end=limit if end is None else min(end, limit), path=path
         )
-        yield from _walk(
-            reader, start=max(start, origin), verify_crc=verify_crc, tolerate_tail=tolerate_tail
-        )
+        yield reader, max(start, origin)
         return
-    fh = source
-    name = path if path is not None else str(getattr(fh, "name", "<file>"))
+    name = path if path is not None else str(getattr(source, "name", "<file>"))
     if end is None:
         try:
-            end = fh.seek(0, 2)
+            end = source.seek(0, 2)
         except OSError as exc:
             raise unreadable(name, exc) from exc
-    yield from _walk(
-        _Source(None, fh, origin=0, end=end, path=name),
-        start=start,
-        verify_crc=verify_crc,
-        tolerate_tail=tolerate_tail,
-    )
+    yield _Source(None, source, origin=0, end=end, path=name), start
 
 
 def _walk(
     src: _Source, *, start: int, verify_crc: bool, tolerate_tail: bool
 ) -> Iterator[BatchHeader]:
     position = start
-    while position < src.end:
-        remaining = src.end - position
+    end = src.end
+    while position < end:
+        remaining = end - position
         head = src.read(position, RECORD_BATCH_OVERHEAD)
         try:
             header = parse_batch_header(head, position=position, path=src.path, available=remaining)
@@ -400,16 +475,28 @@ def _walk(
                 return
             raise
         if verify_crc:
-            computed = src.crc(position + _CRC_START, header.size - _CRC_START)
+            computed = src.crc(
+                position + _CRC_START, header.batch_length + LOG_OVERHEAD - _CRC_START
+            )
             if computed != header.crc:
-                raise CorruptRecordError(
-                    f"record batch at offset {header.base_offset} is corrupt: stored crc "
-                    f"{header.crc:#010x}, computed crc {computed:#010x}",
-                    path=src.path,
-                    position=position,
-                )
+                raise _crc_error(header, computed, path=src.path)
         yield header
-        position = header.end_position
+        position += header.batch_length + LOG_OVERHEAD
+
+
+def _crc_error(header: BatchHeader, computed: int, *, path: str | None) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"record batch at offset {header.base_offset} is corrupt: stored crc "
+        f"{header.crc:#010x}, computed crc {computed:#010x}",
+        path=path,
+        position=header.position,
+    )
+
+
+def _check_crc(data: Buffer, header: BatchHeader, *, path: str | None) -> None:
+    computed = int(crc32c.crc32c(memoryview(data)[_CRC_START : header.size]))
+    if computed != header.crc:
+        raise _crc_error(header, computed, path=path)
 
 
 def _is_tail(exc: Exception, head: Buffer) -> bool:
@@ -435,7 +522,12 @@ def read_batch(source: Buffer | BinaryIO, header: BatchHeader, *, origin: int = 
 
 
 def decode_records(
-    batch: Buffer, *, verify_crc: bool = True, path: str | None = None, position: int = 0
+    batch: Buffer,
+    *,
+    verify_crc: bool = True,
+    path: str | None = None,
+    position: int = 0,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BATCH_BYTES,
 ) -> list[Record]:
     """Decode every record of one batch (``batch`` starts at the batch; extra bytes are ignored).
 
@@ -443,57 +535,109 @@ def decode_records(
     control batches (``Record.control_type``), headers and LogAppendTime (every record gets the
     batch's maxTimestamp). ``position`` is the batch's file position, for error messages. Keep
     ``verify_crc`` on for bytes that were not checked already: the compiled decoder trusts lengths.
+    To decode a whole segment or range, :func:`decode_batches` is faster.
+
+    A compressed batch that would expand to more than ``max_decompressed_bytes`` (a decompression
+    bomb: zstd expands up to 32,000 times) is a ``CorruptRecordError``; no more than that is ever
+    allocated, and sizes the stream states are checked before decompressing (see
+    ``sidecar.kafka._codecs``).
 
     Raises ``CorruptRecordError`` for anything undecodable, and ``MissingToolError`` when the codec
     library is missing (snappy, lz4 and zstd need the ``cramjam`` package).
     """
     header = parse_batch_header(batch, position=position, path=path)
-    view = memoryview(batch)[: header.size]
     if verify_crc:
-        computed = int(crc32c.crc32c(view[_CRC_START:]))
-        if computed != header.crc:
-            raise CorruptRecordError(
-                f"record batch at offset {header.base_offset} is corrupt: stored crc "
-                f"{header.crc:#010x}, computed crc {computed:#010x}",
-                path=path,
-                position=position,
-            )
-    decoded = _decode_with_aiokafka(bytes(view), header, path=path)
-    if not header.is_control:
-        return decoded
-    return [
-        r._replace(control_type=_control_type(r.key, path=path, position=position)) for r in decoded
-    ]
+        _check_crc(batch, header, path=path)
+    return _decode(batch, header, path=path, limit=max_decompressed_bytes)
 
 
-def _decode_with_aiokafka(data: bytes, header: BatchHeader, *, path: str | None) -> list[Record]:
-    # Imported here so header walks and CRC checks never import aiokafka (see the module docstring).
+@functools.cache
+def _aiokafka() -> tuple[Callable[[Buffer], Iterable[_DecodedRecord]], type[Exception]]:
+    # Imported on first use so header walks and CRC checks never import aiokafka (see the module
+    # docstring); cached because an import statement costs more than decoding a small batch.
     from aiokafka.errors import UnsupportedCodecError
     from aiokafka.record.default_records import DefaultRecordBatch
 
-    timestamp_type = header.timestamp_type
-    new = tuple.__new__  # skips NamedTuple's Python-level __new__: a third of the per-record cost
+    return DefaultRecordBatch, UnsupportedCodecError
+
+
+def _decode(data: Buffer, header: BatchHeader, *, path: str | None, limit: int) -> list[Record]:
+    """The records of the batch ``header`` describes; ``data`` starts at the batch and its first
+    ``header.size`` bytes are the batch (checked by ``parse_batch_header``)."""
+    view = memoryview(data)
+    if len(view) != header.size:
+        view = view[: header.size]
+    batch_type, unsupported = _aiokafka()
     try:
-        records: Iterator[_DecodedRecord] = DefaultRecordBatch(data)
-        return [
+        batch = _bounded(view, header, limit) if header.attributes & _CODEC_MASK else view
+        if header.attributes & _CONTROL_MASK:
+            return _decode_control(batch_type(batch), header, path=path)
+        timestamp_type = _TIMESTAMP_TYPES[(header.attributes & _TIMESTAMP_TYPE_MASK) >> 3]
+        new = tuple.__new__  # skips NamedTuple's Python-level __new__: a third of the cost
+        decoded = [
             new(Record, (r.offset, r.timestamp, timestamp_type, r.key, r.value, r.headers, None))
-            for r in records
+            for r in batch_type(batch)
         ]
-    except UnsupportedCodecError as exc:
-        raise MissingToolError(
-            f"cannot decode a {header.compression.name.lower()} record batch: {exc}; "
-            "install cramjam (pip install 'aiokafka[snappy,lz4,zstd]')"
-        ) from exc
+    except (unsupported, ImportError) as exc:
+        raise _missing_codec(header, exc) from exc
+    except CorruptRecordError:
+        raise  # a control record's key, already named at the batch
     except Exception as exc:
-        # aiokafka raises CorruptRecordException, the codecs raise their own errors (OSError,
-        # EOFError, zlib.error, cramjam.DecompressionError), header keys raise UnicodeDecodeError:
-        # all mean the same thing here.
-        raise CorruptRecordError(
-            f"cannot decode record batch at offset {header.base_offset} "
-            f"({header.compression.name.lower()}): {type(exc).__name__}: {exc}",
-            path=path,
-            position=header.position,
-        ) from exc
+        raise _undecodable(header, exc, path=path) from exc
+    if header.base_timestamp < 0 or header.max_timestamp < 0:
+        # aiokafka reports Kafka's NO_TIMESTAMP (-1) as None; keep Kafka's -1
+        decoded = [r._replace(timestamp=-1) if r.timestamp is None else r for r in decoded]
+    return decoded
+
+
+def _bounded(view: memoryview, header: BatchHeader, limit: int) -> Buffer:
+    """The batch as the compiled decoder may take it: as is when its payload provably expands to
+    at most ``limit`` bytes, else with the payload inflated here (bounded) and the codec cleared.
+    Raises ``BatchTooLargeError`` beyond the limit."""
+    inflated = inflate(header.attributes & _CODEC_MASK, view[RECORD_BATCH_OVERHEAD:], limit)
+    if inflated is None:
+        return view
+    batch = bytearray(view[:RECORD_BATCH_OVERHEAD])
+    batch[_CRC_START + 1] &= ~_CODEC_MASK & 0xFF  # attributes' low byte: codec none
+    batch += inflated
+    return batch
+
+
+def _decode_control(
+    records: Iterable[_DecodedRecord], header: BatchHeader, *, path: str | None
+) -> list[Record]:
+    timestamp_type = header.timestamp_type
+    return [
+        Record(
+            r.offset,
+            -1 if r.timestamp is None else r.timestamp,
+            timestamp_type,
+            r.key,
+            r.value,
+            r.headers,
+            _control_type(r.key, path=path, position=header.position),
+        )
+        for r in records
+    ]
+
+
+def _missing_codec(header: BatchHeader, exc: Exception) -> MissingToolError:
+    return MissingToolError(
+        f"cannot decode a {header.compression.name.lower()} record batch: {exc}; "
+        "install cramjam (pip install 'aiokafka[snappy,lz4,zstd]')"
+    )
+
+
+def _undecodable(header: BatchHeader, exc: Exception, *, path: str | None) -> CorruptRecordError:
+    # aiokafka raises CorruptRecordException, the codecs raise their own errors (OSError,
+    # EOFError, zlib.error, cramjam.DecompressionError), header keys raise UnicodeDecodeError,
+    # a decompression bomb raises BatchTooLargeError: all mean the same thing here.
+    return CorruptRecordError(
+        f"cannot decode record batch at offset {header.base_offset} "
+        f"({header.compression.name.lower()}): {type(exc).__name__}: {exc}",
+        path=path,
+        position=header.position,
+    )
 
 
 class _DecodedRecord(Protocol):
@@ -502,7 +646,9 @@ class _DecodedRecord(Protocol):
     @property
     def offset(self) -> int: ...
     @property
-    def timestamp(self) -> int: ...
+    def timestamp(self) -> int | None:
+        """``None`` for Kafka's NO_TIMESTAMP (-1)."""
+
     @property
     def key(self) -> bytes | None: ...
     @property

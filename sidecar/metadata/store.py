@@ -83,7 +83,6 @@ LIVE_STATES: Final = frozenset(
     }
 )
 #: ``RemoteLogLeaderEpochState`` / Kafka's NO_PARTITION_LEADER_EPOCH
-_NO_EPOCH: Final = -1
 
 _STATES: Final = tuple(RemoteLogSegmentState)  # by id
 _STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
@@ -991,28 +990,6 @@ class RemoteSegmentStore:
                 (pid, leader_epoch),
             ).fetchone()
         return None if found is None else int(found[0])
-
-    def highest_copied_offset(
-        self,
-        tp: TopicIdPartition,
-        leader_epochs: Sequence[tuple[int, int]],
-        log_end_offset: int,
-    ) -> tuple[int, int]:
-        """``(offset, epoch)`` up to which the local log is already copied, or ``(-1, -1)``:
-        Kafka's ``RemoteLogManager.findHighestRemoteOffset`` (kafka-kip405-internals.md §3.3),
-        walking the local leader-epoch checkpoint (``(epoch, start offset)``, ascending) down
-        from the latest epoch."""
-        epochs = _checked_lineage(leader_epochs)
-        for i in range(len(epochs) - 1, -1, -1):
-            epoch = epochs[i][0]
-            highest = self.highest_offset_for_epoch(tp, epoch)
-            if highest is None:
-                continue
-            end_offset = epochs[i + 1][1] if i + 1 < len(epochs) else log_end_offset
-            if end_offset <= highest:
-                return end_offset - 1, epoch
-            return highest, epoch
-        return -1, _NO_EPOCH
 
     def is_tiered(
         self, tp: TopicIdPartition, start_offset: int, end_offset: int | None = None
