@@ -35,6 +35,7 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.health import HealthServer, Readiness
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
@@ -273,6 +274,26 @@ class Daemon:
             ),
         )
         engine = self.engine
+        quarantine = engine.quarantine
+
+        async def status() -> dict[str, Any]:
+            rows = await asyncio.to_thread(
+                partition_status,
+                views=dict(self.detector.views),
+                cluster=cluster.view,
+                store=store,
+                selected=cluster.selected,
+                last_errors=dict(engine.last_errors),
+                quarantined=quarantine.offsets,
+            )
+            return {
+                "broker_id": broker_id,
+                "ready": self.readiness.ready,
+                "checks": self.readiness.snapshot(),
+                "partitions": rows,
+            }
+
+        self.health.status_provider = status
         infra = self._infra_stop
         async with asyncio.TaskGroup() as tg:
             engine_task = tg.create_task(

@@ -82,6 +82,40 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     config_sub.add_parser("docs", help="print the configuration reference (Markdown)")
 
+    status = sub.add_parser(
+        "status", help="per partition: local and tiered segments, copy lag, last error"
+    )
+    _add_config_args(status)
+    status.add_argument("--json", action="store_true", help="print the status document")
+    status.add_argument("--all", action="store_true", help="also partitions not tiered")
+    status.add_argument(
+        "--url", default=None, help="status URL (default: from metrics.host and metrics.port)"
+    )
+
+    metadata = sub.add_parser("metadata", help="remote log metadata tools")
+    metadata_sub = metadata.add_subparsers(
+        dest="metadata_command", metavar="SUBCOMMAND", required=True
+    )
+    decode = metadata_sub.add_parser(
+        "decode", help="decode __remote_log_metadata values to JSON lines"
+    )
+    source = decode.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--hex",
+        dest="hex_values",
+        action="append",
+        metavar="VALUE",
+        help="a record value in hex (repeatable)",
+    )
+    source.add_argument("--bootstrap-server", help="read the topic from this broker")
+    decode.add_argument("--topic", default="__remote_log_metadata", help="metadata topic")
+    decode.add_argument(
+        "--max-messages",
+        type=int,
+        default=None,
+        help="stop after this many records (default: read to the end)",
+    )
+
     inspect = sub.add_parser(
         "inspect", help="show partitions and segments of a log dir, partition dir or segment"
     )
@@ -143,6 +177,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sidecar.app import run_daemon
 
         return run_daemon(config)
+    if args.command == "status":
+        return _status(args)
+    if args.command == "metadata":
+        from sidecar.metadata_cli import decode_command
+
+        return decode_command(
+            hex_values=args.hex_values,
+            bootstrap_server=args.bootstrap_server,
+            topic=args.topic,
+            max_messages=args.max_messages,
+            out=sys.stdout,
+        )
     if args.command == "inspect":
         from sidecar.kafka.inspect import run_inspect
 
@@ -150,3 +196,36 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.path, as_json=args.json, verify=args.verify, records=args.records, out=sys.stdout
         )
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
+
+
+def _status(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    from sidecar import config as cfg
+    from sidecar.status import render_status
+
+    url = args.url
+    if url is None:
+        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        url = f"http://{config.metrics.host}:{config.metrics.port}/v1/status"
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--url must be an http(s) URL, not {url!r}")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - checked above
+            document = json.load(response)
+    except urllib.error.HTTPError as exc:
+        print(
+            f"sidecar: {url} answered {exc.code}: {exc.read().decode(errors='replace')}",
+            file=sys.stderr,
+        )
+        return 1
+    except OSError as exc:
+        print(f"sidecar: cannot reach the running sidecar at {url}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    print(f"broker {document['broker_id']}  ready={document['ready']}  {document['checks']}")
+    print(render_status(document["partitions"], all_partitions=args.all), end="")
+    return 0

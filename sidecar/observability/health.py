@@ -1,4 +1,5 @@
-"""The metrics and health HTTP server: ``/metrics``, ``/healthz`` (alive) and ``/readyz``.
+"""The metrics and health HTTP server: ``/metrics``, ``/healthz`` (alive), ``/readyz`` and
+``/v1/status`` (the status document, when the daemon has installed a provider).
 
 Readiness is the conjunction of named checks that other components register and update
 (``readiness.set("log_dirs", True)``). The server binds the configured host (127.0.0.1 by
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -51,13 +54,23 @@ class HealthServer:
         self._readiness = readiness
         self.bound_port: int | None = None
         self.started = asyncio.Event()
+        #: builds the ``/v1/status`` document; installed by the daemon once its parts exist
+        self.status_provider: Callable[[], Awaitable[Any]] | None = None
 
     def _app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._handle_metrics)
         app.router.add_get("/healthz", self._handle_healthz)
         app.router.add_get("/readyz", self._handle_readyz)
+        app.router.add_get("/v1/status", self._handle_status)
         return app
+
+    async def _handle_status(self, request: web.Request) -> web.Response:
+        if self.status_provider is None:
+            return web.json_response(
+                {"code": "starting", "message": "the sidecar is still starting"}, status=503
+            )
+        return web.json_response(await self.status_provider())
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self._metrics.registry)

@@ -132,6 +132,7 @@ class TieringEngine:
         self._tailer = tailer
         self._uploader = uploader
         self._quarantine = quarantine
+        self.quarantine = quarantine
         self._metrics = metrics
         self._settings = settings
         self._slots = asyncio.Semaphore(settings.max_concurrent_uploads)
@@ -141,6 +142,8 @@ class TieringEngine:
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self.uploaded = 0
+        #: (topic, partition) → (unix time, message) of the last failure; cleared on success
+        self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
 
     def poke(self) -> None:
         """A hint that something changed (log dir, cluster, metadata): reconcile soon."""
@@ -259,6 +262,7 @@ class TieringEngine:
             try:
                 await self._work_partition(key)
                 self._workers[key].failures = 0
+                self.last_errors.pop(key, None)
             except SidecarError as exc:
                 worker = self._workers[key]
                 worker.failures += 1
@@ -270,6 +274,7 @@ class TieringEngine:
                     delay = self._settings.backoff_max_s
                 delay *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
                 worker.retry_at = time.monotonic() + delay
+                self.last_errors[key] = (time.time(), f"{type(exc).__name__}: {exc}")
                 self._metrics.upload_errors.labels(type(exc).__name__).inc()
                 log.warning(
                     "partition_tiering_failed",

@@ -5,8 +5,10 @@ decodes every metadata record, and a SIGKILL mid-upload converges after a restar
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -139,13 +141,14 @@ async def _tiered_run(kafka, s3, topic_name, tmp_path, *, kill_after: int | None
     total = sum(len(v) for v in rolled.values())
     prefix = f"tests/{topic_name}/"
     metadata_topic = f"__rlm_{topic_name}"
+    metrics_port = stack.free_port()
     config = sidecar_config(
         tmp_path / "sidecar.toml",
         state_dir=tmp_path / "state",
         log_dirs=[kafka.log_dir],
         bootstrap=kafka.bootstrap_servers,
         s3=s3,
-        metrics_port=stack.free_port(),
+        metrics_port=metrics_port,
         metadata_topic=metadata_topic,
         include_topics=[topic_name],
         prefix=prefix,
@@ -164,11 +167,61 @@ async def _tiered_run(kafka, s3, topic_name, tmp_path, *, kill_after: int | None
         await sidecar.wait_for(
             "segment_tiered", count=total - already, timeout=240, topic=topic_name
         )
+        await _check_status(metrics_port, topic_name, rolled)
         assert await sidecar.stop() == 0
     finally:
         if sidecar.proc.returncode is None:
             await sidecar.kill()
     return rolled, total, prefix, metadata_topic
+
+
+async def _decode_cli(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """`sidecar metadata decode --bootstrap-server` prints one JSON object per record."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar",
+        "metadata",
+        "decode",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return [json.loads(line) for line in out.decode().splitlines()]
+
+
+async def _check_status(port: int, topic: str, rolled: dict[int, list[Any]]) -> None:
+    """`sidecar status --json` shows every rolled segment tiered and no lag."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar",
+        "status",
+        "--json",
+        "--url",
+        f"http://127.0.0.1:{port}/v1/status",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    document = json.loads(out)
+    rows = {r["partition"]: r for r in document["partitions"] if r["topic"] == topic}
+    assert set(rows) == set(rolled)
+    for partition, segments in rolled.items():
+        row = rows[partition]
+        assert row["selected"]
+        assert row["leader"]
+        assert row["tiered_segments"] == len(segments)
+        assert row["remote_start_offset"] == 0
+        assert row["remote_end_offset"] == segments[-1].end_offset
+        assert row["lag_segments"] == 0
+        assert row["last_error"] is None
 
 
 def _check_bucket_matches_broker(kafka, s3, topic, rolled, prefix, states) -> None:
@@ -234,6 +287,10 @@ async def test_every_rolled_segment_is_tiered_byte_exact(
         assert total >= 20
         values = await _metadata_records(kafka.bootstrap_servers, metadata_topic)
         assert len(values) == 2 * total  # STARTED + FINISHED each, nothing else
+        decoded = await _decode_cli(kafka.bootstrap_servers, metadata_topic)
+        assert len(decoded) == 2 * total
+        assert {d["state"] for d in decoded} == {"COPY_SEGMENT_STARTED", "COPY_SEGMENT_FINISHED"}
+        assert all(len(d["segment_id"]) == 22 and len(d["topic_id"]) == 22 for d in decoded)
         for value in values:
             kafka_fields, text = kafka_serde.decode(value)
             assert kafka_fields is not None, text

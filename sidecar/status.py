@@ -1,0 +1,115 @@
+"""The daemon's status document (``GET /v1/status`` on the metrics port, ``sidecar status``).
+
+Per partition in the broker's log dirs: local segments, tiered segments (COPY_SEGMENT_FINISHED in
+the metadata store), copy lag (segments, bytes, seconds), leadership, quarantined segments and the
+last tiering error. Built on the event loop from in-memory views plus a few indexed store queries
+(run in a thread); it changes nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.kafka.logdir import PartitionScan
+from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.tiering.cluster import ClusterView
+from sidecar.tiering.planner import plan_partition
+
+__all__ = ["partition_status", "render_status"]
+
+_FINISHED = (RemoteLogSegmentState.COPY_SEGMENT_FINISHED,)
+
+
+def partition_status(
+    *,
+    views: Mapping[Path, PartitionScan],
+    cluster: ClusterView,
+    store: RemoteSegmentStore,
+    selected: Any,
+    last_errors: Mapping[tuple[str, int], tuple[float, str]],
+    quarantined: Any,
+    now_ms: int | None = None,
+) -> list[dict[str, Any]]:
+    """One dict per partition directory, sorted by topic and partition (thread side)."""
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    rows = []
+    for scan in sorted(views.values(), key=lambda s: (s.topic, s.partition)):
+        key = (scan.topic, scan.partition)
+        rolled = [s for s in scan.segments if s.end_offset is not None]
+        row: dict[str, Any] = {
+            "topic": scan.topic,
+            "partition": scan.partition,
+            "topic_id": scan.topic_id,
+            "selected": bool(selected(scan.topic)),
+            "leader": cluster.leads(scan.topic, scan.partition),
+            "local_segments": len(scan.segments),
+            "local_bytes": sum(s.size for s in scan.segments),
+            "tiered_segments": 0,
+            "tiered_bytes": 0,
+            "remote_start_offset": None,
+            "remote_end_offset": None,
+            "lag_segments": 0,
+            "lag_bytes": 0,
+            "lag_seconds": 0.0,
+            "quarantined": sorted(quarantined(scan.topic, scan.partition)),
+            "last_error": None,
+        }
+        if key in last_errors:
+            at, message = last_errors[key]
+            row["last_error"] = {"at": at, "message": message}
+        if scan.topic_id is not None:
+            tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
+            finished = store.segments(tip, states=_FINISHED)
+            row["tiered_segments"] = len(finished)
+            row["tiered_bytes"] = sum(m.segment_size_in_bytes for m in finished)
+            if finished:
+                row["remote_start_offset"] = min(m.start_offset for m in finished)
+                row["remote_end_offset"] = max(m.end_offset for m in finished)
+            highest = plan_partition(
+                scan,
+                lso=cluster.lso(scan.topic, scan.partition),
+                highest_for_epoch=functools.partial(store.highest_offset_for_epoch, tip),
+                limit=0,
+            ).highest_remote_offset
+            behind = [s for s in rolled if s.end_offset is not None and s.end_offset > highest]
+            row["lag_segments"] = len(behind)
+            row["lag_bytes"] = sum(s.size for s in behind)
+            oldest = min((s.max_timestamp_ms for s in behind if s.max_timestamp_ms), default=None)
+            row["lag_seconds"] = 0.0 if oldest is None else max(0.0, (now - oldest) / 1000)
+        rows.append(row)
+    return rows
+
+
+def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -> str:
+    """A table for people: selected partitions (or all of them with ``all_partitions``)."""
+    header = (
+        f"{'PARTITION':<40} {'LEADER':<6} {'LOCAL':>5} {'TIERED':>6} {'REMOTE RANGE':>21} "
+        f"{'LAG SEG':>7} {'LAG BYTES':>10} {'LAG S':>7}  LAST ERROR"
+    )
+    lines = [header]
+    for row in rows:
+        if not (all_partitions or row["selected"]):
+            continue
+        remote = (
+            "-"
+            if row["remote_start_offset"] is None
+            else f"{row['remote_start_offset']}..{row['remote_end_offset']}"
+        )
+        error = row["last_error"]["message"] if row["last_error"] else ""
+        if row["quarantined"]:
+            error = f"quarantined {row['quarantined']} " + error
+        name = f"{row['topic']}-{row['partition']}"
+        lines.append(
+            f"{name:<40} {'yes' if row['leader'] else 'no':<6} {row['local_segments']:>5} "
+            f"{row['tiered_segments']:>6} {remote:>21} {row['lag_segments']:>7} "
+            f"{row['lag_bytes']:>10} {row['lag_seconds']:>7.1f}  {error}"
+        )
+    if len(lines) == 1:
+        lines.append("(no partition selected for tiering; --all shows every partition)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,70 @@
+"""`sidecar metadata decode --hex` and the status table renderer."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from sidecar.cli import main
+from sidecar.metadata_cli import decode_command
+from sidecar.status import render_status
+
+VECTORS = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "metadata-vectors.json").read_text()
+)["recordVectors"]
+
+
+class TestMetadataDecode:
+    def test_every_vector_decodes_to_json(self):
+        """Each vector becomes one JSON object with state names and base64 ids."""
+        out = io.StringIO()
+        status = decode_command(
+            hex_values=[v["expectedHex"] for v in VECTORS],
+            bootstrap_server=None,
+            topic="t",
+            max_messages=None,
+            out=out,
+        )
+        lines = [json.loads(line) for line in out.getvalue().splitlines()]
+        assert status == 0
+        assert len(lines) == len(VECTORS)
+        assert lines[0]["state"] == "COPY_SEGMENT_STARTED"
+        assert lines[0]["topic_id"] == "ASNFZ4mrze_-3LqYdlQyEA"
+        assert all("error" not in line for line in lines)
+
+    def test_garbage_is_reported_not_raised(self, capsys):
+        """Undecodable or non-hex input prints an error object and exits 1."""
+        assert main(["metadata", "decode", "--hex", "01ff", "--hex", "xyz"]) == 1
+        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert lines[0]["value_hex"] == "01ff"
+        assert "error" in lines[0]
+        assert lines[1]["error"] == "not hex"
+
+
+class TestRenderStatus:
+    def test_table_shows_lag_and_errors(self):
+        """The table lists selected partitions with lag and the last error."""
+        row = {
+            "topic": "orders",
+            "partition": 3,
+            "selected": True,
+            "leader": True,
+            "local_segments": 5,
+            "tiered_segments": 3,
+            "remote_start_offset": 0,
+            "remote_end_offset": 299,
+            "lag_segments": 1,
+            "lag_bytes": 1024,
+            "lag_seconds": 2.5,
+            "quarantined": [],
+            "last_error": {"at": 0, "message": "StorageError: boom"},
+        }
+        text = render_status([row, {**row, "partition": 4, "selected": False}])
+        assert "orders-3" in text
+        assert "0..299" in text
+        assert "StorageError: boom" in text
+        assert "orders-4" not in text
+        assert "orders-4" in render_status(
+            [{**row, "partition": 4, "selected": False}], all_partitions=True
+        )
