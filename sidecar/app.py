@@ -220,7 +220,7 @@ class Daemon:
             store=store,
             broker_id=broker_id,
             topic=meta.topic,
-            client_kwargs=options,
+            client_kwargs={**options, **meta.consumer_kwargs()},
             on_undecodable=lambda *_: self.metrics.metadata_undecodable.inc(),
         )
         await tailer.start()
@@ -233,6 +233,7 @@ class Daemon:
             replication_factor=meta.replication_factor,
             retention_ms=meta.retention_ms,
             client_kwargs=options,
+            producer_kwargs=meta.producer_kwargs(),
             read_back=tailer,
             read_back_timeout_s=meta.consume_wait_ms / 1000,
         )

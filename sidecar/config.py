@@ -21,7 +21,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sidecar.errors import ConfigError
 
@@ -44,6 +53,11 @@ __all__ = [
 ENV_PREFIX = "SIDECAR_"
 
 
+def _kafka_name(field: str, kafka: str) -> AliasChoices:
+    """Accept our snake_case key and Kafka's dotted property name for the same setting."""
+    return AliasChoices(field, kafka)
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
@@ -53,14 +67,19 @@ class KafkaConfig(_Section):
 
     bootstrap_servers: list[str] = Field(
         default_factory=lambda: ["127.0.0.1:9092"],
-        description="host:port of one or more brokers of the cluster",
+        validation_alias=_kafka_name("bootstrap_servers", "bootstrap.servers"),
+        description="host:port of one or more brokers of the cluster (bootstrap.servers)",
     )
     client_id: str = Field("kafka-tiered-sidecar", description="client.id sent to the brokers")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="Kafka's security.protocol"
+        "PLAINTEXT",
+        validation_alias=_kafka_name("security_protocol", "security.protocol"),
+        description="Kafka's security.protocol",
     )
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="Kafka's sasl.mechanism"
+        None,
+        validation_alias=_kafka_name("sasl_mechanism", "sasl.mechanism"),
+        description="Kafka's sasl.mechanism",
     )
     sasl_username: str | None = Field(None, description="SASL user name")
     sasl_password: SecretStr | None = Field(None, description="SASL password (secret)")
@@ -123,20 +142,131 @@ class S3Config(_Section):
     request_timeout_s: float = Field(30.0, gt=0, description="timeout of one S3 request")
 
 
+ClientValue = str | int | float | bool
+
+# Kafka client property names the sidecar passes through, and the aiokafka argument each becomes.
+# Settings Kafka's TBRLMM forces (acks, idempotence, client ids, offsets, group) are not here.
+_COMMON_CLIENT: dict[str, str] = {
+    "request.timeout.ms": "request_timeout_ms",
+    "retry.backoff.ms": "retry_backoff_ms",
+    "metadata.max.age.ms": "metadata_max_age_ms",
+    "connections.max.idle.ms": "connections_max_idle_ms",
+}
+_PRODUCER_CLIENT: dict[str, str] = {
+    **_COMMON_CLIENT,
+    "linger.ms": "linger_ms",
+    "batch.size": "max_batch_size",
+    "max.request.size": "max_request_size",
+    "compression.type": "compression_type",
+}
+_CONSUMER_CLIENT: dict[str, str] = {
+    **_COMMON_CLIENT,
+    "fetch.max.bytes": "fetch_max_bytes",
+    "fetch.min.bytes": "fetch_min_bytes",
+    "fetch.max.wait.ms": "fetch_max_wait_ms",
+    "max.partition.fetch.bytes": "max_partition_fetch_bytes",
+    "max.poll.records": "max_poll_records",
+    "check.crcs": "check_crcs",
+    "client.rack": "client_rack",
+}
+_CLIENT_PREFIXES = {
+    "remote.log.metadata.common.client.": ("common_client", _COMMON_CLIENT),
+    "remote.log.metadata.producer.": ("producer", _PRODUCER_CLIENT),
+    "remote.log.metadata.consumer.": ("consumer", _CONSUMER_CLIENT),
+}
+
+
 class RemoteLogMetadataConfig(_Section):
-    """The KIP-405 remote log metadata topic; names and defaults follow Kafka's."""
+    """The KIP-405 remote log metadata topic. Kafka's own names are accepted as keys too
+    (``"remote.log.metadata.topic.num.partitions" = 50``), and client overrides use Kafka's
+    prefixes (``"remote.log.metadata.producer.linger.ms" = 5``), as on a broker with the ``rlmm.``
+    prefix stripped."""
 
     topic: str = Field("__remote_log_metadata", description="metadata topic name")
     num_partitions: int = Field(
-        50, ge=1, description="remote.log.metadata.topic.num.partitions (Kafka's default 50)"
+        50,
+        ge=1,
+        validation_alias=_kafka_name("num_partitions", "remote.log.metadata.topic.num.partitions"),
+        description="remote.log.metadata.topic.num.partitions (Kafka's default 50)",
     )
     replication_factor: int = Field(
-        3, ge=1, description="remote.log.metadata.topic.replication.factor"
+        3,
+        ge=1,
+        validation_alias=_kafka_name(
+            "replication_factor", "remote.log.metadata.topic.replication.factor"
+        ),
+        description="remote.log.metadata.topic.replication.factor",
     )
-    retention_ms: int = Field(-1, ge=-1, description="remote.log.metadata.topic.retention.ms")
+    retention_ms: int = Field(
+        -1,
+        ge=-1,
+        validation_alias=_kafka_name("retention_ms", "remote.log.metadata.topic.retention.ms"),
+        description="remote.log.metadata.topic.retention.ms",
+    )
     consume_wait_ms: int = Field(
-        120_000, gt=0, description="remote.log.metadata.consume.wait.ms: read-back timeout"
+        120_000,
+        gt=0,
+        validation_alias=_kafka_name("consume_wait_ms", "remote.log.metadata.consume.wait.ms"),
+        description="remote.log.metadata.consume.wait.ms: read-back timeout",
     )
+    common_client: dict[str, ClientValue] = Field(
+        default_factory=dict,
+        description="remote.log.metadata.common.client.* overrides (Kafka property names)",
+    )
+    producer: dict[str, ClientValue] = Field(
+        default_factory=dict,
+        description="remote.log.metadata.producer.* overrides (e.g. linger.ms, batch.size)",
+    )
+    consumer: dict[str, ClientValue] = Field(
+        default_factory=dict,
+        description="remote.log.metadata.consumer.* overrides (e.g. fetch.max.bytes)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prefixed_client_keys(cls, data: Any) -> Any:
+        """Move Kafka-prefixed client properties into their override tables."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for key in list(data):
+            for prefix, (table, _allowed) in _CLIENT_PREFIXES.items():
+                if isinstance(key, str) and key.startswith(prefix):
+                    overrides = dict(data.get(table) or {})
+                    overrides[key[len(prefix) :]] = data.pop(key)
+                    data[table] = overrides
+                    break
+        return data
+
+    @model_validator(mode="after")
+    def _known_client_properties(self) -> RemoteLogMetadataConfig:
+        for table, allowed in (
+            ("common_client", _COMMON_CLIENT),
+            ("producer", _PRODUCER_CLIENT),
+            ("consumer", _CONSUMER_CLIENT),
+        ):
+            for name in getattr(self, table):
+                if name not in allowed:
+                    raise ValueError(
+                        f"{table}: {name!r} is not a supported client property here (supported:"
+                        f" {', '.join(sorted(allowed))}; acks, idempotence, client ids and"
+                        " offsets are fixed as in Kafka)"
+                    )
+        return self
+
+    def producer_kwargs(self) -> dict[str, ClientValue]:
+        """aiokafka producer arguments from the common and producer overrides."""
+        return _translate({**self.common_client, **self.producer}, _PRODUCER_CLIENT)
+
+    def consumer_kwargs(self) -> dict[str, ClientValue]:
+        """aiokafka consumer arguments from the common and consumer overrides."""
+        return _translate({**self.common_client, **self.consumer}, _CONSUMER_CLIENT)
+
+
+def _translate(
+    values: Mapping[str, ClientValue], names: Mapping[str, str]
+) -> dict[str, ClientValue]:
+    return {names[key]: value for key, value in values.items()}
 
 
 class TieringConfig(_Section):
@@ -338,6 +468,8 @@ def to_toml(data: Mapping[str, Any]) -> str:
             return repr(value)
         if isinstance(value, list):
             return "[" + ", ".join(scalar(v) for v in value) + "]"
+        if isinstance(value, Mapping):
+            return "{" + ", ".join(f"{json.dumps(k)} = {scalar(v)}" for k, v in value.items()) + "}"
         return json.dumps(str(value))
 
     lines = [f"{k} = {scalar(v)}" for k, v in data.items() if not isinstance(v, Mapping)]

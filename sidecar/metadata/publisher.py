@@ -93,6 +93,7 @@ class MetadataPublisher:
         replication_factor: int = 3,
         retention_ms: int = -1,
         client_kwargs: Mapping[str, Any] | None = None,
+        producer_kwargs: Mapping[str, Any] | None = None,
         read_back: ReadBack | None = None,
         read_back_timeout_s: float = _DEFAULT_READ_BACK_TIMEOUT_S,
     ) -> None:
@@ -111,6 +112,8 @@ class MetadataPublisher:
             bootstrap_servers if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
         )
         self._client_kwargs = dict(client_kwargs or {})
+        #: producer-only settings (linger.ms, batch.size, ...), never the forced ones
+        self._producer_kwargs = dict(producer_kwargs or {})
         self._read_back = read_back
         self._read_back_timeout_s = read_back_timeout_s
         self._state = _State.NEW
@@ -128,6 +131,7 @@ class MetadataPublisher:
         self._dead = asyncio.get_running_loop().create_future()
         producer = AIOKafkaProducer(
             **self._client_kwargs,
+            **self._producer_kwargs,
             bootstrap_servers=self._bootstrap,
             client_id=client_id(self.broker_id, "producer"),
             acks="all",

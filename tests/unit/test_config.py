@@ -174,3 +174,48 @@ class TestConfigCheckCommand:
         result = _cli("config", "check", str(_write(tmp_path, GOOD)), "--set", "s3.bucket")
         assert result.returncode == 2
         assert "KEY=VALUE" in result.stderr
+
+
+class TestKafkaNames:
+    def test_kafka_property_names_are_accepted(self, tmp_path):
+        """Kafka's own names configure the same settings as our snake_case keys."""
+        text = """
+[kafka]
+"bootstrap.servers" = ["b1:9092", "b2:9092"]
+"security.protocol" = "SASL_SSL"
+"sasl.mechanism" = "SCRAM-SHA-512"
+
+[remote_log_metadata]
+"remote.log.metadata.topic.num.partitions" = 7
+"remote.log.metadata.topic.replication.factor" = 2
+"remote.log.metadata.topic.retention.ms" = 86400000
+"remote.log.metadata.producer.linger.ms" = 5
+"remote.log.metadata.consumer.fetch.max.bytes" = 1048576
+"remote.log.metadata.common.client.request.timeout.ms" = 15000
+"""
+        config = load_config(_write(tmp_path, text), environ={})
+        meta = config.remote_log_metadata
+        assert config.kafka.bootstrap_servers == ["b1:9092", "b2:9092"]
+        assert config.kafka.security_protocol == "SASL_SSL"
+        assert (meta.num_partitions, meta.replication_factor, meta.retention_ms) == (7, 2, 86400000)
+        assert meta.producer_kwargs() == {"linger_ms": 5, "request_timeout_ms": 15000}
+        assert meta.consumer_kwargs() == {"fetch_max_bytes": 1048576, "request_timeout_ms": 15000}
+
+    def test_forced_client_settings_cannot_be_overridden(self, tmp_path):
+        """acks and idempotence are fixed as in Kafka's TBRLMM: overriding them is an error."""
+        text = '[remote_log_metadata]\n"remote.log.metadata.producer.acks" = "1"\n'
+        with pytest.raises(ConfigError, match="'acks' is not a supported client property"):
+            load_config(_write(tmp_path, text), environ={})
+
+    def test_effective_config_round_trips_through_toml(self, tmp_path):
+        """`config check` output is itself a valid config with the same values."""
+        text = '[remote_log_metadata]\n"remote.log.metadata.producer.linger.ms" = 5\n'
+        config = load_config(_write(tmp_path, text), environ={})
+        rendered = to_toml(masked(config)).replace('""  # unset', '""')
+        again = tmp_path / "again.toml"
+        again.write_text(
+            "\n".join(line for line in rendered.splitlines() if not line.endswith('= ""'))
+        )
+        reloaded = load_config(again, environ={})
+        assert reloaded.remote_log_metadata.producer == {"linger.ms": 5}
+        assert reloaded.s3 == config.s3
