@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint type test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench
+.PHONY: install lint type test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (found %s); install python3.11 and run make PYTHON=python3.11" % sys.version.split()[0])'
@@ -18,7 +18,7 @@ check-python:
 $(STAMP): pyproject.toml | check-python
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,deploy]'
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
@@ -31,8 +31,19 @@ lint: $(STAMP)
 type: $(STAMP)
 	$(BIN)/mypy --strict sidecar
 
-# Every tier: unit, integration and e2e, against the real broker and S3 the session starts.
-test: lint type
+# promtool (Debian's prometheus package) and systemd-analyze for tests/deploy; installed only when missing
+deploy-tools:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "missing tools: sudo apt-get install -y --no-install-recommends$$missing" >&2; exit 3; fi; \
+	fi
+
+# Every tier: unit, integration, e2e and deploy, against the real broker and S3 the session starts.
+test: lint type deploy-tools
 	$(BIN)/python deploy/local/stack.py fetch
 	$(BIN)/python -m pytest tests
 
@@ -44,6 +55,9 @@ test-integration: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e
+
+test-deploy: $(STAMP) deploy-tools
+	$(BIN)/python -m pytest tests/deploy
 
 # 125,000 generated cases against the log-format parsers (about 4 min on 2 cores)
 fuzz: $(STAMP)

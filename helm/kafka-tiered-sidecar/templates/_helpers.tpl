@@ -1,0 +1,271 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "kafka-tiered-sidecar.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.labels" -}}
+helm.sh/chart: {{ include "kafka-tiered-sidecar.chart" . }}
+app.kubernetes.io/name: {{ include "kafka-tiered-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the bundled Kafka's StatefulSet (and of its pods' prefix). */}}
+{{- define "kafka-tiered-sidecar.kafkaName" -}}
+{{- printf "%s-kafka" (include "kafka-tiered-sidecar.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels selecting the bundled Kafka's pods. */}}
+{{- define "kafka-tiered-sidecar.kafkaSelectorLabels" -}}
+app.kubernetes.io/name: kafka
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: broker
+{{- end }}
+
+{{/* Labels of the broker pods that carry the sidecar: the bundled Kafka's or metrics.podSelector. */}}
+{{- define "kafka-tiered-sidecar.brokerPodSelector" -}}
+{{- if .Values.kafka.enabled }}
+{{- include "kafka-tiered-sidecar.kafkaSelectorLabels" . }}
+{{- else if .Values.metrics.podSelector }}
+{{- toYaml .Values.metrics.podSelector }}
+{{- else }}
+{{- fail "metrics.podSelector is required with kafka.enabled=false: the labels of the broker pods that run the sidecar" }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kafka-tiered-sidecar.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The sidecar's configuration as a dict: chart defaults < values.config < what the pod layout fixes.
+*/}}
+{{- define "kafka-tiered-sidecar.configDict" -}}
+{{- $user := deepCopy (.Values.config | default dict) }}
+{{- $owned := list "state_dir" "read_server.socket_path" "read_server.cache_dir" "metrics.host" "metrics.port" }}
+{{- range $owned }}
+{{- $parts := splitList "." . }}
+{{- if eq (len $parts) 1 }}
+{{- if hasKey $user (index $parts 0) }}
+{{- fail (printf "config.%s is set by the chart from the pod layout; remove it from values (the metrics port is sidecar.metricsPort)" .) }}
+{{- end }}
+{{- else if and (hasKey $user (index $parts 0)) (hasKey (index $user (index $parts 0) | default dict) (index $parts 1)) }}
+{{- fail (printf "config.%s is set by the chart from the pod layout; remove it from values (the metrics port is sidecar.metricsPort)" .) }}
+{{- end }}
+{{- end }}
+{{- $secrets := list (list "s3" "access_key_id" "s3.existingSecret") (list "s3" "secret_access_key" "s3.existingSecret") (list "kafka" "sasl_password" "kafkaAuth.existingSecret") }}
+{{- range $secrets }}
+{{- $section := index $user (index . 0) | default dict }}
+{{- if hasKey $section (index . 1) }}
+{{- fail (printf "config.%s.%s is a secret: store it in a Secret and set %s (values end up in the ConfigMap and the release history)" (index . 0) (index . 1) (index . 2)) }}
+{{- end }}
+{{- end }}
+{{- $defaults := dict }}
+{{- if .Values.kafka.enabled }}
+{{- $_ := set $defaults "remote_log_metadata" (dict "replication_factor" 1) }}
+{{- end }}
+{{- $layout := dict
+  "state_dir" "/var/lib/kafka-tiered-sidecar"
+  "read_server" (dict "socket_path" "/run/kafka-tiered-sidecar/read.sock" "cache_dir" "/var/cache/kafka-tiered-sidecar")
+  "metrics" (dict "host" "0.0.0.0" "port" (int .Values.sidecar.metricsPort)) }}
+{{- $cfg := mustMergeOverwrite $defaults $user $layout }}
+{{- toJson $cfg }}
+{{- end }}
+
+{{/*
+Render a dict as TOML: scalars and lists first, then one [table] per nested dict, without blank
+lines (they would carry trailing spaces once indented). Values go through toJson, so whole
+numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML basic strings.
+*/}}
+{{- define "kafka-tiered-sidecar.toml" -}}
+{{- $table := .table }}
+{{- $header := .header }}
+{{- range $key, $value := $table }}
+{{- if and (not (kindIs "map" $value)) (not (kindIs "invalid" $value)) }}
+{{- if and (kindIs "slice" $value) (gt (len $value) 0) (kindIs "map" (first $value)) }}
+{{- fail (printf "config: %s%s is a list of tables, which the sidecar's config has none of" $header $key) }}
+{{- end }}
+{{ include "kafka-tiered-sidecar.tomlKey" $key }} = {{ toJson $value }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := $table }}
+{{- if kindIs "map" $value }}
+{{- $name := printf "%s%s" $header (include "kafka-tiered-sidecar.tomlKey" $key) }}
+[{{ $name }}]
+{{- include "kafka-tiered-sidecar.toml" (dict "table" $value "header" (printf "%s." $name)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.tomlKey" -}}
+{{- if regexMatch "^[A-Za-z0-9_-]+$" . }}{{ . }}{{ else }}{{ toJson . }}{{ end }}
+{{- end }}
+
+{{/* Fail early on settings that cannot work together. */}}
+{{- define "kafka-tiered-sidecar.validate" -}}
+{{- if not (has .Values.sidecar.mode (list "native" "container")) }}
+{{- fail (printf "sidecar.mode must be native or container, not %q" .Values.sidecar.mode) }}
+{{- end }}
+{{- if and (eq .Values.sidecar.mode "native") (semverCompare "<1.29.0-0" .Capabilities.KubeVersion.Version) }}
+{{- fail (printf "sidecar.mode=native needs Kubernetes 1.29 or newer (this is %s); set sidecar.mode=container" .Capabilities.KubeVersion.Version) }}
+{{- end }}
+{{- $cfg := include "kafka-tiered-sidecar.configDict" . | fromJson }}
+{{- $broker := $cfg.broker | default dict }}
+{{- $mount := trimSuffix "/" .Values.logVolume.mountPath }}
+{{- range ($broker.log_dirs | default list) }}
+{{- if not (or (eq (trimSuffix "/" .) $mount) (hasPrefix (printf "%s/" $mount) .)) }}
+{{- fail (printf "config.broker.log_dirs entry %s is not under logVolume.mountPath %s: the sidecar would not see it" . $mount) }}
+{{- end }}
+{{- end }}
+{{- $drain := (($cfg.tiering | default dict).drain_timeout_s | default 30) | float64 }}
+{{- if le (float64 .Values.terminationGracePeriodSeconds) $drain }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must exceed config.tiering.drain_timeout_s (%v), or uploads are killed mid-drain" .Values.terminationGracePeriodSeconds $drain) }}
+{{- end }}
+{{- end }}
+
+{{/* The sidecar container; `native` adds restartPolicy: Always (an init container). */}}
+{{- define "kafka-tiered-sidecar.container" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+- name: tiered-sidecar
+  image: {{ include "kafka-tiered-sidecar.image" $root | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  {{- if .native }}
+  restartPolicy: Always
+  {{- end }}
+  args:
+    {{- toYaml $v.sidecar.args | nindent 4 }}
+  {{- if or $v.s3.existingSecret $v.kafkaAuth.existingSecret $v.sidecar.extraEnv }}
+  env:
+    {{- if $v.s3.existingSecret }}
+    - name: SIDECAR_S3__ACCESS_KEY_ID
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.s3.existingSecret }}
+          key: {{ $v.s3.accessKeyIdKey }}
+    - name: SIDECAR_S3__SECRET_ACCESS_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.s3.existingSecret }}
+          key: {{ $v.s3.secretAccessKeyKey }}
+    {{- end }}
+    {{- if $v.kafkaAuth.existingSecret }}
+    - name: SIDECAR_KAFKA__SASL_PASSWORD
+      valueFrom:
+        secretKeyRef:
+          name: {{ $v.kafkaAuth.existingSecret }}
+          key: {{ $v.kafkaAuth.passwordKey }}
+    {{- end }}
+    {{- with $v.sidecar.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- end }}
+  ports:
+    - name: metrics
+      containerPort: {{ $v.sidecar.metricsPort }}
+      protocol: TCP
+  {{- with $v.sidecar.probes.startup }}
+  {{- if and .enabled (not $.native) }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: metrics
+    {{- toYaml (omit . "enabled") | nindent 4 }}
+  {{- end }}
+  {{- end }}
+  {{- with $v.sidecar.probes.liveness }}
+  {{- if .enabled }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: metrics
+    {{- toYaml (omit . "enabled") | nindent 4 }}
+  {{- end }}
+  {{- end }}
+  {{- with $v.sidecar.probes.readiness }}
+  {{- if .enabled }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: metrics
+    {{- toYaml (omit . "enabled") | nindent 4 }}
+  {{- end }}
+  {{- end }}
+  {{- with $v.sidecar.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $v.sidecar.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: {{ $v.logVolume.name }}
+      mountPath: {{ $v.logVolume.mountPath }}
+      readOnly: true
+    - name: tiered-sidecar-config
+      mountPath: /etc/kafka-tiered-sidecar
+      readOnly: true
+    - name: tiered-sidecar-state
+      mountPath: /var/lib/kafka-tiered-sidecar
+    - name: tiered-sidecar-cache
+      mountPath: /var/cache/kafka-tiered-sidecar
+    - name: tiered-sidecar-run
+      mountPath: /run/kafka-tiered-sidecar
+    - name: tiered-sidecar-tmp
+      mountPath: /tmp
+    {{- with $v.sidecar.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end }}
+
+{{/* The pod volumes the sidecar needs besides the broker's log volume. */}}
+{{- define "kafka-tiered-sidecar.volumes" -}}
+- name: tiered-sidecar-config
+  configMap:
+    name: {{ include "kafka-tiered-sidecar.fullname" . }}
+- name: tiered-sidecar-state
+  {{- toYaml .Values.stateVolume | nindent 2 }}
+- name: tiered-sidecar-cache
+  {{- toYaml .Values.cacheVolume | nindent 2 }}
+- name: tiered-sidecar-run
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+- name: tiered-sidecar-tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end }}
