@@ -7,8 +7,15 @@ Root tasks (each wrapped by :func:`sidecar._aio.guard`; one exiting early stops 
 * ``cluster watcher``    leadership, LSOs and topic configs from Kafka
 * ``metadata tailer``    tails the remote log metadata partitions into the local store
 * ``tiering engine``     plans and uploads segments, one worker per partition
-* ``readiness probe``    turns component health into /readyz
+* ``readiness probe``    turns component health into /readyz (each failing check with its reason);
+                         when Kafka or S3 comes back it ends the upload workers' backoff
 * ``health server``      serves /metrics, /healthz and /readyz
+* ``read server``        serves tiered reads on the Unix socket (and optional loopback TCP)
+
+Outages after startup never end the daemon: the cluster watcher, the metadata tailer and the
+publisher retry Kafka with backoff, uploads retry S3 with backoff, and /readyz, the
+``readiness_check`` and ``dependency_errors`` metrics and a log line say what is down. Only
+startup fails fast (the first connection to Kafka, the metadata topic).
 
 Shutdown is phased: SIGTERM sets ``stopping``; the engine stops starting uploads and drains the
 ones in flight (they still need the publisher and the tailer to read their events back); only
@@ -35,6 +42,7 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.health import HealthServer, Readiness
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.readserver import ReadServer
 from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
@@ -89,11 +97,12 @@ class Daemon:
         self.config = config
         self.metrics = Metrics()
         self.metrics.build_info.info({"version": __version__})
-        self.readiness = Readiness()
+        self.readiness = Readiness(self.metrics)
         for check in ("log_dirs_scanned", "kafka", "metadata", "s3"):
             self.readiness.register(check)
         self.stopping = asyncio.Event()
         self._infra_stop = asyncio.Event()  # set once the engine has drained
+        self._s3_down = False  # the last S3 probe failed (logged once per outage)
         self.engine: TieringEngine | None = None
         self.detector: LogDirDetector[PartitionScan] = LogDirDetector(
             log_dirs=config.broker.log_dirs,
@@ -222,6 +231,7 @@ class Daemon:
             topic=meta.topic,
             client_kwargs={**options, **meta.consumer_kwargs()},
             on_undecodable=lambda *_: self.metrics.metadata_undecodable.inc(),
+            on_error=lambda _: self._dependency_error("kafka", "metadata_tailer"),
         )
         await tailer.start()
         resources.push_async_callback(tailer.aclose)
@@ -250,6 +260,8 @@ class Daemon:
             stale_after_s=config.kafka.metadata_stale_after_s,
             request_timeout_ms=config.kafka.request_timeout_ms,
             client_options=options,
+            on_refresh=lambda _: self.engine.poke() if self.engine is not None else None,
+            on_error=lambda _: self._dependency_error("kafka", "cluster_watcher"),
         )
         resources.push_async_callback(cluster.aclose)
         uploader = SegmentUploader(
@@ -259,6 +271,7 @@ class Daemon:
             broker_id=broker_id,
             part_size=config.s3.part_size_bytes,
             concurrency=config.s3.max_concurrency,
+            store=store,
         )
         self.engine = TieringEngine(
             views=lambda: self.detector.views,
@@ -272,10 +285,23 @@ class Daemon:
                 max_concurrent_uploads=config.tiering.max_concurrent_uploads,
                 drain_timeout_s=config.tiering.drain_timeout_s,
                 num_metadata_partitions=meta.num_partitions,
+                # an idle partition is planned again on a roll or an LSO move, else this often
+                idle_recheck_s=config.tiering.rescan_interval_s,
+                # the previous leader's sidecar sees a leadership change within one refresh
+                # interval, and its engine acts on it within one wake-up (1 s)
+                handover_delay_s=config.kafka.metadata_refresh_interval_s + 1.0,
+                # past stale_after_s, no other sidecar can still believe that it leads
+                foreign_copy_grace_s=config.kafka.metadata_stale_after_s,
+                catch_up_timeout_s=meta.consume_wait_ms / 1000,
             ),
+            # S3 or Kafka known down: start no copy that could only fail
+            pause_reason=lambda: self._pause_reason(cluster),
         )
         engine = self.engine
         quarantine = engine.quarantine
+        read_server = ReadServer.from_config(
+            config, store=store, objects=objects, metrics=self.metrics
+        )
 
         async def status() -> dict[str, Any]:
             rows = await asyncio.to_thread(
@@ -312,6 +338,8 @@ class Daemon:
                 ("readiness probe", self._probe(cluster, tailer, objects, infra)),
                 # /metrics, /healthz, /readyz for Prometheus and the kubelet
                 ("health server", self.health.run(infra)),
+                # tiered reads over the local socket, from the store and the bucket
+                ("read server", read_server.run(infra)),
             ):
                 tg.create_task(guard(coro, name=name, stopping=infra), name=name)
             tg.create_task(self._mark_ready_after_first_scan(), name="first scan")
@@ -320,6 +348,17 @@ class Daemon:
             await asyncio.wait([engine_task])
             infra.set()
 
+    def _pause_reason(self, cluster: ClusterWatcher) -> str | None:
+        """Why no copy should start now: a dependency the last probe or refresh found down."""
+        if self._s3_down:
+            return "S3 is unreachable"
+        if cluster.last_error is not None:
+            return "Kafka is unreachable"
+        return None
+
+    def _dependency_error(self, dependency: str, component: str) -> None:
+        self.metrics.dependency_errors.labels(dependency, component).inc()
+
     async def _probe(
         self,
         cluster: ClusterWatcher,
@@ -327,29 +366,53 @@ class Daemon:
         objects: ObjectStore,
         stopping: asyncio.Event,
     ) -> None:
-        """Every few seconds: Kafka fresh, metadata caught up, S3 answering."""
+        """Every second: Kafka answering, metadata caught up, S3 answering. A check that
+        recovers ends the upload workers' backoff."""
         prefix = self.config.s3.prefix
         was_ready = False
         while not stopping.is_set():
-            self.readiness.set("kafka", cluster.view.fresh)
-            self.readiness.set("metadata", all(tailer.caught_up(p) for p in tailer.tracked))
-            try:
-                async with asyncio.timeout(self.config.s3.request_timeout_s):
-                    async for _ in objects.list(prefix, page_size=1):
-                        break
-                s3_ok = True
-            except (SidecarError, TimeoutError) as exc:
-                if self.readiness.snapshot().get("s3", True):
-                    log.warning("s3_unreachable", error=str(exc))
-                s3_ok = False
-            self.readiness.set("s3", s3_ok)
+            lagging = sorted(p for p in tailer.tracked if not tailer.caught_up(p))
+            self._check("kafka", cluster.healthy, cluster.last_error or "no recent refresh")
+            self._check(
+                "metadata",
+                tailer.healthy and not lagging,
+                tailer.last_error or f"catching up on metadata partitions {lagging}",
+            )
+            s3_error = await self._probe_s3(objects, prefix)
+            self._check("s3", s3_error is None, s3_error)
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
-                log.info(
-                    "sidecar_ready" if was_ready else "sidecar_not_ready",
-                    checks=self.readiness.snapshot(),
-                )
+                if was_ready:
+                    log.info("sidecar_ready", checks=self.readiness.snapshot())
+                else:
+                    log.warning(
+                        "sidecar_not_ready",
+                        checks=self.readiness.snapshot(),
+                        failing=self.readiness.failing(),
+                    )
             await wait_any(stopping, within=1.0)
+
+    def _check(self, name: str, ok: bool, reason: str | None) -> None:
+        if self.readiness.set(name, ok, reason=reason) and ok and self.engine is not None:
+            self.engine.retry_now()  # a dependency is back: no need to sit out the backoff
+
+    async def _probe_s3(self, objects: ObjectStore, prefix: str) -> str | None:
+        """None when S3 answers a one-key listing, else why not (logged once per outage)."""
+        try:
+            async with asyncio.timeout(self.config.s3.request_timeout_s):
+                async for _ in objects.list(prefix, page_size=1):
+                    break
+        except (SidecarError, TimeoutError) as exc:
+            error = str(exc) or type(exc).__name__
+            self._dependency_error("s3", "readiness_probe")
+            if not self._s3_down:
+                self._s3_down = True
+                log.warning("s3_unreachable", error=error)
+            return error
+        if self._s3_down:
+            self._s3_down = False
+            log.info("s3_reachable")
+        return None
 
 
 def run_daemon(config: SidecarConfig) -> int:

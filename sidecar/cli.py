@@ -127,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="check every batch CRC and the indexes; exit 1 on problems",
     )
     inspect.add_argument("--records", action="store_true", help="dump decoded records")
+
+    read = sub.add_parser("read", help="print tiered records from the read socket (like kcat)")
+    _add_config_args(read)
+    where = read.add_mutually_exclusive_group()
+    where.add_argument("--socket", type=Path, default=None, help="the read socket's path")
+    where.add_argument("--url", default=None, help="the loopback TCP URL of the read server")
+    read.add_argument("--topic", required=True)
+    read.add_argument("--partition", type=int, required=True)
+    start = read.add_mutually_exclusive_group(required=True)
+    start.add_argument("--offset", type=int, default=None, help="first offset to print")
+    start.add_argument(
+        "--timestamp", type=int, default=None, help="start at the first record at or after (ms)"
+    )
+    read.add_argument("--count", type=int, default=None, help="stop after this many records")
+    read.add_argument("--json", action="store_true", help="one JSON object per record (kcat -J)")
     return parser
 
 
@@ -194,6 +209,27 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return run_inspect(
             args.path, as_json=args.json, verify=args.verify, records=args.records, out=sys.stdout
+        )
+    if args.command == "read":
+        from sidecar.readserver._cli import read_command
+
+        socket_path = args.socket
+        if socket_path is None and args.url is None:
+            from sidecar.readserver.app import socket_path_for
+
+            config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+            socket_path = socket_path_for(config)
+        return read_command(
+            socket_path=socket_path,
+            url=args.url,
+            topic=args.topic,
+            partition=args.partition,
+            offset=args.offset,
+            timestamp=args.timestamp,
+            count=args.count,
+            as_json=args.json,
+            out=sys.stdout,
+            err=sys.stderr,
         )
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
 

@@ -291,12 +291,57 @@ class TieringConfig(_Section):
 
 
 class ReadServerConfig(_Section):
-    """The local read socket (HTTP/1.1)."""
+    """The local read socket (HTTP/1.1) and its disk chunk cache."""
 
-    socket_path: Path = Field(
-        Path("/run/kafka-tiered-sidecar/read.sock"), description="Unix socket, mode 0660"
+    socket_path: Path | None = Field(
+        None, description="Unix socket, mode 0660; unset = <state_dir>/read.sock"
     )
     tcp_port: int | None = Field(None, ge=1, le=65535, description="optional loopback TCP port")
+    cache_dir: Path | None = Field(
+        None, description="disk chunk cache of remote segments; unset = <state_dir>/read-cache"
+    )
+    cache_size_bytes: int = Field(
+        1024**3, ge=1024 * 1024, description="bytes the chunk cache may keep on disk (LRU)"
+    )
+    chunk_size_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=64 * 1024 * 1024,
+        description="bytes per ranged GET and per cached chunk",
+    )
+    prefetch_chunks: int = Field(
+        2, ge=0, le=64, description="chunks fetched ahead of a sequential reader"
+    )
+    index_cache_bytes: int = Field(
+        64 * 1024 * 1024, ge=0, description="memory for remote offset/time indexes and manifests"
+    )
+    fetch_timeout_s: float = Field(
+        30.0, gt=0, description="deadline of one S3 call of the read path, retries included"
+    )
+    max_concurrent_fetches: int = Field(
+        16, ge=1, le=256, description="S3 GETs in flight for reads (demand and prefetch)"
+    )
+    max_concurrent_requests: int = Field(
+        256, ge=1, description="requests served at once; more are answered 429"
+    )
+    default_response_bytes: int = Field(
+        1024 * 1024, ge=1, description="records per response when max_bytes is not given (bytes)"
+    )
+    max_response_bytes: int = Field(
+        64 * 1024 * 1024, ge=1, description="largest max_bytes a records request may ask for"
+    )
+    max_records: int = Field(
+        100_000, ge=1, description="largest max_records a records request may ask for"
+    )
+    max_url_bytes: int = Field(
+        4096, ge=256, le=8190, description="longest request target (path and query); else 414"
+    )
+    max_header_bytes: int = Field(
+        8192, ge=1024, description="largest total of request header bytes; else 431"
+    )
+    shutdown_timeout_s: float = Field(
+        5.0, ge=0, description="on stop, how long responses in flight may finish"
+    )
 
 
 class MetricsConfig(_Section):

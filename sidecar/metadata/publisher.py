@@ -9,7 +9,9 @@ partition count differs from the configured one. ``publish_and_wait`` waits, lik
 caller that goes on to read the store sees its own write.
 
 Failures are MetadataPublishError (retriable): the broker refused or timed out, the producer died,
-or the publisher was closed while a publish waited. A dying producer fails every waiting publish.
+or the publisher was closed while a publish waited. A dying producer fails every waiting publish;
+the next publish starts a new producer (``metadata_producer_restarted``), so a Kafka outage ends
+in retries, never in a publisher that stays dead.
 This module does the I/O of publishing only; it never reads the topic (tailer.py does).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from types import TracebackType
@@ -120,6 +123,9 @@ class MetadataPublisher:
         self._producer: AIOKafkaProducer | None = None
         #: resolved (with the cause) when the producer dies or the publisher closes
         self._dead: asyncio.Future[BaseException] | None = None
+        self._restarting = asyncio.Lock()
+        #: producers started after the first one died
+        self.restarts = 0
 
     # --- lifecycle
 
@@ -128,10 +134,12 @@ class MetadataPublisher:
         if self._state is not _State.NEW:
             raise RuntimeError(f"MetadataPublisher cannot start: it is {self._state.value}")
         self._state = _State.STARTED
+        await self._start_producer()
+
+    async def _start_producer(self) -> None:
         self._dead = asyncio.get_running_loop().create_future()
         producer = AIOKafkaProducer(
             **self._client_kwargs,
-            **self._producer_kwargs,
             bootstrap_servers=self._bootstrap,
             client_id=client_id(self.broker_id, "producer"),
             acks="all",
@@ -146,21 +154,40 @@ class MetadataPublisher:
         self._producer = producer
         self._watch_sender(producer)
 
+    async def _restart_producer(self) -> None:
+        """Replace a producer whose sender died (waiting publishes have already failed)."""
+        async with self._restarting:
+            dead = self._dead
+            if self._state is not _State.STARTED or dead is None or not dead.done():
+                return  # closed meanwhile, or another publish restarted it
+            old, self._producer = self._producer, None
+            if old is not None:
+                try:
+                    await old.stop()
+                except KafkaError as exc:  # a dead producer may not stop cleanly
+                    log.debug("metadata_producer_stop_failed", error=repr(exc))
+            await self._start_producer()
+            self.restarts += 1
+            log.info("metadata_producer_restarted", topic=self.topic, cause=repr(dead.result()))
+
     def _watch_sender(self, producer: AIOKafkaProducer) -> None:
         """Fail every waiting publish when the producer's sender task dies (aiokafka fails the
         pending sends itself; this also fails publishes waiting for their read-back)."""
         sender = getattr(getattr(producer, "_sender", None), "sender_task", None)
-        if isinstance(sender, asyncio.Task):
-            sender.add_done_callback(self._on_sender_done)
+        dead = self._dead
+        if isinstance(sender, asyncio.Task) and dead is not None:
+            sender.add_done_callback(functools.partial(self._on_sender_done, dead))
 
-    def _on_sender_done(self, task: asyncio.Task[Any]) -> None:
+    def _on_sender_done(self, dead: asyncio.Future[BaseException], task: asyncio.Task[Any]) -> None:
+        if dead.done():
+            return  # this producer was already replaced or closed
         if task.cancelled():
             cause: BaseException = MetadataPublishError("the metadata producer was stopped")
         else:
             cause = task.exception() or MetadataPublishError("the metadata producer stopped")
         if self._state is _State.STARTED:
             log.error("metadata_producer_died", topic=self.topic, error=repr(cause))
-        self._mark_dead(cause)
+        dead.set_result(cause)
 
     def _mark_dead(self, cause: BaseException) -> None:
         if self._dead is not None and not self._dead.done():
@@ -276,7 +303,7 @@ class MetadataPublisher:
     async def publish(self, event: PublishableMetadata) -> tuple[int, int]:
         """Publish ``event``; return its (metadata partition, offset) once all in-sync replicas
         have it. Raises InvalidMetadataEventError for an event that must never be published."""
-        producer = self._started()
+        producer = await self._live_producer()
         value = encode(event)
         partition = self.partition_for(event)
         try:
@@ -330,7 +357,11 @@ class MetadataPublisher:
             ) from exc
         return partition, offset
 
-    def _started(self) -> AIOKafkaProducer:
+    async def _live_producer(self) -> AIOKafkaProducer:
+        if self._state is not _State.STARTED:
+            raise MetadataPublishError(f"the metadata publisher is {self._state.value}")
+        if self._dead is None or self._dead.done() or self._producer is None:
+            await self._restart_producer()
         if self._state is not _State.STARTED or self._producer is None:
             raise MetadataPublishError(f"the metadata publisher is {self._state.value}")
         return self._producer

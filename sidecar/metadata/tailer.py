@@ -15,7 +15,14 @@ resuming from the offsets stored with the state instead of re-reading from offse
 * ``caught_up(p)``: everything up to the end offset seen when ``p`` was assigned is applied
   (TBRLMM's initialization rule, ``readOffset + 1 >= endOffset`` or an empty partition).
   ``wait_for_offset`` is the publisher's read-after-write (TBRLMM's waitTillConsumptionCatchesUp).
-  When ``run`` ends, every waiter fails with MetadataPublishError.
+  ``sync(p)`` waits until everything published to ``p`` so far is applied: a new leader reads the
+  previous leader's last events before it plans.
+* Kafka errors do not end ``run``: unlike TBRLMM (whose broker shuts down when initialization
+  fails), the tailer logs ``metadata_tail_failed``, reports it (``healthy``, ``last_error``,
+  ``on_error``: readiness and metrics), and retries with exponential backoff from the stored
+  offsets. Waiters keep waiting (their own timeouts bound them). A store that is ahead of the
+  topic (MetadataStoreError) cannot be retried away and ends ``run``; when ``run`` ends, every
+  waiter fails with MetadataPublishError.
 
 It never writes to Kafka; publishing is publisher.py.
 """
@@ -31,6 +38,7 @@ from typing import Any, Final, Self
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from sidecar._aio import wait_any
 from sidecar.errors import MetadataPublishError
 from sidecar.metadata.errors import (
     MetadataFormatError,
@@ -50,6 +58,8 @@ log = get_logger(__name__)
 
 #: called with (metadata partition, offset, error) for each record that does not decode
 UndecodableCallback = Callable[[int, int, MetadataFormatError], None]
+#: called with each Kafka error the tailer retries
+_ErrorCallback = Callable[[BaseException], None]
 
 _NULL_VALUE: Final = MetadataFormatError("the record value is null", position=0)
 _POLL_TIMEOUT_MS: Final = 1000  # a broker long-poll; new records, stop and track() end it early
@@ -96,6 +106,8 @@ class MetadataTailer:
         client_kwargs: Mapping[str, Any] | None = None,
         max_batch_records: int = 5000,
         on_undecodable: UndecodableCallback | None = None,
+        on_error: _ErrorCallback | None = None,
+        retry_backoff_s: tuple[float, float] = (0.5, 30.0),
     ) -> None:
         self.topic = topic
         self.broker_id = broker_id
@@ -106,6 +118,8 @@ class MetadataTailer:
         self._client_kwargs = dict(client_kwargs or {})
         self._max_records = max_batch_records
         self._on_undecodable = on_undecodable
+        self._on_error = on_error
+        self._backoff_initial_s, self._backoff_max_s = retry_backoff_s
         self._state = _State.NEW
         self._consumer: AIOKafkaConsumer | None = None
         self._tracked: set[int] = set()
@@ -122,6 +136,8 @@ class MetadataTailer:
         self.undecodable_records = 0
         #: decoded events the store dropped (since start; the store keeps persistent counters)
         self.rejected_events = 0
+        #: the Kafka error of the last failed attempt, None once an attempt succeeds again
+        self.last_error: str | None = None
 
     # --- lifecycle
 
@@ -204,6 +220,11 @@ class MetadataTailer:
         """Whether ``metadata_partition`` is read up to the end offset seen when it was assigned."""
         return metadata_partition in self._caught_up
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the tailer runs and its last attempt to read Kafka did not fail."""
+        return self._state is _State.STARTED and self._failure is None and self.last_error is None
+
     def consumed_offset(self, metadata_partition: int) -> int | None:
         """The last offset of ``metadata_partition`` applied to the store, or None."""
         return self._consumed.get(metadata_partition)
@@ -229,6 +250,29 @@ class MetadataTailer:
             if self._consumed.get(metadata_partition, -1) >= offset:
                 return
             await self._progress.wait()
+
+    async def sync(self, metadata_partition: int) -> None:
+        """Wait until every event published to ``metadata_partition`` before this call is
+        applied to the store (the partition's end offset now). Raises MetadataTailError when
+        Kafka does not answer, MetadataNotTrackedError when the partition is not tracked. Use
+        ``asyncio.timeout`` to bound it."""
+        self._raise_if_failed()
+        self._raise_if_untracked((metadata_partition,))
+        consumer = self._consumer
+        if self._state is not _State.STARTED or consumer is None:
+            raise MetadataPublishError(f"the metadata tailer is {self._state.value}")
+        tp = TopicPartition(self.topic, metadata_partition)
+        try:
+            beginnings = await consumer.beginning_offsets([tp])
+            ends = await consumer.end_offsets([tp])
+        except KafkaError as exc:
+            raise MetadataTailError(
+                f"cannot read the end offset of {self.topic}-{metadata_partition}: {exc!r}"
+            ) from exc
+        end = int(ends[tp])
+        if int(beginnings[tp]) >= end:
+            return  # nothing left to read (empty, or every record expired)
+        await self.wait_for_offset(metadata_partition, end - 1)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -256,31 +300,57 @@ class MetadataTailer:
     # --- the root task
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Tail the tracked partitions until ``stopping`` is set. Kafka errors end it with
-        MetadataTailError (retriable: the app restarts); waiters fail either way."""
+        """Tail the tracked partitions until ``stopping`` is set. Kafka errors are logged,
+        reported and retried with backoff (the partitions are re-assigned and resume at the
+        stored offsets); any other error ends it. Waiters fail when it ends."""
         consumer = self._consumer
         if self._state is not _State.STARTED or consumer is None:
             raise RuntimeError(
                 f"MetadataTailer.run needs a started tailer, it is {self._state.value}"
             )
+        backoff = self._backoff_initial_s
         try:
             while not stopping.is_set():
-                if self._changed.is_set():
-                    await self._assign(consumer)
-                if not self._assigned:
-                    await _first(stopping.wait(), self._changed.wait())
+                try:
+                    await self._step(consumer, stopping)
+                except KafkaError as exc:
+                    self._changed.set()  # re-assign and seek to the stored offsets on retry
+                    self._report_error(exc, backoff)
+                    await wait_any(stopping, within=backoff)
+                    backoff = min(backoff * 2, self._backoff_max_s)
                     continue
-                records = await self._fetch(consumer, stopping)
-                if records:
-                    await self._ingest(records)
-        except KafkaError as exc:
-            error = MetadataTailError(f"reading {self.topic} failed: {exc!r}")
-            self._fail(error)
-            raise error from exc
+                backoff = self._backoff_initial_s
         except BaseException as exc:
             self._fail(exc)
             raise
         self._fail(MetadataPublishError("the metadata tailer stopped"))
+
+    async def _step(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
+        """One round: (re-)assign if needed, then one fetch applied to the store."""
+        if self._changed.is_set():
+            await self._assign(consumer)
+        if not self._assigned:
+            await _first(stopping.wait(), self._changed.wait())
+            return
+        records = await self._fetch(consumer, stopping)
+        if records:
+            await self._ingest(records)
+        if self.last_error is not None:
+            log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
+            self.last_error = None
+            self._notify()
+
+    def _report_error(self, exc: KafkaError, retry_in_s: float) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if self.last_error is None:
+            log.warning(
+                "metadata_tail_failed", topic=self.topic, error=error, retry_in_s=retry_in_s
+            )
+        else:
+            log.info("metadata_tail_retry", topic=self.topic, error=error, retry_in_s=retry_in_s)
+        self.last_error = error
+        if self._on_error is not None:
+            self._on_error(exc)
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
         self._changed.clear()

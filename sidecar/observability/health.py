@@ -2,8 +2,10 @@
 ``/v1/status`` (the status document, when the daemon has installed a provider).
 
 Readiness is the conjunction of named checks that other components register and update
-(``readiness.set("log_dirs", True)``). The server binds the configured host (127.0.0.1 by
-default). It does no domain work: it only reports what others recorded.
+(``readiness.set("s3", False, reason="...")``). ``/readyz`` answers 200 or 503 with every check,
+the failing ones and why; each check is also the ``readiness_check{check}`` gauge. The server
+binds the configured host (127.0.0.1 by default). It does no domain work: it only reports what
+others recorded.
 """
 
 from __future__ import annotations
@@ -27,14 +29,31 @@ log = get_logger(__name__)
 class Readiness:
     """Named readiness checks; the sidecar is ready when every registered check is true."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics | None = None) -> None:
         self._checks: dict[str, bool] = {}
+        self._reasons: dict[str, str] = {}
+        self._metrics = metrics
 
     def register(self, name: str) -> None:
-        self._checks.setdefault(name, False)
+        if name not in self._checks:
+            self._checks[name] = False
+            self._reasons[name] = "not checked yet"
+            self._export(name)
 
-    def set(self, name: str, ok: bool) -> None:
+    def set(self, name: str, ok: bool, *, reason: str | None = None) -> bool:
+        """Record a check; returns whether it changed. ``reason`` says why it fails."""
+        changed = self._checks.get(name) is not ok
         self._checks[name] = ok
+        if ok:
+            self._reasons.pop(name, None)
+        else:
+            self._reasons[name] = reason or "failing"
+        self._export(name)
+        return changed
+
+    def _export(self, name: str) -> None:
+        if self._metrics is not None:
+            self._metrics.readiness_checks.labels(name).set(1 if self._checks[name] else 0)
 
     @property
     def ready(self) -> bool:
@@ -42,6 +61,12 @@ class Readiness:
 
     def snapshot(self) -> dict[str, bool]:
         return dict(self._checks)
+
+    def failing(self) -> dict[str, str]:
+        """The failing checks and why."""
+        return {
+            name: self._reasons.get(name, "failing") for name, ok in self._checks.items() if not ok
+        }
 
 
 class HealthServer:
@@ -82,11 +107,8 @@ class HealthServer:
     async def _handle_readyz(self, request: web.Request) -> web.Response:
         checks = self._readiness.snapshot()
         status = 200 if self._readiness.ready else 503
-        return web.Response(
-            status=status,
-            text=json.dumps({"ready": status == 200, "checks": checks}),
-            content_type="application/json",
-        )
+        body = {"ready": status == 200, "checks": checks, "failing": self._readiness.failing()}
+        return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
     async def run(self, stopping: asyncio.Event) -> None:
         runner = web.AppRunner(self._app(), access_log=None, handle_signals=False)

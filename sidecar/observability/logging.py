@@ -2,7 +2,9 @@
 
 Context (broker id, topic, partition, segment) is bound through contextvars with
 :func:`bind_context`, so it follows a coroutine and survives ``asyncio.to_thread``. Third-party
-stdlib logging (aiokafka, botocore) goes through the same processors. A last-line defence
+stdlib logging (aiokafka, botocore) goes through the same processors; a library that repeats
+itself in a loop (aiokafka logs every reconnect attempt during a Kafka outage, ten a second) is
+let through once per message per 30 s, with a count of what was suppressed. A last-line defence
 redacts configured secret values from every event, whatever field they end up in.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
@@ -41,6 +44,31 @@ class _SecretRedactor:
                     text = text.replace(secret, _REDACTED)
             event_dict[key] = text
         return event_dict
+
+
+class _RepeatFilter(logging.Filter):
+    """Third-party records: one per (logger, message template) per ``interval_s``."""
+
+    def __init__(self, interval_s: float = 30.0) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # key → (emitted at, dropped)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("sidecar") or record.levelno >= logging.CRITICAL:
+            return True
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self._interval_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if len(self._seen) > 1000:  # forget quiet messages; the map stays small
+            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self._interval_s}
+        self._seen[key] = (now, 0)
+        if last is not None and last[1]:
+            record.msg = f"{record.msg} (and {last[1]} similar in {self._interval_s:.0f} s)"
+        return True
 
 
 def configure_logging(
@@ -82,6 +110,7 @@ def configure_logging(
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
+    handler.addFilter(_RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

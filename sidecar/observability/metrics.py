@@ -123,9 +123,31 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.readiness_checks = Gauge(
+            "readiness_check",
+            "Readiness checks behind /readyz: 1 passing, 0 failing (the check label says which).",
+            ["check"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.dependency_errors = Counter(
+            "dependency_errors",
+            "Failed calls to Kafka or S3 outside segment uploads, by dependency and component.",
+            ["dependency", "component"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.preempted_copies = Counter(
+            "preempted_copies",
+            "Copies abandoned because leadership moved or another broker deleted them, by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.repairs = Counter(
             "crash_repairs",
-            "Unfinished copies deleted and unfinished deletes finished after a restart, by kind.",
+            "Unfinished copies deleted and unfinished deletes finished (after a crash, or left by"
+            " a previous leader), by kind.",
             ["kind"],
             namespace=NAMESPACE,
             registry=r,
@@ -139,6 +161,88 @@ class Metrics:
         self.partitions_led = Gauge(
             "partitions_led",
             "Partitions selected for tiering that this broker leads.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        # --- the read path (issue 5): socket requests, the chunk cache, S3 fetches
+        self.read_requests = Counter(
+            "read_requests",
+            "Requests to the read socket, by endpoint and HTTP status.",
+            ["endpoint", "status"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_request_seconds = Histogram(
+            "read_request_seconds",
+            "Time to serve one read-socket request (whole response), by endpoint.",
+            ["endpoint"],
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30),
+        )
+        self.read_bytes = Counter(
+            "read_response_bytes",
+            "Body bytes sent by the read socket, by endpoint.",
+            ["endpoint"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_requests_in_flight = Gauge(
+            "read_requests_in_flight",
+            "Read-socket requests being served.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_lookups = Counter(
+            "read_cache_lookups",
+            "Chunk-cache lookups, by result (hit, miss, joined = shared an in-flight GET).",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_evictions = Counter(
+            "read_cache_evictions",
+            "Chunks evicted from the disk cache (least recently used first).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_bytes = Gauge(
+            "read_cache_bytes",
+            "Bytes of chunks in the disk cache.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_fetches = Counter(
+            "read_fetches",
+            "Ranged GETs of the read path, by kind (demand, prefetch, index) and outcome.",
+            ["kind", "outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_fetch_bytes = Counter(
+            "read_fetched_bytes",
+            "Bytes fetched from S3 by the read path.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_fetch_seconds = Histogram(
+            "read_fetch_seconds",
+            "Time of one ranged GET of the read path.",
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 30),
+        )
+        self.read_index_lookups = Counter(
+            "read_index_cache_lookups",
+            "Lookups of remote manifests and indexes in memory, by result (hit, miss).",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_errors = Counter(
+            "read_errors",
+            "Read requests that failed, by error code (the JSON error's stable code).",
+            ["code"],
             namespace=NAMESPACE,
             registry=r,
         )

@@ -5,7 +5,9 @@ never from ZooKeeper, so it works with KRaft and ZooKeeper clusters alike.
 ``ClusterWatcher.run`` refreshes a :class:`ClusterView` periodically and on demand; readers get
 the latest immutable view. When a refresh fails the view is marked stale and, past
 ``stale_after_s``, :meth:`ClusterView.may_upload` says no: an old leadership picture must not let
-two sidecars upload the same partition. The topic-selection rule is pure and lives here too.
+two sidecars upload the same partition. ``healthy`` is stricter (the last refresh succeeded): it
+feeds readiness, so a Kafka outage shows at once. The topic-selection rule is pure and lives here
+too.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,8 +145,12 @@ class ClusterWatcher:
         stale_after_s: float = 60.0,
         request_timeout_ms: int = 30_000,
         client_options: Mapping[str, Any] | None = None,
+        on_refresh: Callable[[ClusterView], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         self._bootstrap = list(bootstrap_servers)
+        self._on_refresh = on_refresh
+        self._on_error = on_error
         self._selector = selector
         self._interval = refresh_interval_s
         self._timeout_ms = request_timeout_ms
@@ -160,6 +166,11 @@ class ClusterWatcher:
     @property
     def broker_id(self) -> int | None:
         return self.view.broker_id
+
+    @property
+    def healthy(self) -> bool:
+        """The last refresh succeeded and is recent (readiness)."""
+        return self.last_error is None and self.view.fresh
 
     def request_refresh(self) -> None:
         """Ask for a refresh now (e.g. after NotLeader errors or a new partition dir)."""
@@ -245,6 +256,8 @@ class ClusterWatcher:
             self.last_error = f"{type(exc).__name__}: {exc}"
             await self.aclose()  # reconnect from scratch next time
             raise ClusterUnavailableError(f"Kafka cluster unavailable: {self.last_error}") from exc
+        if self.last_error is not None:
+            log.info("cluster_refresh_recovered", after=self.last_error)
         self.last_error = None
         self.view = ClusterView(
             broker_id=broker_id,
@@ -255,6 +268,8 @@ class ClusterWatcher:
             stale_after_s=self._stale_after,
         )
         self.refreshed.set()
+        if self._on_refresh is not None:
+            self._on_refresh(self.view)
         return self.view
 
     def selected(self, topic: str) -> bool:
@@ -272,6 +287,8 @@ class ClusterWatcher:
                     delay = self._interval
                 except ClusterUnavailableError as exc:
                     log.warning("cluster_refresh_failed", error=str(exc), retry_in_s=backoff)
+                    if self._on_error is not None:
+                        self._on_error(str(exc))
                     delay = backoff
                     backoff = min(backoff * 2, self._interval)
                 await wait_any(stopping, self._wake, within=delay)

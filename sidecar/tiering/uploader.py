@@ -12,7 +12,15 @@ verifies, so FINISHED is published only for bytes that match the broker's files 
 
 Any failure after STARTED deletes what was written, the way Kafka's RLM does
 (DELETE_SEGMENT_STARTED → delete the objects → DELETE_SEGMENT_FINISHED), best effort: what a
-crash leaves behind is repaired at the next start (the engine's crash repair).
+crash leaves behind is repaired at the next start (the engine's crash repair). A cancellation
+(shutdown past the drain deadline, or leadership moved) takes the same path: the multipart
+upload is aborted, then the copy is deleted.
+
+Leadership is checked (``may_continue``) before STARTED and again before FINISHED: a sidecar
+whose broker lost the partition never finishes a copy, so the new leader's copy is the only one.
+After FINISHED is read back, the store must show the copy FINISHED: if another broker deleted it
+as dangling first (its DELETE_SEGMENT_STARTED won), our FINISHED was dropped and the objects we
+wrote would be orphans, so they are deleted and :class:`SegmentCopyPreemptedError` is raised.
 """
 
 from __future__ import annotations
@@ -39,12 +47,20 @@ from sidecar.metadata.events import (
     TopicIdPartition,
 )
 from sidecar.metadata.publisher import MetadataPublisher
+from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
 
-__all__ = ["CorruptSegmentError", "SegmentChangedError", "SegmentUploader", "UploadOutcome"]
+__all__ = [
+    "CorruptSegmentError",
+    "LeadershipLostError",
+    "SegmentChangedError",
+    "SegmentCopyPreemptedError",
+    "SegmentUploader",
+    "UploadOutcome",
+]
 
 log = get_logger(__name__)
 
@@ -55,6 +71,18 @@ class CorruptSegmentError(SidecarError):
 
 class SegmentChangedError(SidecarError):
     """The ``.log`` changed while it was uploaded (it should be immutable once rolled)."""
+
+    retriable = True
+
+
+class LeadershipLostError(SidecarError):
+    """This broker no longer leads the partition (or cannot tell): the copy is abandoned."""
+
+    retriable = True
+
+
+class SegmentCopyPreemptedError(SidecarError):
+    """Another broker deleted our copy before it was FINISHED (it took it for dangling)."""
 
     retriable = True
 
@@ -145,15 +173,22 @@ class SegmentUploader:
         broker_id: int,
         part_size: int,
         concurrency: int,
+        store: RemoteSegmentStore | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
         self._objects = objects
+        self._store = store
         self._publisher = publisher
         self._layout = layout
         self._broker_id = broker_id
         self._part_size = part_size
         self._concurrency = concurrency
         self._clock_ms = clock_ms
+
+    @property
+    def broker_id(self) -> int:
+        """The broker whose copies this uploader publishes."""
+        return self._broker_id
 
     def keys(self, metadata: SegmentMetadata) -> dict[ObjectSuffix, str]:
         """Every object key of a segment, derived from its metadata alone."""
@@ -170,8 +205,18 @@ class SegmentUploader:
             for suffix in ObjectSuffix
         }
 
-    async def upload(self, scan: PartitionScan, segment: Segment) -> UploadOutcome:
-        """Upload ``segment`` of ``scan``'s partition and publish it FINISHED."""
+    async def upload(
+        self,
+        scan: PartitionScan,
+        segment: Segment,
+        *,
+        may_continue: Callable[[], bool] = lambda: True,
+    ) -> UploadOutcome:
+        """Upload ``segment`` of ``scan``'s partition and publish it FINISHED.
+
+        ``may_continue`` says whether this broker still leads the partition; it is asked before
+        STARTED and before FINISHED.
+        """
         if scan.topic_id is None:
             raise SegmentVanishedError(f"{scan.path} has no partition.metadata (topic id)")
         if segment.end_offset is None or segment.max_timestamp_ms is None:
@@ -193,23 +238,78 @@ class SegmentUploader:
                 segment_size_in_bytes=opened.size,
                 txn_index_empty=segment.txn_index_empty,
             )
+            if not may_continue():
+                raise LeadershipLostError(
+                    f"{tip.topic}-{tip.partition}: no longer the leader, segment"
+                    f" {segment.base_offset} not started"
+                )
             await self._publisher.publish_and_wait(metadata)
+            log.info(
+                "segment_upload_started",
+                base_offset=segment.base_offset,
+                end_offset=segment.end_offset,
+                segment_id=str(metadata.segment_id.id),
+                bytes=opened.size,
+            )
             try:
                 index_bytes = await self._write_objects(metadata, opened)
-                await self._publish_state(metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+                await self._finish(metadata, may_continue)
             except BaseException as exc:
                 log.warning(
                     "segment_upload_failed",
                     base_offset=segment.base_offset,
                     segment_id=str(metadata.segment_id.id),
                     error=str(exc) or type(exc).__name__,
+                    error_type=type(exc).__name__,
                 )
                 # shield the cleanup from a cancellation that interrupted the upload
                 await asyncio.shield(self._abandon(metadata))
                 raise
+            await self._check_finished(metadata)
         finally:
             await asyncio.to_thread(opened.log.close)
         return UploadOutcome(metadata, opened.size, index_bytes, time.monotonic() - started)
+
+    async def _finish(self, metadata: SegmentMetadata, may_continue: Callable[[], bool]) -> None:
+        """Publish FINISHED, unless leadership moved while the objects were written."""
+        if not may_continue():
+            tip = metadata.segment_id.topic_id_partition
+            raise LeadershipLostError(
+                f"{tip.topic}-{tip.partition}: leadership moved during the upload of segment"
+                f" {metadata.start_offset}; the copy is abandoned"
+            )
+        await self._publish_state(metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+
+    async def _check_finished(self, metadata: SegmentMetadata) -> None:
+        """After FINISHED was read back, the store must show it; otherwise another broker's
+        DELETE_SEGMENT_STARTED came first and our FINISHED was dropped: remove our objects."""
+        if self._store is None:
+            return
+        stored = await asyncio.to_thread(self._store.segment, metadata.segment_id)
+        if stored is not None and stored.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED:
+            return
+        state = "gone" if stored is None else stored.state.name
+        log.warning(
+            "segment_copy_preempted",
+            base_offset=metadata.start_offset,
+            segment_id=str(metadata.segment_id.id),
+            state=state,
+        )
+        await asyncio.shield(self._delete_objects_quietly(metadata))
+        raise SegmentCopyPreemptedError(
+            f"segment {metadata.start_offset} copy {metadata.segment_id.id} was deleted by"
+            f" another broker before it finished (now {state}); its objects were removed"
+        )
+
+    async def _delete_objects_quietly(self, metadata: SegmentMetadata) -> None:
+        try:
+            await self._objects.delete(list(self.keys(metadata).values()))
+        except SidecarError as exc:  # the orphan scrub removes what this could not
+            log.warning(
+                "segment_objects_delete_failed",
+                segment_id=str(metadata.segment_id.id),
+                error=str(exc),
+            )
 
     async def _write_objects(self, metadata: SegmentMetadata, opened: _OpenSegment) -> int:
         keys = self.keys(metadata)
@@ -254,15 +354,31 @@ class SegmentUploader:
         await self._objects.put(keys[ObjectSuffix.MANIFEST], manifest.to_json())
         return index_info.size
 
-    async def delete_segment(self, metadata: SegmentMetadata) -> None:
-        """DELETE_SEGMENT_STARTED → delete every object → DELETE_SEGMENT_FINISHED."""
-        await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
-        await self.finish_delete(metadata)
+    async def delete_segment(self, metadata: SegmentMetadata, *, unfinished: bool = False) -> None:
+        """DELETE_SEGMENT_STARTED → delete every object → DELETE_SEGMENT_FINISHED.
 
-    async def finish_delete(self, metadata: SegmentMetadata) -> None:
+        ``unfinished``: the copy never finished, so a multipart upload of its ``.log`` may still
+        be open (a cancelled or crashed upload): it is aborted before FINISHED.
+        """
+        await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
+        await self.finish_delete(metadata, unfinished=unfinished)
+
+    async def finish_delete(self, metadata: SegmentMetadata, *, unfinished: bool = False) -> None:
         """Delete the objects of a segment whose deletion STARTED, then publish FINISHED."""
-        await self._objects.delete(list(self.keys(metadata).values()))
+        keys = self.keys(metadata)
+        await self._objects.delete(list(keys.values()))
+        if unfinished:
+            await self._abort_uploads(keys[ObjectSuffix.LOG])
         await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED)
+
+    async def _abort_uploads(self, key: str) -> None:
+        """Abort the open multipart uploads of ``key``. A cancelled upload cannot abort its own
+        upload when the cancellation came before the store answered CreateMultipartUpload (it
+        never learnt the id), so the cleanup looks them up by key."""
+        uploads = [u async for u in self._objects.list_multipart_uploads(key) if u.key == key]
+        for upload in uploads:
+            await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
+            log.info("multipart_upload_aborted", key=key, upload_id=upload.upload_id)
 
     async def _publish_state(self, metadata: SegmentMetadata, state: RemoteLogSegmentState) -> None:
         await self._publisher.publish_and_wait(
@@ -276,7 +392,7 @@ class SegmentUploader:
 
     async def _abandon(self, metadata: SegmentMetadata) -> None:
         try:
-            await self.delete_segment(metadata)
+            await self.delete_segment(metadata, unfinished=True)
         except Exception as exc:  # noqa: BLE001 - crash repair finishes this at the next start
             log.warning(
                 "segment_cleanup_failed",

@@ -3,14 +3,31 @@
 ``TieringEngine.run`` reconciles on every hint (a log-dir change, a cluster refresh, a finished
 upload) and at least once a second: for each partition in the log dirs that is selected for
 tiering and led by this broker on a fresh cluster view, it makes sure the partition's metadata is
-tailed and caught up, then starts a worker if none runs. A worker repairs what a crash left
-(a COPY_SEGMENT_STARTED without FINISHED is deleted and redone; a DELETE_SEGMENT_STARTED is
-finished), then uploads the planned segments one by one under the global semaphore, and ends
-when nothing is left to do. Errors back off per partition with jitter; a corrupt segment is
+tailed and caught up, then starts a worker if none runs. Errors back off per partition with
+jitter (``retry_now`` cuts the wait short when a dependency is back); a corrupt segment is
 quarantined (and reported) while the other partitions continue.
 
+Leadership changes (kafka-kip405-internals.md §2.6, §3.3):
+
+* Losing a partition (another leader, or a stale cluster view) cancels its worker; the uploader
+  abandons the copy in flight (DELETE_SEGMENT_STARTED → delete objects → FINISHED), and it also
+  refuses to publish FINISHED once leadership has moved.
+* Gaining one (or starting) waits ``handover_delay_s`` before the first upload: the previous
+  leader's sidecar learns of the change within its own refresh interval, and stops. Then the
+  worker reads the partition's metadata up to its current end (``tailer.sync``), so planning
+  starts from the previous leader's last FINISHED copy, as Kafka's ``findHighestRemoteOffset``
+  does on the new leader. A segment whose boundaries differ from the previous leader's may
+  overlap its last copy; the store resolves that by leader-epoch lineage, as Kafka does.
+* Crash repair: this broker's own COPY_SEGMENT_STARTED copies are deleted (and redone by
+  planning) and its DELETE_SEGMENT_STARTED ones finished, at once. Another broker's unfinished
+  copy may still be finished or cleaned up by its owner: the partition waits for it (no upload
+  that could duplicate it) for ``foreign_copy_grace_s`` after this broker became the leader,
+  then deletes it as dangling. Another broker's unfinished deletes are finished after the same
+  grace, without blocking uploads.
+
 On stop, no new segment starts; uploads in flight get ``drain_timeout_s`` to finish, then are
-cancelled (the uploader cleans up what it wrote).
+cancelled (the uploader aborts the multipart upload and deletes the copy); that cleanup gets
+``cleanup_timeout_s``, after which crash repair at the next start finishes it.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ import functools
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +46,8 @@ from sidecar._aio import wait_any
 from sidecar.errors import SidecarError
 from sidecar.kafka.checkpoints import decode_kafka_uuid
 from sidecar.kafka.logdir import PartitionScan
-from sidecar.metadata.events import TopicIdPartition
+from sidecar.metadata.errors import MetadataTailError
+from sidecar.metadata.events import SegmentMetadata, TopicIdPartition
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
@@ -87,7 +106,13 @@ class Quarantine:
 class _Worker:
     task: asyncio.Task[None]
     failures: int = 0
-    retry_at: float = 0.0
+    retry_at: float = 0.0  # failure backoff
+    preempted: bool = False  # cancelled because leadership moved
+    # what the worker was started for; once it found nothing (more) to do, it is started again
+    # only when one of them changes (a roll, an LSO move) or at ``idle_until``
+    scan: PartitionScan | None = None
+    lso: int | None = None
+    idle_until: float = 0.0
 
 
 @dataclass
@@ -103,11 +128,24 @@ class EngineSettings:
 
     max_concurrent_uploads: int = 2
     drain_timeout_s: float = 30.0
+    cleanup_timeout_s: float = 15.0
+    """After the drain deadline, how long cancelled uploads may clean up (abort, delete)."""
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 60.0
     num_metadata_partitions: int = 50
     wake_interval_s: float = 1.0
     lag_interval_s: float = 10.0
+    idle_recheck_s: float = 30.0
+    """A partition with nothing to upload is planned again when its log dir or LSO changes, or
+    after this long (a safety net)."""
+    handover_delay_s: float = 11.0
+    """From gaining leadership (or starting) to the first upload of a partition: longer than
+    the metadata refresh interval plus a wake-up, so the previous leader's sidecar has stopped."""
+    foreign_copy_grace_s: float = 60.0
+    """How long another broker's unfinished copy is left to its owner (at least the cluster
+    view's ``stale_after_s``: past it, the owner can no longer believe it leads)."""
+    catch_up_timeout_s: float = 120.0
+    """How long a new leader waits to read the partition's metadata up to its end."""
     clock_ms: Callable[[], int] = field(default=lambda: time.time_ns() // 1_000_000)
 
 
@@ -125,8 +163,11 @@ class TieringEngine:
         quarantine: Quarantine,
         metrics: Metrics,
         settings: EngineSettings,
+        pause_reason: Callable[[], str | None] = lambda: None,
     ) -> None:
         self._views = views
+        self._pause_reason = pause_reason  # e.g. S3 unreachable: start no copy (no churn)
+        self._paused: str | None = None
         self._cluster = cluster
         self._store = store
         self._tailer = tailer
@@ -139,6 +180,8 @@ class TieringEngine:
         self._wake = asyncio.Event()
         self._workers: dict[_PartitionKey, _Worker] = {}
         self._repaired: set[_PartitionKey] = set()
+        self._led_since: dict[_PartitionKey, float] = {}  # monotonic time leadership was seen
+        self._waiting_for: set[uuid.UUID] = set()  # foreign copies already reported
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self.uploaded = 0
@@ -148,6 +191,12 @@ class TieringEngine:
     def poke(self) -> None:
         """A hint that something changed (log dir, cluster, metadata): reconcile soon."""
         self._wake.set()
+
+    def retry_now(self) -> None:
+        """A dependency (Kafka, S3) is back: end every partition's backoff and reconcile."""
+        for worker in self._workers.values():
+            worker.retry_at = 0.0
+        self.poke()
 
     @property
     def busy_partitions(self) -> list[_PartitionKey]:
@@ -177,15 +226,29 @@ class TieringEngine:
             "tiering_draining", uploads=len(running), deadline_s=self._settings.drain_timeout_s
         )
         _done, pending = await asyncio.wait(running, timeout=self._settings.drain_timeout_s)
+        if not pending:
+            return
+        log.warning("tiering_drain_deadline_passed", cancelled=len(pending))
         for task in pending:
             task.cancel()
-        if pending:
-            log.warning("tiering_drain_deadline_passed", cancelled=len(pending))
-            await asyncio.wait(pending)
+        _done, stuck = await asyncio.wait(pending, timeout=self._settings.cleanup_timeout_s)
+        if stuck:
+            # what they leave (a STARTED or DELETE_STARTED copy) is repaired at the next start
+            log.warning("tiering_cleanup_abandoned", uploads=len(stuck))
+            for task in stuck:
+                task.cancel()
+            await asyncio.wait(stuck)
 
     def _reconcile(self, tg: asyncio.TaskGroup) -> None:
         view = self._cluster.view
         now = time.monotonic()
+        paused = self._pause_reason()
+        if paused != self._paused:
+            if paused is not None:
+                log.warning("tiering_paused", reason=paused)
+            else:
+                log.info("tiering_resumed", after=self._paused)
+            self._paused = paused
         lag_by_topic: dict[str, _Lag] | None = None
         if now >= self._next_lag_at:  # copy lag costs store queries: not on every wake-up
             lag_by_topic = {}
@@ -196,29 +259,59 @@ class TieringEngine:
                 continue
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             mp = metadata_partition(tip, self._settings.num_metadata_partitions)
-            tracked.add(mp)
+            tracked.add(mp)  # followers read their partitions' metadata too, as Kafka's do
             key = (scan.topic, scan.partition)
+            worker = self._workers.get(key)
             if not view.may_upload(scan.topic, scan.partition):
-                self._repaired.discard(key)  # repair again when leadership comes back
+                self._lost(key, worker, stale=not view.fresh)
                 continue
+            led_since = self._led_since.setdefault(key, now)
+            if now < led_since + self._settings.handover_delay_s:
+                continue  # the previous leader's sidecar may not know yet
             if not self._tailer.caught_up(mp):
                 continue
             if lag_by_topic is not None:
                 self._account_lag(lag_by_topic, scan, tip, view.lso(scan.topic, scan.partition))
-            worker = self._workers.get(key)
             if worker is not None and not worker.task.done():
                 continue
             if worker is not None and now < worker.retry_at:
                 continue
+            lso = view.lso(scan.topic, scan.partition)
+            if (
+                worker is not None
+                and now < worker.idle_until
+                and worker.scan is scan
+                and worker.lso == lso
+            ):
+                continue  # it found nothing to do, and nothing changed since
+            if paused is not None:
+                continue  # no new copy while a dependency is known to be down
             failures = worker.failures if worker is not None else 0
             retry_at = worker.retry_at if worker is not None else 0.0
             task = tg.create_task(self._work(key), name=f"tiering {scan.topic}-{scan.partition}")
-            self._workers[key] = _Worker(task, failures, retry_at)
+            self._workers[key] = _Worker(task, failures, retry_at, scan=scan, lso=lso)
         new = tracked - set(self._tailer.tracked)
         if new:
             self._tailer.track(new)
         if lag_by_topic is not None:
             self._publish_lag(lag_by_topic)
+
+    def _lost(self, key: _PartitionKey, worker: _Worker | None, *, stale: bool) -> None:
+        """This broker does not (or cannot tell that it does) lead the partition any more."""
+        self._repaired.discard(key)  # catch up and repair again when leadership comes back
+        self._led_since.pop(key, None)
+        if worker is None or worker.task.done() or worker.preempted:
+            return
+        worker.preempted = True
+        worker.task.cancel()  # the uploader abandons (deletes) the copy in flight
+        self._metrics.preempted_copies.labels("cluster_view_stale" if stale else "not_leader").inc()
+        topic, partition = key
+        log.warning(
+            "tiering_leadership_lost",
+            topic=topic,
+            partition=partition,
+            reason="the cluster view is stale" if stale else "another broker leads",
+        )
 
     def _account_lag(
         self, lag: dict[str, _Lag], scan: PartitionScan, tip: TopicIdPartition, lso: int | None
@@ -260,10 +353,15 @@ class TieringEngine:
         topic, partition = key
         with bind_context(topic=topic, partition=partition):
             try:
-                await self._work_partition(key)
-                self._workers[key].failures = 0
+                waiting = await self._work_partition(key)
+                worker = self._workers[key]
+                worker.failures = 0
+                worker.idle_until = time.monotonic() + (
+                    self._settings.wake_interval_s if waiting else self._settings.idle_recheck_s
+                )
                 self.last_errors.pop(key, None)
             except SidecarError as exc:
+                self._repaired.discard(key)  # catch up and repair what the failure left
                 worker = self._workers[key]
                 worker.failures += 1
                 delay = min(
@@ -286,17 +384,28 @@ class TieringEngine:
             finally:
                 self.poke()
 
-    async def _work_partition(self, key: _PartitionKey) -> None:
+    def _may_upload(self, key: _PartitionKey) -> bool:
+        topic, partition = key
+        worker = self._workers.get(key)
+        preempted = worker is not None and worker.preempted
+        return not preempted and self._cluster.view.may_upload(topic, partition)
+
+    async def _work_partition(self, key: _PartitionKey) -> bool:
+        """Upload the partition's planned segments one by one; returns (with nothing left to do)
+        whether it waits for something outside (another broker's copy) to look again soon."""
         topic, partition = key
         while not self._stopping.is_set():
             scan = self._scan_for(key)
             view = self._cluster.view
-            if scan is None or scan.topic_id is None or not view.may_upload(topic, partition):
-                return
+            if scan is None or scan.topic_id is None or not self._may_upload(key):
+                return False
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), topic, partition)
             if key not in self._repaired:
-                await self._repair(tip)
+                await self._catch_up(tip)
+                await self._repair_own(tip)
                 self._repaired.add(key)
+            if await self._foreign_copy_pending(key, tip):
+                return True  # its owner may still finish it: look again soon
             plan = await asyncio.to_thread(
                 plan_partition,
                 scan,
@@ -305,13 +414,15 @@ class TieringEngine:
                 quarantined=self._quarantine.offsets(topic, partition),
             )
             if not plan.uploads:
-                return
+                return False
             segment = plan.uploads[0]
             async with self._slots:
                 if self._stopping.is_set():
-                    return
+                    return False
                 try:
-                    outcome = await self._uploader.upload(scan, segment)
+                    outcome = await self._uploader.upload(
+                        scan, segment, may_continue=functools.partial(self._may_upload, key)
+                    )
                 except CorruptSegmentError as exc:
                     self._quarantine.add(topic, partition, segment.base_offset, str(exc))
                     self._metrics.quarantined_segments.set(len(self._quarantine))
@@ -319,7 +430,7 @@ class TieringEngine:
                     log.error(  # noqa: TRY400 - the error text is the report; no traceback needed
                         "segment_quarantined", base_offset=segment.base_offset, error=str(exc)
                     )
-                    return
+                    return False
             self.uploaded += 1
             self._metrics.segments_copied.labels(topic).inc()
             self._metrics.bytes_copied.labels(topic).inc(outcome.log_bytes + outcome.index_bytes)
@@ -332,18 +443,82 @@ class TieringEngine:
                 bytes=outcome.log_bytes,
                 seconds=round(outcome.seconds, 3),
             )
+        return False
 
-    async def _repair(self, tip: TopicIdPartition) -> None:
-        """Crash repair for one partition: redo STARTED copies, finish STARTED deletes."""
+    async def _catch_up(self, tip: TopicIdPartition) -> None:
+        """Read the partition's metadata up to its current end: the previous leader's last
+        events (Kafka's RLM plans from what its RLMM has read)."""
+        mp = metadata_partition(tip, self._settings.num_metadata_partitions)
+        try:
+            async with asyncio.timeout(self._settings.catch_up_timeout_s):
+                await self._tailer.sync(mp)
+        except TimeoutError as exc:
+            raise MetadataTailError(
+                f"the metadata of {tip.topic}-{tip.partition} (metadata partition {mp}) was not"
+                f" read up to its end within {self._settings.catch_up_timeout_s} s"
+            ) from exc
+
+    def _owned(self, metadata: SegmentMetadata) -> bool:
+        return metadata.broker_id == self._uploader.broker_id
+
+    async def _repair_own(self, tip: TopicIdPartition) -> None:
+        """Crash repair of this broker's copies: redo STARTED copies, finish STARTED deletes."""
         for metadata in await asyncio.to_thread(self._store.unfinished_copies, tip):
-            log.info(
-                "repairing_unfinished_copy",
-                segment_id=str(metadata.segment_id.id),
-                start_offset=metadata.start_offset,
-            )
-            await self._uploader.delete_segment(metadata)
-            self._metrics.repairs.labels("unfinished_copy").inc()
+            if self._owned(metadata):
+                await self._delete_unfinished(metadata, kind="unfinished_copy")
         for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):
-            log.info("finishing_unfinished_delete", segment_id=str(metadata.segment_id.id))
-            await self._uploader.finish_delete(metadata)
-            self._metrics.repairs.labels("unfinished_delete").inc()
+            if self._owned(metadata):
+                await self._finish_delete(metadata, kind="unfinished_delete")
+
+    async def _foreign_copy_pending(self, key: _PartitionKey, tip: TopicIdPartition) -> bool:
+        """Whether another broker's unfinished copy may still be finished by its owner. Past
+        the grace period, its leftovers are deleted (copies) or finished (deletes) here."""
+        grace_over = (
+            time.monotonic()
+            >= self._led_since.get(key, time.monotonic()) + self._settings.foreign_copy_grace_s
+        )
+        pending = False
+        for metadata in await asyncio.to_thread(self._store.unfinished_copies, tip):
+            if self._owned(metadata):
+                continue  # ours: repaired above, or in flight in this very worker
+            if not grace_over:
+                pending = True
+                if metadata.segment_id.id not in self._waiting_for:
+                    self._waiting_for.add(metadata.segment_id.id)
+                    log.info(
+                        "waiting_for_foreign_copy",
+                        segment_id=str(metadata.segment_id.id),
+                        owner=metadata.broker_id,
+                        start_offset=metadata.start_offset,
+                        end_offset=metadata.end_offset,
+                        grace_s=self._settings.foreign_copy_grace_s,
+                    )
+                continue
+            await self._delete_unfinished(metadata, kind="dangling_copy")
+        if grace_over:
+            for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):
+                if not self._owned(metadata):
+                    await self._finish_delete(metadata, kind="dangling_delete")
+        return pending
+
+    async def _delete_unfinished(self, metadata: SegmentMetadata, *, kind: str) -> None:
+        log.info(
+            "repairing_unfinished_copy",
+            kind=kind,
+            owner=metadata.broker_id,
+            segment_id=str(metadata.segment_id.id),
+            start_offset=metadata.start_offset,
+        )
+        await self._uploader.delete_segment(metadata, unfinished=True)
+        self._waiting_for.discard(metadata.segment_id.id)
+        self._metrics.repairs.labels(kind).inc()
+
+    async def _finish_delete(self, metadata: SegmentMetadata, *, kind: str) -> None:
+        log.info(
+            "finishing_unfinished_delete",
+            kind=kind,
+            owner=metadata.broker_id,
+            segment_id=str(metadata.segment_id.id),
+        )
+        await self._uploader.finish_delete(metadata, unfinished=True)
+        self._metrics.repairs.labels(kind).inc()

@@ -26,6 +26,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.serde import decode
 from sidecar.storage.manifest import IndexKind, SegmentManifest
 from tests.conftest import stack
+from tests.e2e._support import MetadataTopic, topic_id_partition
 from tests.helpers import create_topic
 from tests.kafka_serde import fields
 from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
@@ -161,12 +162,26 @@ async def _tiered_run(kafka, s3, topic_name, tmp_path, *, kill_after: int | None
             sidecar.proc.send_signal(signal.SIGKILL)
             await sidecar.proc.wait()
             sidecar = await SidecarProcess.start(config, env, tmp_path / "sidecar-2.log")
-            already = kill_after
+            # the killed run may have finished copies it never logged: wait on the metadata
+            await sidecar.wait_for("sidecar_ready")
+            tips = [topic_id_partition(kafka.log_dir, topic_name, p) for p in rolled]
+            async with MetadataTopic(
+                kafka.bootstrap_servers, metadata_topic, tmp_path / "metadata"
+            ) as topic:
+                await topic.wait_until(
+                    lambda: (
+                        not topic.store.unfinished_copies()
+                        and all(
+                            [(m.start_offset, m.end_offset) for m in topic.finished(tip)]
+                            == [(s.base_offset, s.end_offset) for s in rolled[tip.partition]]
+                            for tip in tips
+                        )
+                    ),
+                    timeout=240,
+                    what="every rolled segment FINISHED after the restart",
+                )
         else:
-            already = 0
-        await sidecar.wait_for(
-            "segment_tiered", count=total - already, timeout=240, topic=topic_name
-        )
+            await sidecar.wait_for("segment_tiered", count=total, timeout=240, topic=topic_name)
         await _check_status(metrics_port, topic_name, rolled)
         assert await sidecar.stop() == 0
     finally:

@@ -1,0 +1,84 @@
+"""``python -m sidecar.readserver [-c FILE] [--set KEY=VALUE ...]``: the read server alone.
+
+It serves what the state dir's metadata store and the bucket hold, with no Kafka connection: for
+reading tiered data while the broker (or the daemon) is down, or from a host that only has the
+state dir and bucket access. It never writes the metadata store; a daemon running on the same
+state dir keeps it current and this server picks changes up within a second. Give it its own
+``read_server.socket_path`` and ``read_server.cache_dir`` when the daemon's read server runs too
+(one process per cache dir). SIGTERM or SIGINT stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sidecar._aio import capture_signals
+from sidecar.config import SidecarConfig, load_config
+from sidecar.errors import ConfigError, SidecarError
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.observability.logging import configure_logging, get_logger
+from sidecar.observability.metrics import Metrics
+from sidecar.readserver.app import ReadServer
+from sidecar.storage import open_store
+
+log = get_logger("sidecar.readserver")
+
+
+async def serve(config: SidecarConfig) -> None:
+    """Run the read server on the configured store and bucket until SIGTERM/SIGINT."""
+    stopping = asyncio.Event()
+    with capture_signals(stopping):
+        store = await asyncio.to_thread(RemoteSegmentStore, config.state_dir)
+        try:
+            async with open_store(config.s3) as objects:
+                server = ReadServer.from_config(
+                    config, store=store, objects=objects, metrics=Metrics()
+                )
+                await server.run(stopping)
+        finally:
+            store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the arguments, load the configuration and serve; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m sidecar.readserver", description=__doc__)
+    parser.add_argument("-c", "--config", type=str, default=None, help="TOML configuration file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    args = parser.parse_args(argv)
+    try:
+        overrides: dict[str, str] = {}
+        for item in args.overrides:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+            overrides[key.strip()] = value
+        config = load_config(
+            None if args.config is None else Path(args.config), overrides=overrides
+        )
+        secrets = [config.s3.access_key_id, config.s3.secret_access_key]
+        configure_logging(
+            level=config.logging.level,
+            fmt=config.logging.format,
+            secrets=[s.get_secret_value() for s in secrets if s is not None],
+        )
+        if sys.platform != "win32":
+            import uvloop
+
+            uvloop.run(serve(config))  # as the daemon runs
+        else:  # pragma: no cover
+            asyncio.run(serve(config))
+    except SidecarError as exc:
+        print(f"sidecar.readserver: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    log.info("read_server_stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

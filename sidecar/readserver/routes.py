@@ -1,0 +1,668 @@
+"""The read socket's HTTP API, version 1: parse the request → call :class:`ReadService` → write the
+response. Described in ``openapi.yaml`` beside this module (served at ``/v1/openapi.yaml``).
+
+Every error is JSON, ``{"code": ..., "message": ..., **details}``, with the status and code from
+one table (:func:`error_response`): the read errors of :mod:`sidecar.readserver.errors`, the
+router's 404/405, the limits below, and the storage, format and metadata errors of the layers
+below. Nothing else becomes a 5xx but ``internal_error``, which is logged with its traceback.
+
+Limits, checked before a handler runs (:func:`limits_middleware`): requests served at once (429),
+request target length (414), header bytes (431), a request body (413: the API has none). Record
+responses are bounded by ``max_bytes`` (clamped to the server's maximum) and ``max_records``.
+
+Responses stream: a handler writes batches or byte ranges as they come from the chunk cache,
+with backpressure from the socket, so a response holds one cache window (1 MiB) at a time. The
+first piece is read before the status line goes out, so early failures are proper errors; a
+failure after that closes the connection without finishing the body (the client sees a
+truncated response, never a wrong one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from sidecar import __version__
+from sidecar.errors import (
+    ChecksumMismatchError,
+    FormatError,
+    InvalidRangeError,
+    KeyNotFoundError,
+    SidecarError,
+    StorageError,
+)
+from sidecar.kafka.checkpoints import decode_kafka_uuid, encode_kafka_uuid
+from sidecar.kafka.records import Record
+from sidecar.metadata.errors import MetadataStoreError
+from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata, TopicIdPartition
+from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
+from sidecar.observability.logging import get_logger
+from sidecar.observability.metrics import Metrics
+from sidecar.readserver.errors import (
+    BadRequestError,
+    MetadataUnavailableError,
+    ReadError,
+    RemoteDataError,
+    StorageTimeoutError,
+    StorageUnavailableError,
+    UnknownSegmentError,
+)
+from sidecar.readserver.service import (
+    BatchStream,
+    ByteStream,
+    ReadService,
+    RunStream,
+    decode_batch,
+)
+from sidecar.storage.manifest import IndexKind
+
+__all__ = [
+    "LIMITS_KEY",
+    "METRICS_KEY",
+    "OPENAPI_PATH",
+    "SERVICE_KEY",
+    "ReadLimits",
+    "add_routes",
+    "error_response",
+    "limits_middleware",
+]
+
+log = get_logger(__name__)
+
+#: the OpenAPI document of this API
+OPENAPI_PATH: Final = Path(__file__).with_name("openapi.yaml")
+RECORD_BATCHES_TYPE: Final = "application/vnd.apache.kafka.record-batches"
+
+_TOPIC: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}\Z")
+_INT: Final = re.compile(r"-?[0-9]{1,19}\Z")
+_MAX_INT64: Final = 2**63 - 1
+_MAX_INT32: Final = 2**31 - 1
+_WRITE_BYTES: Final = 256 * 1024
+_INDEX_TYPES: Final = {
+    "offset": IndexKind.OFFSET_INDEX,
+    "timestamp": IndexKind.TIME_INDEX,
+    "transaction": IndexKind.TXN_INDEX,
+    "producer_snapshot": IndexKind.PRODUCER_SNAPSHOT,
+    "leader_epoch": IndexKind.LEADER_EPOCH_CHECKPOINT,
+}
+_STATES: Final = {state.name: state for state in RemoteSegmentStore.LIVE_STATES}
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLimits:
+    """Request and response bounds (``sidecar.config.ReadServerConfig``)."""
+
+    default_response_bytes: int = 1024 * 1024
+    max_response_bytes: int = 64 * 1024 * 1024
+    max_records: int = 100_000
+    max_url_bytes: int = 4096
+    max_header_bytes: int = 8192
+    max_concurrent_requests: int = 256
+
+
+class _InFlight:
+    """Requests being served (the 429 limit)."""
+
+    count = 0
+
+
+SERVICE_KEY: Final = web.AppKey("read_service", ReadService)
+LIMITS_KEY: Final = web.AppKey("read_limits", ReadLimits)
+METRICS_KEY: Final = web.AppKey("read_metrics", Metrics)
+_IN_FLIGHT_KEY: Final = web.AppKey("read_in_flight", _InFlight)
+#: where a response keeps its error code (StreamResponse is a mapping for such state)
+_CODE: Final = web.ResponseKey("sidecar_error_code", str)
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+def _json(
+    status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> web.Response:
+    response = web.Response(
+        status=status,
+        body=json.dumps(body, separators=(",", ":")).encode(),
+        content_type="application/json",
+        headers=headers,
+    )
+    if status >= 400:
+        response[_CODE] = str(body.get("code", "internal_error"))
+    return response
+
+
+def _error(status: int, code: str, message: str, **details: Any) -> web.Response:
+    return _json(status, {"code": code, "message": message, **details})
+
+
+def error_response(exc: BaseException) -> web.Response:
+    """The JSON error for ``exc`` (one table for every error the handlers can meet)."""
+    if isinstance(exc, ReadError):
+        return _json(exc.status, exc.to_json())
+    if isinstance(exc, web.HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            exc.status, "bad_request" if exc.status < 500 else "internal_error"
+        )
+        return _error(exc.status, code, exc.reason)
+    mapped: ReadError
+    if isinstance(exc, KeyNotFoundError | InvalidRangeError | ChecksumMismatchError):
+        mapped = RemoteDataError(f"the object store cannot give what the metadata promises: {exc}")
+    elif isinstance(exc, StorageError):
+        mapped = StorageUnavailableError(f"the object store failed: {exc}")
+    elif isinstance(exc, TimeoutError):
+        mapped = StorageTimeoutError("an object-store call passed its deadline")
+    elif isinstance(exc, FormatError):
+        mapped = RemoteDataError(f"remote data does not parse: {exc}")
+    elif isinstance(exc, MetadataStoreError):
+        mapped = MetadataUnavailableError(f"the metadata store failed: {exc}")
+    else:
+        return _error(500, "internal_error", f"internal error ({type(exc).__name__})")
+    return _json(mapped.status, mapped.to_json())
+
+
+def _error_code(response: web.StreamResponse) -> str | None:
+    code = response.get(_CODE)
+    return None if code is None else str(code)
+
+
+@web.middleware
+async def limits_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Limits, JSON errors and metrics around every handler."""
+    app = request.app
+    limits = app[LIMITS_KEY]
+    metrics = app.get(METRICS_KEY)
+    in_flight = app[_IN_FLIGHT_KEY]
+    route = request.match_info.route
+    endpoint = route.name if route.name is not None else "unmatched"
+    started = time.monotonic()
+    response: web.StreamResponse
+    admitted = in_flight.count < limits.max_concurrent_requests
+    if admitted:
+        in_flight.count += 1
+        if metrics is not None:
+            metrics.read_requests_in_flight.inc()
+    try:
+        response = await _admit(request, handler, limits, admitted)
+    except asyncio.CancelledError:
+        raise
+    except (ReadError, web.HTTPException, SidecarError, TimeoutError) as exc:
+        response = error_response(exc)
+    except Exception as exc:
+        log.exception("read_request_failed", endpoint=endpoint, path=request.path[:200])
+        response = error_response(exc)
+    finally:
+        if admitted:
+            in_flight.count -= 1
+            if metrics is not None:
+                metrics.read_requests_in_flight.dec()
+    if metrics is not None:
+        metrics.read_requests.labels(endpoint, str(response.status)).inc()
+        metrics.read_request_seconds.labels(endpoint).observe(time.monotonic() - started)
+        code = _error_code(response)
+        if code is not None:
+            metrics.read_errors.labels(code).inc()
+    return response
+
+
+async def _admit(
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    limits: ReadLimits,
+    admitted: bool,
+) -> web.StreamResponse:
+    if not admitted:
+        return _json(
+            429,
+            {"code": "too_many_requests", "message": "too many requests in flight; retry"},
+            headers={"Retry-After": "1"},
+        )
+    if len(request.raw_path) > limits.max_url_bytes:
+        return _error(
+            414,
+            "uri_too_long",
+            f"the request target is longer than {limits.max_url_bytes} bytes",
+        )
+    header_bytes = sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
+    if header_bytes > limits.max_header_bytes:
+        return _error(
+            431,
+            "headers_too_large",
+            f"the request headers are larger than {limits.max_header_bytes} bytes",
+        )
+    if request.content_length or request.headers.get("Transfer-Encoding"):
+        return _error(413, "request_too_large", "requests to this API have no body")
+    if request.method not in ("GET", "HEAD"):
+        return _error(405, "method_not_allowed", f"{request.method} is not allowed; use GET")
+    return await handler(request)
+
+
+# ---------------------------------------------------------------------------------------------
+# parsing
+
+
+def _query(
+    request: web.Request, allowed: frozenset[str], *, repeatable: frozenset[str] = frozenset()
+) -> dict[str, list[str]]:
+    query = request.rel_url.query
+    found: dict[str, list[str]] = {}
+    for name in query:
+        if name in found:
+            continue
+        values = query.getall(name)
+        if name not in allowed:
+            raise BadRequestError(f"unknown query parameter {name[:64]!r}", allowed=sorted(allowed))
+        if len(values) > 1 and name not in repeatable:
+            raise BadRequestError(f"query parameter {name!r} is given more than once")
+        found[name] = list(values)
+    return found
+
+
+def _int(value: str, name: str, low: int, high: int) -> int:
+    if not _INT.match(value):
+        raise BadRequestError(f"{name} must be an integer, got {value[:64]!r}")
+    number = int(value)
+    if not low <= number <= high:
+        raise BadRequestError(f"{name} must be between {low} and {high}, got {number}")
+    return number
+
+
+def _topic(request: web.Request) -> str:
+    topic = request.match_info["topic"]
+    if not _TOPIC.match(topic) or topic in {".", ".."}:
+        raise BadRequestError(
+            f"{topic[:64]!r} is not a Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)"
+        )
+    return topic
+
+
+def _kafka_uuid(text: str, what: str) -> uuid.UUID:
+    """Kafka's 22-character base64 Uuid, or a 400 naming ``what``."""
+    try:
+        value = decode_kafka_uuid(text) if len(text) == 22 else None
+    except ValueError:
+        value = None
+    if value is None:
+        raise BadRequestError(f"{what} {text[:64]!r} is not Kafka's 22-character base64 Uuid")
+    return value
+
+
+def _segment_id(request: web.Request) -> uuid.UUID:
+    return _kafka_uuid(request.match_info["segment_id"], "segment id")
+
+
+_PARTITION_PARAMS: Final = frozenset({"topic_id"})
+
+
+async def _partition(request: web.Request, query: dict[str, list[str]]) -> TopicIdPartition:
+    topic = _topic(request)
+    partition = _int(request.match_info["partition"], "partition", 0, _MAX_INT32)
+    topic_id = None
+    if "topic_id" in query:
+        topic_id = _kafka_uuid(query["topic_id"][0], "topic_id")
+    return await request.app[SERVICE_KEY].resolve(topic, partition, topic_id)
+
+
+def _tiered(found: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if found is None else {"start_offset": found[0], "end_offset": found[1]}
+
+
+def _partition_json(tp: TopicIdPartition) -> dict[str, Any]:
+    return {
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "topic_id": encode_kafka_uuid(tp.topic_id),
+    }
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+
+
+async def _version(request: web.Request) -> web.StreamResponse:
+    _query(request, frozenset())
+    return _json(200, {"api": "v1", "version": __version__})
+
+
+async def _openapi(request: web.Request) -> web.StreamResponse:
+    _query(request, frozenset())
+    text = await asyncio.to_thread(OPENAPI_PATH.read_bytes)
+    return web.Response(body=text, content_type="application/yaml")
+
+
+async def _topics(request: web.Request) -> web.StreamResponse:
+    _query(request, frozenset())
+    found = await request.app[SERVICE_KEY].topics()
+    return _json(
+        200,
+        {
+            "topics": [
+                {
+                    "topic": t.topic,
+                    "topic_id": encode_kafka_uuid(t.topic_id),
+                    "partitions": list(t.partitions),
+                }
+                for t in found
+            ]
+        },
+    )
+
+
+async def _partition_info(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _PARTITION_PARAMS)
+    tp = await _partition(request, query)
+    service = request.app[SERVICE_KEY]
+    spans = await service.spans(tp)
+    segments = {s.segment.segment_id.id: s.segment for s in spans}
+    return _json(
+        200,
+        {
+            **_partition_json(tp),
+            "tiered": _tiered(await service.tiered_range(tp)),
+            "segments": len(segments),
+            "bytes": sum(s.segment_size_in_bytes for s in segments.values()),
+        },
+    )
+
+
+def _segment_json(
+    segment: SegmentMetadata, serves: list[list[int]] | None = None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "segment_id": encode_kafka_uuid(segment.segment_id.id),
+        "state": segment.state.name,
+        "start_offset": segment.start_offset,
+        "end_offset": segment.end_offset,
+        "max_timestamp_ms": segment.max_timestamp_ms,
+        "size_bytes": segment.segment_size_in_bytes,
+        "leader_epochs": [list(e) for e in segment.segment_leader_epochs],
+        "txn_index_empty": segment.txn_index_empty,
+        "broker_id": segment.broker_id,
+        "event_timestamp_ms": segment.event_timestamp_ms,
+    }
+    if serves is not None:
+        body["serves"] = serves
+    return body
+
+
+def _serves(spans: list[SegmentSpan]) -> dict[uuid.UUID, list[list[int]]]:
+    found: dict[uuid.UUID, list[list[int]]] = {}
+    for span in spans:
+        found.setdefault(span.segment.segment_id.id, []).append(
+            [span.start_offset, span.end_offset]
+        )
+    return found
+
+
+async def _segments(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _PARTITION_PARAMS | {"state"}, repeatable=frozenset({"state"}))
+    tp = await _partition(request, query)
+    states: set[RemoteLogSegmentState] = set()
+    for value in query.get("state", []):
+        for name in value.split(","):
+            state = _STATES.get(name.strip().upper())
+            if state is None:
+                raise BadRequestError(
+                    f"state {name[:64]!r} is not one of {', '.join(sorted(_STATES))}"
+                )
+            states.add(state)
+    service = request.app[SERVICE_KEY]
+    segments = await service.segments(tp, states or RemoteSegmentStore.LIVE_STATES)
+    spans = await service.spans(tp)
+    serves = _serves(spans)
+    return _json(
+        200,
+        {
+            **_partition_json(tp),
+            "tiered": _tiered(await service.tiered_range(tp)),
+            "segments": [_segment_json(s, serves.get(s.segment_id.id, [])) for s in segments],
+        },
+    )
+
+
+async def _segment(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _PARTITION_PARAMS)
+    tp = await _partition(request, query)
+    segment_id = _segment_id(request)
+    service = request.app[SERVICE_KEY]
+    for segment in await service.segments(tp):
+        if segment.segment_id.id == segment_id:
+            serves = _serves(await service.spans(tp)).get(segment_id, [])
+            return _json(200, {**_partition_json(tp), **_segment_json(segment, serves)})
+    raise UnknownSegmentError(f"{tp.topic}-{tp.partition} has no remote segment {segment_id}")
+
+
+async def _segment_log(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _PARTITION_PARAMS | {"start", "end"})
+    tp = await _partition(request, query)
+    segment_id = _segment_id(request)
+    start = _int(query["start"][0], "start", 0, _MAX_INT32) if "start" in query else 0
+    end = _int(query["end"][0], "end", 0, _MAX_INT32) if "end" in query else None
+    stream = await request.app[SERVICE_KEY].segment_range(tp, segment_id, start, end)
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
+    )
+    response.content_length = stream.length
+    return await _send(request, response, _pieces(stream), endpoint="segment_log")
+
+
+async def _pieces(stream: ByteStream) -> AsyncGenerator[memoryview, None]:
+    async for piece in stream:
+        yield piece
+
+
+async def _segment_index(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _PARTITION_PARAMS)
+    tp = await _partition(request, query)
+    segment_id = _segment_id(request)
+    name = request.match_info["index_type"]
+    kind = _INDEX_TYPES.get(name)
+    if kind is None:
+        raise BadRequestError(
+            f"index type {name[:64]!r} is not one of {', '.join(sorted(_INDEX_TYPES))}"
+        )
+    data = await request.app[SERVICE_KEY].index(tp, segment_id, kind)
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
+async def _offsets(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _PARTITION_PARAMS | {"timestamp"})
+    tp = await _partition(request, query)
+    if "timestamp" not in query:
+        raise BadRequestError("timestamp (milliseconds since the epoch) is required")
+    timestamp = _int(query["timestamp"][0], "timestamp", 0, _MAX_INT64)
+    service = request.app[SERVICE_KEY]
+    found = await service.offset_for_timestamp(tp, timestamp)
+    return _json(
+        200,
+        {
+            **_partition_json(tp),
+            "offset": None if found is None else found.offset,
+            "timestamp": None if found is None else found.timestamp,
+            "leader_epoch": None if found is None else found.leader_epoch,
+            "tiered": _tiered(await service.tiered_range(tp)),
+        },
+    )
+
+
+_RECORD_PARAMS: Final = _PARTITION_PARAMS | {"offset", "max_bytes", "max_records", "format"}
+
+
+async def _records(request: web.Request) -> web.StreamResponse:
+    query = _query(request, _RECORD_PARAMS)
+    limits = request.app[LIMITS_KEY]
+    tp = await _partition(request, query)
+    if "offset" not in query:
+        raise BadRequestError("offset is required")
+    offset = _int(query["offset"][0], "offset", 0, _MAX_INT64)
+    max_bytes = limits.default_response_bytes
+    if "max_bytes" in query:
+        max_bytes = _int(query["max_bytes"][0], "max_bytes", 1, _MAX_INT32)
+    max_bytes = min(max_bytes, limits.max_response_bytes)
+    fmt = query.get("format", ["raw"])[0]
+    if fmt not in ("raw", "json"):
+        raise BadRequestError(f"format must be raw or json, got {fmt[:64]!r}")
+    max_records = limits.max_records
+    if "max_records" in query:
+        max_records = min(
+            _int(query["max_records"][0], "max_records", 1, _MAX_INT32), limits.max_records
+        )
+    service = request.app[SERVICE_KEY]
+    tiered = await service.tiered_range(tp)
+    headers = {
+        "X-Topic-Id": encode_kafka_uuid(tp.topic_id),
+        "Cache-Control": "no-store",
+    }
+    if tiered is not None:
+        headers["X-Tiered-Start-Offset"] = str(tiered[0])
+        headers["X-Tiered-End-Offset"] = str(tiered[1])
+    if fmt == "raw":
+        runs = await service.runs(tp, offset, max_bytes)
+        headers["Content-Type"] = RECORD_BATCHES_TYPE
+        response = web.StreamResponse(headers=headers)
+        return await _send(request, response, _raw_pieces(runs), endpoint="records")
+    stream = await service.batches(tp, offset, max_bytes)
+    headers["Content-Type"] = "application/json"
+    response = web.StreamResponse(headers=headers)
+    head = json.dumps({**_partition_json(tp), "tiered": _tiered(tiered)}, separators=(",", ":"))
+    pieces = _json_pieces(stream, head[:-1].encode(), offset, max_records)
+    return await _send(request, response, pieces, endpoint="records")
+
+
+async def _raw_pieces(stream: RunStream) -> AsyncGenerator[memoryview, None]:
+    async for run in stream:
+        for piece in run.pieces:
+            yield piece
+
+
+def _record_json(record: Record, leader_epoch: int) -> dict[str, Any]:
+    return {
+        "offset": record.offset,
+        "timestamp": record.timestamp,
+        "timestamp_type": record.timestamp_type.name,
+        "leader_epoch": leader_epoch,
+        "key": _b64(record.key),
+        "value": _b64(record.value),
+        "headers": [{"key": k, "value": _b64(v)} for k, v in record.headers],
+    }
+
+
+async def _json_pieces(
+    stream: BatchStream, head: bytes, offset: int, max_records: int
+) -> AsyncGenerator[memoryview, None]:
+    """``{...head, "records": [...], "next_offset": N}``, a batch's records at a time."""
+    yield memoryview(head + b',"records":[')
+    next_offset = offset
+    count = 0
+    separator = b""
+    async for batch in stream:
+        header = batch.header
+        if header.is_control:  # transaction markers are not data
+            next_offset = max(next_offset, header.next_offset)
+            continue
+        out: list[bytes] = []
+        full = False
+        for record in decode_batch(batch):
+            if record.offset < next_offset:
+                continue
+            out.append(
+                separator
+                + json.dumps(
+                    _record_json(record, header.partition_leader_epoch), separators=(",", ":")
+                ).encode()
+            )
+            separator = b","
+            next_offset = record.offset + 1
+            count += 1
+            if count >= max_records:
+                full = True
+                break
+        if not full:
+            next_offset = max(next_offset, header.next_offset)
+        if out:
+            yield memoryview(b"".join(out))
+        if full:
+            break
+    yield memoryview(f'],"next_offset":{next_offset}}}'.encode())
+
+
+async def _send(
+    request: web.Request,
+    response: web.StreamResponse,
+    pieces: AsyncGenerator[memoryview, None],
+    *,
+    endpoint: str,
+) -> web.StreamResponse:
+    """Stream ``pieces`` (coalesced into writes of about 256 KiB) with the socket's backpressure;
+    a failure after the status line closes the connection mid-body."""
+    metrics = request.app.get(METRICS_KEY)
+    sent = 0
+    await response.prepare(request)
+    pending: list[memoryview] = []
+    pending_bytes = 0
+    try:
+        async for piece in pieces:
+            pending.append(piece)
+            pending_bytes += len(piece)
+            if pending_bytes >= _WRITE_BYTES:
+                await response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+                sent += pending_bytes
+                pending, pending_bytes = [], 0
+        if pending:
+            await response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            sent += pending_bytes
+        await response.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        raise  # the client went away, or the server is stopping
+    except Exception as exc:  # noqa: BLE001 - any failure mid-body ends the connection
+        code = error_response(exc)
+        log.warning(
+            "read_response_aborted",
+            endpoint=endpoint,
+            sent=sent,
+            status=code.status,
+            error=str(exc) or type(exc).__name__,
+        )
+        if metrics is not None:
+            metrics.read_errors.labels(_error_code(code) or "internal_error").inc()
+        transport = request.transport
+        if transport is not None:
+            transport.close()
+    finally:
+        await pieces.aclose()
+        if metrics is not None:
+            metrics.read_bytes.labels(endpoint).inc(sent)
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    """The v1 routes (each named, for the metrics' ``endpoint`` label)."""
+    base = "/v1/topics/{topic}/partitions/{partition}"
+    segment = base + "/segments/{segment_id}"
+    app.router.add_get("/v1/version", _version, name="version")
+    app.router.add_get("/v1/openapi.yaml", _openapi, name="openapi")
+    app.router.add_get("/v1/topics", _topics, name="topics")
+    app.router.add_get(base, _partition_info, name="partition")
+    app.router.add_get(base + "/records", _records, name="records")
+    app.router.add_get(base + "/offsets", _offsets, name="offsets")
+    app.router.add_get(base + "/segments", _segments, name="segments")
+    app.router.add_get(segment, _segment, name="segment")
+    app.router.add_get(segment + "/log", _segment_log, name="segment_log")
+    app.router.add_get(segment + "/indexes/{index_type}", _segment_index, name="segment_index")
+    app[_IN_FLIGHT_KEY] = _InFlight()

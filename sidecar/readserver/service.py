@@ -1,0 +1,905 @@
+"""The read engine: (topic, partition, offset) → the COPY_SEGMENT_FINISHED segment that holds the
+offset along the partition's leader-epoch lineage → its remote offset index → a byte position →
+record batches, read through the disk chunk cache. Kafka's path is
+``RemoteLogManager.read`` (kafka-kip405-internals.md §3.8); this is the same walk.
+
+* **Lineage** (:meth:`ReadService.spans`): the store's ``finished_lineage`` turns the finished
+  segments into non-overlapping spans, each offset served by exactly one segment (superseded
+  copies from leader changes left out: no duplicates, no gaps). The lineage is the broker's own
+  ``leader-epoch-checkpoint`` when this broker has the partition (the truth, as Kafka uses its
+  epoch cache); below its first entry (the broker truncates it as local segments go), and when
+  the broker has no copy, it is derived from the segments' epoch maps. Spans are cached until the
+  store applies an event, and at most ``lineage_ttl_s``.
+* **Positions**: the manifest (cached) gives each index's byte range in the ``indexes`` object;
+  indexes are read through the chunk cache, CRC-32C checked against the manifest, parsed once
+  and kept in memory (Kafka's ``RemoteIndexCache``). No manifest: scan from byte 0.
+* **Batches**: a walk from the index position skips batches that end before the offset and
+  stops at the span's end; every batch's CRC-32C is checked before it is handed out, so a read
+  returns the bytes the broker wrote or an error (invariant 6).
+* **Timestamps**: Kafka's ``findOffsetByTimestamp`` over remote segments: the first segment of
+  the lineage whose max timestamp reaches the target, its time index, then the first record at
+  or after the target.
+
+Errors: the read errors of :mod:`sidecar.readserver.errors`, and the storage, format and metadata
+errors of the layers below, unchanged (the routes map them to HTTP in one table). No HTTP here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterator,
+    Sequence,
+)
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Generic, NamedTuple, Self, TypeVar
+
+import crc32c
+
+from sidecar.errors import CheckpointFormatError, FormatError, KeyNotFoundError
+from sidecar.kafka.checkpoints import (
+    EpochEntry,
+    encode_kafka_uuid,
+    read_leader_epoch_checkpoint,
+    read_partition_metadata,
+)
+from sidecar.kafka.indexes import OffsetIndex, TimeIndex
+from sidecar.kafka.records import (
+    BATCH_HEADER,
+    LOG_OVERHEAD,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    Record,
+    decode_records,
+    parse_batch_header,
+)
+from sidecar.metadata.events import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentState,
+    SegmentMetadata,
+    TopicIdPartition,
+)
+from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
+from sidecar.observability.logging import get_logger
+from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
+from sidecar.readserver.errors import (
+    AmbiguousTopicError,
+    IndexNotFoundError,
+    OffsetOutOfRangeError,
+    RangeNotSatisfiableError,
+    RemoteDataError,
+    UnknownPartitionError,
+    UnknownSegmentError,
+    UnknownTopicError,
+)
+from sidecar.storage.base import ObjectStore
+from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.storage.manifest import IndexKind, ManifestFormatError, SegmentManifest
+
+__all__ = [
+    "Batch",
+    "BatchStream",
+    "ByteStream",
+    "ReadService",
+    "Run",
+    "RunStream",
+    "Stream",
+    "TimestampAnswer",
+    "TopicSummary",
+    "decode_batch",
+]
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+_FINISHED: Final = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+_CRC_START: Final = 21  # a batch's CRC-32C covers bytes [21, end)
+#: bytes read from the chunk cache at a time (a window never spans two chunks): a small first
+#: window for a quick first byte, then large ones for throughput
+_FIRST_IO_BYTES: Final = 256 * 1024
+_IO_BYTES: Final = 1024 * 1024
+#: manifests are small; this is their weight in the memory cache
+_MANIFEST_WEIGHT: Final = 2048
+_SEQUENTIAL_MEMORY: Final = 4096
+
+
+class Batch(NamedTuple):
+    """One record batch: its parsed header and its bytes, as views of cached chunks."""
+
+    header: BatchHeader
+    pieces: list[memoryview]
+
+    def tobytes(self) -> bytes:
+        """The batch's bytes in one buffer (copied when it spans windows)."""
+        if len(self.pieces) == 1:
+            return self.pieces[0].tobytes()
+        return b"".join(self.pieces)
+
+
+class TimestampAnswer(NamedTuple):
+    """Kafka's ``TimestampAndOffset``: the first record at or after a timestamp."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSummary:
+    """A topic the store knows, with its tiered partitions."""
+
+    topic: str
+    topic_id: uuid.UUID
+    partitions: tuple[int, ...]
+
+
+class Run(NamedTuple):
+    """Consecutive whole record batches, each CRC-checked: their bytes (views of cached chunks),
+    the first one's base offset and the offset after the last."""
+
+    pieces: list[memoryview]
+    base_offset: int
+    next_offset: int
+
+
+class Stream(Generic[T]):
+    """Items read ahead of a response, primed: the first item (or the absence of any) is known
+    before the status line goes out, so early errors become proper HTTP errors. Iterate once,
+    or :meth:`aclose` it."""
+
+    def __init__(self, first: T | None, rest: AsyncGenerator[T, None]) -> None:
+        self._first = first
+        self._rest = rest
+
+    @classmethod
+    async def prime(cls, items: AsyncGenerator[T, None], **attributes: int) -> Self:
+        """Read the first item of ``items`` (closing them on failure)."""
+        try:
+            first: T | None = await anext(items)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await items.aclose()
+            raise
+        stream = cls(first, items)
+        for name, value in attributes.items():
+            setattr(stream, name, value)
+        return stream
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        async with aclosing(self._rest) as rest:
+            if self._first is None:
+                return
+            first, self._first = self._first, None
+            yield first
+            async for item in rest:
+                yield item
+
+    async def aclose(self) -> None:
+        """Stop reading (idempotent)."""
+        self._first = None
+        await self._rest.aclose()
+
+
+class BatchStream(Stream[Batch]):
+    """Record batches from an offset, one at a time (for decoding)."""
+
+    #: the requested offset (records below it in the first batch are not data to return)
+    offset: int = 0
+
+
+class RunStream(Stream[Run]):
+    """Record batches from an offset as runs of consecutive batches (for raw responses)."""
+
+    #: the requested offset
+    offset: int = 0
+
+
+class ByteStream(Stream[memoryview]):
+    """A byte range of a remote object as pieces."""
+
+    #: bytes the stream yields in total
+    length: int = 0
+
+
+class _Budget:
+    """Bytes a response may still take: whole batches, at least one (Kafka's minOneMessage)."""
+
+    __slots__ = ("max_bytes", "sent", "stopped")
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.sent = 0
+        #: the response is complete (budget spent, or the span ended where a gap follows)
+        self.stopped = False
+
+    def allows(self, size: int) -> bool:
+        return self.sent == 0 or self.sent + size <= self.max_bytes
+
+    @property
+    def exhausted(self) -> bool:
+        return self.sent >= self.max_bytes
+
+
+@dataclass(slots=True)
+class _Lineage:
+    spans: list[SegmentSpan]
+    starts: list[int]
+    applied: int
+    at: float
+
+
+class _ObjectReader:
+    """Sequential reads of one remote object through the chunk cache, one window at a time."""
+
+    def __init__(self, cache: ChunkCache, obj: ObjectRef, *, follow: ObjectRef | None) -> None:
+        self._cache = cache
+        self._obj = obj
+        self._follow = follow
+        self._start = 0
+        self._data = memoryview(b"")
+        self._io = _FIRST_IO_BYTES
+
+    async def pieces(self, position: int, length: int) -> list[memoryview]:
+        """Views covering ``[position, position + length)``, clamped to the object's end."""
+        end = min(position + length, self._obj.size)
+        out: list[memoryview] = []
+        while position < end:
+            offset = position - self._start
+            if not 0 <= offset < len(self._data):
+                await self._load(position)
+                offset = 0
+            take = min(end - position, len(self._data) - offset)
+            out.append(self._data[offset : offset + take])
+            position += take
+        return out
+
+    async def window_at(self, position: int) -> memoryview:
+        """The bytes from ``position`` to the end of its window (loaded to start there)."""
+        if self._start != position or not self._data:
+            await self._load(position)
+        return self._data
+
+    async def _load(self, position: int) -> None:
+        chunk_size = self._cache.chunk_size
+        chunk_end = min((position // chunk_size + 1) * chunk_size, self._obj.size)
+        length = min(self._io, chunk_end - position)
+        self._io = _IO_BYTES
+        self._data = memoryview(
+            await self._cache.read(self._obj, position, length, follow=self._follow)
+        )
+        self._start = position
+
+
+def _join(pieces: list[memoryview]) -> memoryview:
+    return pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+
+
+def _crc_matches(header: BatchHeader, pieces: list[memoryview]) -> bool:
+    value = 0
+    skip = _CRC_START
+    for piece in pieces:
+        if skip >= len(piece):
+            skip -= len(piece)
+            continue
+        value = crc32c.crc32c(piece[skip:], value)
+        skip = 0
+    return int(value) == header.crc
+
+
+class ReadService:
+    """Reads of tiered data by topic and partition; see the module docstring.
+
+    It owns the memory cache of manifests and indexes; the chunk cache, store and object store
+    belong to the caller. :meth:`aclose` is idempotent.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: RemoteSegmentStore,
+        objects: ObjectStore,
+        layout: KeyLayout,
+        chunks: ChunkCache,
+        index_cache_bytes: int = 64 * 1024 * 1024,
+        log_dirs: Sequence[Path] = (),
+        fetch_timeout_s: float = 30.0,
+        lineage_ttl_s: float = 1.0,
+        indexes: MemoryCache[tuple[str, uuid.UUID], object] | None = None,
+    ) -> None:
+        self._store = store
+        self._objects = objects
+        self._layout = layout
+        self.chunks = chunks
+        self._indexes: MemoryCache[tuple[str, uuid.UUID], object] = (
+            indexes if indexes is not None else MemoryCache(max_weight=index_cache_bytes)
+        )
+        self._log_dirs = tuple(log_dirs)
+        self._timeout_s = fetch_timeout_s
+        self._lineage_ttl_s = lineage_ttl_s
+        self._lineages: dict[TopicIdPartition, _Lineage] = {}
+        self._partitions: tuple[int, float, list[TopicIdPartition]] | None = None
+        self._range_ends: OrderedDict[str, int] = OrderedDict()
+
+    async def aclose(self) -> None:
+        """Cancel manifest and index loads in flight; idempotent."""
+        await self._indexes.aclose()
+
+    # -- topics and partitions -----------------------------------------------------------
+
+    def _applied(self) -> int:
+        return self._store.counters().applied
+
+    async def _all_partitions(self) -> list[TopicIdPartition]:
+        applied = self._applied()
+        cached = self._partitions
+        now = time.monotonic()
+        if cached is not None and cached[0] == applied and now - cached[1] < self._lineage_ttl_s:
+            return cached[2]
+        found = await asyncio.to_thread(self._store.partitions)
+        self._partitions = (applied, now, found)
+        return found
+
+    async def topics(self) -> list[TopicSummary]:
+        """Every topic the store has tiered partitions of, by name then topic id."""
+        by_id: dict[tuple[str, uuid.UUID], list[int]] = {}
+        for tp in await self._all_partitions():
+            by_id.setdefault((tp.topic, tp.topic_id), []).append(tp.partition)
+        return [
+            TopicSummary(topic, topic_id, tuple(sorted(parts)))
+            for (topic, topic_id), parts in sorted(by_id.items(), key=lambda kv: kv[0][0])
+        ]
+
+    async def resolve(
+        self, topic: str, partition: int, topic_id: uuid.UUID | None = None
+    ) -> TopicIdPartition:
+        """The partition's topic id from the store. A name with several topic ids (deleted and
+        re-created) resolves to the one not being deleted, else needs ``topic_id``."""
+        named = [
+            tp
+            for tp in await self._all_partitions()
+            if tp.topic == topic and (topic_id is None or tp.topic_id == topic_id)
+        ]
+        if not named:
+            suffix = "" if topic_id is None else f" with topic id {topic_id}"
+            raise UnknownTopicError(f"no tiered data for topic {topic!r}{suffix}")
+        ids = sorted({tp.topic_id for tp in named})
+        if len(ids) > 1:
+            live = [
+                i
+                for i in ids
+                if await asyncio.to_thread(
+                    self._store.partition_delete,
+                    next(tp for tp in named if tp.topic_id == i),
+                )
+                is None
+            ]
+            if len(live) != 1:
+                raise AmbiguousTopicError(
+                    f"topic {topic!r} has tiered data under several topic ids; pass topic_id",
+                    topic_ids=[encode_kafka_uuid(i) for i in ids],
+                )
+            named = [tp for tp in named if tp.topic_id == live[0]]
+        for tp in named:
+            if tp.partition == partition:
+                return tp
+        raise UnknownPartitionError(
+            f"topic {topic!r} has no tiered partition {partition}",
+            partitions=sorted(tp.partition for tp in named),
+        )
+
+    # -- lineage -------------------------------------------------------------------------
+
+    async def spans(self, tp: TopicIdPartition) -> list[SegmentSpan]:
+        """The partition's finished segments along its leader-epoch lineage, in offset order."""
+        return (await self._lineage(tp)).spans
+
+    async def tiered_range(self, tp: TopicIdPartition) -> tuple[int, int] | None:
+        """First and last offset of the tiered data, or None when nothing is tiered."""
+        spans = await self.spans(tp)
+        if not spans:
+            return None
+        return spans[0].start_offset, spans[-1].end_offset
+
+    async def _lineage(self, tp: TopicIdPartition) -> _Lineage:
+        applied = self._applied()
+        now = time.monotonic()
+        cached = self._lineages.get(tp)
+        fresh = cached is not None and now - cached.at < self._lineage_ttl_s
+        if cached is not None and fresh and cached.applied == applied:
+            return cached
+        spans = await asyncio.to_thread(self._compute_spans, tp)
+        lineage = _Lineage(spans, [s.start_offset for s in spans], applied, now)
+        self._lineages[tp] = lineage
+        return lineage
+
+    def _compute_spans(self, tp: TopicIdPartition) -> list[SegmentSpan]:
+        """(thread) The derived lineage below the broker's checkpoint, the checkpoint above."""
+        derived = self._store.finished_lineage(tp)
+        local = self._local_epochs(tp)
+        if not local:
+            return derived
+        first = local[0].start_offset
+        try:
+            above = self._store.finished_lineage(tp, [(e.epoch, e.start_offset) for e in local])
+        except ValueError as exc:
+            log.warning("leader_epoch_checkpoint_unusable", topic=tp.topic, error=str(exc))
+            return derived
+        below = [
+            SegmentSpan(s.segment, s.start_offset, min(s.end_offset, first - 1))
+            for s in derived
+            if s.start_offset < first
+        ]
+        return below + above
+
+    def _local_epochs(self, tp: TopicIdPartition) -> tuple[EpochEntry, ...] | None:
+        """(thread) The broker's leader-epoch checkpoint of ``tp`` when the broker has this
+        incarnation of the partition (same topic id); None otherwise."""
+        for log_dir in self._log_dirs:
+            directory = log_dir / f"{tp.topic}-{tp.partition}"
+            try:
+                if read_partition_metadata(directory / "partition.metadata").topic_uuid != (
+                    tp.topic_id
+                ):
+                    continue
+                return read_leader_epoch_checkpoint(directory / "leader-epoch-checkpoint")
+            except (OSError, FormatError, CheckpointFormatError, ValueError):
+                continue
+        return None
+
+    def _out_of_range(self, tp: TopicIdPartition, offset: int, lineage: _Lineage) -> Exception:
+        spans = lineage.spans
+        where = f"offset {offset} of {tp.topic}-{tp.partition}"
+        if not spans:
+            return OffsetOutOfRangeError(
+                f"{where}: nothing is tiered", offset=offset, available=None
+            )
+        first, last = spans[0].start_offset, spans[-1].end_offset
+        return OffsetOutOfRangeError(
+            f"{where} is not in the tiered range {first}..{last}",
+            offset=offset,
+            available={"start_offset": first, "end_offset": last},
+        )
+
+    # -- objects, manifests, indexes -----------------------------------------------------
+
+    def key(self, segment: SegmentMetadata, suffix: ObjectSuffix) -> str:
+        """An object key of ``segment``, derived from its metadata alone."""
+        tp = segment.segment_id.topic_id_partition
+        return self._layout.segment_key(
+            topic=tp.topic,
+            topic_id=tp.topic_id,
+            partition=tp.partition,
+            base_offset=segment.start_offset,
+            segment_id=segment.segment_id.id,
+            suffix=suffix,
+        )
+
+    def log_ref(self, segment: SegmentMetadata) -> ObjectRef:
+        """The segment's ``.log`` object."""
+        return ObjectRef(self.key(segment, ObjectSuffix.LOG), segment.segment_size_in_bytes)
+
+    async def manifest(self, segment: SegmentMetadata) -> SegmentManifest | None:
+        """The segment's manifest (cached), or None when the bucket has none."""
+        key = self.key(segment, ObjectSuffix.MANIFEST)
+
+        async def load() -> SegmentManifest | None:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    data = await self._objects.get(key)
+            except KeyNotFoundError:
+                return None
+            try:
+                manifest = SegmentManifest.from_json(data, key=key)
+            except ManifestFormatError as exc:
+                raise RemoteDataError(str(exc)) from exc
+            if (
+                manifest.segment_id != segment.segment_id.id
+                or manifest.start_offset != segment.start_offset
+                or manifest.end_offset != segment.end_offset
+            ):
+                raise RemoteDataError(f"manifest {key} describes another segment")
+            return manifest
+
+        found = await self._indexes.get(("manifest", segment.segment_id.id), load, _manifest_weight)
+        return found if isinstance(found, SegmentManifest) else None
+
+    async def index_bytes(self, segment: SegmentMetadata, kind: IndexKind) -> bytes | None:
+        """One index file of the segment, byte-exact and CRC-checked; None when it has none."""
+        manifest = await self.manifest(segment)
+        if manifest is None:
+            return None
+        found = manifest.indexes.ranges.get(kind)
+        if found is None:
+            return None
+        if found.length == 0:
+            data = b""
+        else:
+            obj = ObjectRef(manifest.indexes.key, manifest.indexes.size)
+            pieces = self.read_range(obj, found.start, found.end_inclusive, readahead=False)
+            data = b"".join([piece async for piece in pieces])
+        if len(data) != found.length or crc32c.crc32c(data) != found.crc32c:
+            self.chunks.invalidate(
+                ObjectRef(manifest.indexes.key, manifest.indexes.size),
+                found.start,
+                max(found.start, found.end_inclusive),
+            )
+            raise RemoteDataError(
+                f"{kind.value} of segment {segment.segment_id.id} does not match its CRC-32C"
+            )
+        return data
+
+    def _offset_index_loader(
+        self, segment: SegmentMetadata
+    ) -> Callable[[], Awaitable[OffsetIndex | None]]:
+        async def load() -> OffsetIndex | None:
+            data = await self.index_bytes(segment, IndexKind.OFFSET_INDEX)
+            if data is None:
+                return None
+            try:
+                return OffsetIndex.parse(data, base_offset=segment.start_offset)
+            except FormatError as exc:
+                raise RemoteDataError(f"offset index: {exc}") from exc
+
+        return load
+
+    async def _offset_index(self, segment: SegmentMetadata) -> OffsetIndex | None:
+        key = ("offset", segment.segment_id.id)
+        found = await self._indexes.get(key, self._offset_index_loader(segment), _index_weight)
+        return found if isinstance(found, OffsetIndex) else None
+
+    def _warm_next(self, spans: list[SegmentSpan], i: int) -> None:
+        """Load the next span's manifest and offset index while this span is read."""
+        if i + 1 < len(spans):
+            segment = spans[i + 1].segment
+            key = ("offset", segment.segment_id.id)
+            self._indexes.warm(key, self._offset_index_loader(segment), _index_weight)
+
+    async def _time_index(self, segment: SegmentMetadata) -> TimeIndex | None:
+        async def load() -> TimeIndex | None:
+            data = await self.index_bytes(segment, IndexKind.TIME_INDEX)
+            if data is None:
+                return None
+            try:
+                return TimeIndex.parse(data, base_offset=segment.start_offset)
+            except FormatError as exc:
+                raise RemoteDataError(f"time index: {exc}") from exc
+
+        found = await self._indexes.get(("time", segment.segment_id.id), load, _index_weight)
+        return found if isinstance(found, TimeIndex) else None
+
+    async def position_for(self, segment: SegmentMetadata, offset: int) -> int:
+        """Where to start scanning the ``.log`` for ``offset`` (``OffsetIndex.lookup``)."""
+        index = await self._offset_index(segment)
+        if index is None:
+            return 0
+        position = index.lookup(offset).position
+        if not 0 <= position < segment.segment_size_in_bytes:
+            raise RemoteDataError(
+                f"offset index of segment {segment.segment_id.id} points at byte {position},"
+                f" outside its {segment.segment_size_in_bytes} bytes"
+            )
+        return position
+
+    # -- byte ranges ---------------------------------------------------------------------
+
+    async def read_range(
+        self,
+        obj: ObjectRef,
+        start: int,
+        end_inclusive: int,
+        *,
+        readahead: bool = True,
+        readahead_limit: int | None = None,
+    ) -> AsyncGenerator[memoryview, None]:
+        """Bytes ``start..end_inclusive`` of ``obj`` as views, one cache window at a time;
+        read-ahead (when on) stays below ``readahead_limit`` when one is given."""
+        chunk_size = self.chunks.chunk_size
+        position = start
+        io = _FIRST_IO_BYTES
+        while position <= end_inclusive:
+            chunk_end = min((position // chunk_size + 1) * chunk_size, obj.size)
+            length = min(io, chunk_end - position, end_inclusive - position + 1)
+            io = _IO_BYTES
+            data = await self.chunks.read(
+                obj, position, length, readahead=readahead, readahead_limit=readahead_limit
+            )
+            yield memoryview(data)
+            position += length
+
+    # -- the endpoints' operations -------------------------------------------------------
+
+    async def segments(
+        self,
+        tp: TopicIdPartition,
+        states: Collection[RemoteLogSegmentState] = RemoteSegmentStore.LIVE_STATES,
+    ) -> list[SegmentMetadata]:
+        """The partition's segments in ``states``, by start offset."""
+        return await asyncio.to_thread(self._store.segments, tp, states=states)
+
+    async def finished_segment(
+        self, tp: TopicIdPartition, segment_id: uuid.UUID
+    ) -> SegmentMetadata:
+        """A COPY_SEGMENT_FINISHED segment of ``tp`` (fetchLogSegment and fetchIndex serve only
+        those); else :class:`UnknownSegmentError`."""
+        segment = await asyncio.to_thread(self._store.segment, RemoteLogSegmentId(tp, segment_id))
+        if segment is None:
+            raise UnknownSegmentError(
+                f"{tp.topic}-{tp.partition} has no remote segment {segment_id}"
+            )
+        if segment.state is not _FINISHED:
+            raise UnknownSegmentError(
+                f"remote segment {segment_id} is {segment.state.name}, not readable",
+                state=segment.state.name,
+            )
+        return segment
+
+    async def segment_range(
+        self, tp: TopicIdPartition, segment_id: uuid.UUID, start: int, end_inclusive: int | None
+    ) -> ByteStream:
+        """Bytes ``start..end_inclusive`` of a segment's ``.log`` (``fetchLogSegment``: the end is
+        inclusive and clamped to the last byte; no end = to the end of the segment)."""
+        segment = await self.finished_segment(tp, segment_id)
+        size = segment.segment_size_in_bytes
+        if start < 0 or start >= size or (end_inclusive is not None and end_inclusive < start):
+            raise RangeNotSatisfiableError(
+                f"bytes {start}-{'' if end_inclusive is None else end_inclusive} are not within"
+                f" segment {segment_id} ({size} bytes)",
+                size=size,
+            )
+        end = size - 1 if end_inclusive is None else min(end_inclusive, size - 1)
+        obj = self.log_ref(segment)
+        # read ahead past the range only for a reader that continues where it stopped
+        sequential = self._range_ends.get(obj.key) == start - 1
+        self._range_ends[obj.key] = end
+        self._range_ends.move_to_end(obj.key)
+        while len(self._range_ends) > _SEQUENTIAL_MEMORY:
+            self._range_ends.popitem(last=False)
+        pieces = self.read_range(obj, start, end, readahead_limit=None if sequential else end + 1)
+        return await ByteStream.prime(pieces, length=end - start + 1)
+
+    async def index(self, tp: TopicIdPartition, segment_id: uuid.UUID, kind: IndexKind) -> bytes:
+        """One index of a finished segment, byte-exact (``fetchIndex``); an absent one (a
+        transaction index of a segment without aborts) is :class:`IndexNotFoundError`."""
+        segment = await self.finished_segment(tp, segment_id)
+        data = await self.index_bytes(segment, kind)
+        if data is None:
+            raise IndexNotFoundError(f"remote segment {segment_id} has no {kind.value}")
+        return data
+
+    def _start(self, tp: TopicIdPartition, offset: int, lineage: _Lineage) -> int:
+        at = bisect.bisect_right(lineage.starts, offset) - 1
+        if at < 0 or offset > lineage.spans[at].end_offset:
+            raise self._out_of_range(tp, offset, lineage)
+        return at
+
+    async def batches(self, tp: TopicIdPartition, offset: int, max_bytes: int) -> BatchStream:
+        """Record batches from the one that holds ``offset``, whole batches up to ``max_bytes``
+        (at least one, as Kafka's ``minOneMessage``), across segments while they are contiguous.
+        :class:`OffsetOutOfRangeError` (with the tiered range) outside the tiered data."""
+        lineage = await self._lineage(tp)
+        at = self._start(tp, offset, lineage)
+        items = self._batches_from(lineage.spans, at, offset, _Budget(max_bytes))
+        return await BatchStream.prime(items, offset=offset)
+
+    async def runs(self, tp: TopicIdPartition, offset: int, max_bytes: int) -> RunStream:
+        """The batches of :meth:`batches`, as runs of consecutive batches: the fast path of raw
+        responses (a header parse and a CRC per batch, no per-batch objects)."""
+        lineage = await self._lineage(tp)
+        at = self._start(tp, offset, lineage)
+        items = self._runs_from(lineage.spans, at, offset, _Budget(max_bytes))
+        return await RunStream.prime(items, offset=offset)
+
+    def _walk(
+        self, spans: list[SegmentSpan], at: int, offset: int
+    ) -> Iterator[tuple[SegmentSpan, ObjectRef | None]]:
+        for i in range(at, len(spans)):
+            if i > at and spans[i].start_offset != spans[i - 1].end_offset + 1:
+                return  # a gap in the lineage: the next request gets the 416
+            self._warm_next(spans, i)
+            yield spans[i], self.log_ref(spans[i + 1].segment) if i + 1 < len(spans) else None
+
+    async def _batches_from(
+        self, spans: list[SegmentSpan], at: int, offset: int, budget: _Budget
+    ) -> AsyncGenerator[Batch, None]:
+        next_offset = offset
+        for span, follow in self._walk(spans, at, offset):
+            target = max(next_offset, span.start_offset)
+            async for batch in self._span_batches(span, target, follow=follow):
+                if not budget.allows(batch.header.size):
+                    return
+                yield batch
+                budget.sent += batch.header.size
+                next_offset = max(next_offset, batch.header.next_offset)
+                if budget.exhausted:
+                    return
+
+    async def _runs_from(
+        self, spans: list[SegmentSpan], at: int, offset: int, budget: _Budget
+    ) -> AsyncGenerator[Run, None]:
+        next_offset = offset
+        for span, follow in self._walk(spans, at, offset):
+            target = max(next_offset, span.start_offset)
+            async for run in self._span_runs(span, target, follow=follow, budget=budget):
+                yield run
+                next_offset = max(next_offset, run.next_offset)
+            if budget.exhausted or budget.stopped:
+                return
+
+    async def _span_runs(
+        self, span: SegmentSpan, target: int, *, follow: ObjectRef | None, budget: _Budget
+    ) -> AsyncGenerator[Run, None]:
+        """Runs of ``span``'s batches from the one holding ``target``: within a window, a tight
+        loop over headers and CRCs; a batch that crosses a window (chunk) boundary goes through
+        :meth:`_span_batches`' careful path."""
+        segment = span.segment
+        obj = self.log_ref(segment)
+        position = await self.position_for(segment, target)
+        reader = _ObjectReader(self.chunks, obj, follow=follow)
+        end_offset = span.end_offset
+        unpack = BATCH_HEADER.unpack_from
+        overhead = RECORD_BATCH_OVERHEAD
+        while position < obj.size:
+            data = await reader.window_at(position)
+            n = len(data)
+            off = run_start = 0
+            run_base = next_offset = -1
+            span_done = False
+            while off + overhead <= n:
+                fields = unpack(data, off)
+                size = fields[1] + LOG_OVERHEAD
+                if fields[3] != 2 or size < overhead or off + size > n:
+                    break  # malformed or crossing the window: the careful path decides
+                base = fields[0]
+                if base > end_offset:
+                    span_done = True
+                    break
+                last = base + fields[6]
+                if last < target:
+                    if off != run_start:
+                        raise RemoteDataError(f"offsets go backwards in {obj.key} at {position}")
+                    off += size
+                    run_start = off
+                    continue
+                if not budget.allows(size):
+                    budget.stopped = True
+                    break
+                if crc32c.crc32c(data[off + _CRC_START : off + size]) != fields[4]:
+                    self.chunks.invalidate(obj, position + off, position + off + size - 1)
+                    raise RemoteDataError(
+                        f"record batch at offset {base} of {obj.key} (byte {position + off})"
+                        " fails its CRC-32C; it was not served"
+                    )
+                if run_base < 0:
+                    run_base = base
+                budget.sent += size
+                next_offset = last + 1
+                off += size
+                if budget.exhausted:
+                    budget.stopped = True
+                    break
+            if off > run_start:
+                yield Run([data[run_start:off]], run_base, next_offset)
+            if budget.stopped or span_done:
+                return
+            if off > 0:
+                position += off
+                continue
+            # no progress at a window's start: one batch the careful way (it spans windows,
+            # is larger than one, or is malformed, which raises)
+            careful = self._span_batches(span, target, follow=follow, start=position, limit=1)
+            async with aclosing(careful) as batches:
+                found = [batch async for batch in batches]
+            if not found:
+                return
+            header = found[0].header
+            if header.last_offset >= target:
+                if not budget.allows(header.size):
+                    budget.stopped = True
+                    return
+                budget.sent += header.size
+                yield Run(found[0].pieces, header.base_offset, header.next_offset)
+                if budget.exhausted:
+                    budget.stopped = True
+                    return
+            position = header.end_position
+
+    async def _span_batches(
+        self,
+        span: SegmentSpan,
+        target: int,
+        *,
+        follow: ObjectRef | None,
+        start: int | None = None,
+        limit: int | None = None,
+    ) -> AsyncGenerator[Batch, None]:
+        """Batches of ``span``'s segment that end at or after ``target`` and start within the
+        span, CRC-checked; from byte ``start`` (else the offset index's position) and at most
+        ``limit`` batches looked at (skipped ones included)."""
+        segment = span.segment
+        obj = self.log_ref(segment)
+        position = await self.position_for(segment, target) if start is None else start
+        reader = _ObjectReader(self.chunks, obj, follow=follow)
+        seen = 0
+        while position < obj.size and (limit is None or seen < limit):
+            seen += 1
+            head = await reader.pieces(position, RECORD_BATCH_OVERHEAD)
+            try:
+                header = parse_batch_header(
+                    _join(head), position=position, path=obj.key, available=obj.size - position
+                )
+            except FormatError as exc:
+                self.chunks.invalidate(obj, position, position + RECORD_BATCH_OVERHEAD)
+                raise RemoteDataError(str(exc)) from exc
+            if header.base_offset > span.end_offset:
+                return
+            if header.last_offset >= target or limit is not None:
+                pieces = await reader.pieces(position, header.size)
+                if not _crc_matches(header, pieces):
+                    self.chunks.invalidate(obj, position, header.end_position - 1)
+                    raise RemoteDataError(
+                        f"record batch at offset {header.base_offset} of {obj.key} (byte"
+                        f" {position}) fails its CRC-32C; it was not served"
+                    )
+                yield Batch(header, pieces)
+            position = header.end_position
+
+    async def offset_for_timestamp(
+        self, tp: TopicIdPartition, timestamp: int
+    ) -> TimestampAnswer | None:
+        """The first record (control records included, as Kafka answers ListOffsets) whose
+        timestamp is at or after ``timestamp`` in the tiered data, or None."""
+        lineage = await self._lineage(tp)
+        for span in lineage.spans:
+            segment = span.segment
+            if segment.max_timestamp_ms < timestamp:
+                continue
+            index = await self._time_index(segment)
+            target = span.start_offset
+            if index is not None:
+                target = max(target, index.lookup(timestamp).offset)
+            async for batch in self._span_batches(span, target, follow=None):
+                header = batch.header
+                if header.max_timestamp < timestamp:
+                    continue
+                records = _decode(batch)
+                for record in records:
+                    if record.timestamp >= timestamp and span.start_offset <= record.offset:
+                        return TimestampAnswer(
+                            record.offset, record.timestamp, header.partition_leader_epoch
+                        )
+        return None
+
+
+def _decode(batch: Batch) -> list[Record]:
+    try:
+        return decode_records(batch.tobytes(), verify_crc=False, position=batch.header.position)
+    except FormatError as exc:
+        raise RemoteDataError(str(exc)) from exc
+
+
+def decode_batch(batch: Batch) -> list[Record]:
+    """The records of a batch (its CRC was checked when it was read)."""
+    return _decode(batch)
+
+
+def _manifest_weight(_value: object) -> int:
+    return _MANIFEST_WEIGHT
+
+
+def _index_weight(value: object) -> int:
+    if isinstance(value, OffsetIndex | TimeIndex):
+        return len(value.data) + 128
+    return 64

@@ -1,0 +1,466 @@
+"""Benchmark of the read path (issue 5) against SeaweedFS, in one run, side by side:
+
+1. Cold sequential read: a consumer reads a partition from offset 0 to the end through the Unix
+   socket (``records?offset=N&max_bytes=32 MiB``, streamed; the next offset follows the batch
+   headers as they arrive), each run on a freshly started read server with an empty cache
+   (warmed up on another partition first: S3 connections, imports), vs direct ranged GETs of
+   the same ``.log`` objects from this process (the sidecar's own S3 client, one GET of
+   ``chunk_size`` at a time, in order: what a client reading the bucket itself would do), and
+   whole-object GETs. Interleaved runs, medians.
+2. Warm read: the same read again with every chunk in the disk cache (records, and raw
+   ``segments/{id}/log`` ranges), in GiB/s; and the time to first byte of one-batch requests at
+   random offsets (a new connection each, ``Connection: close``), p50/p99.
+3. 64 concurrent readers, each on its own partition, cold: errors (must be none), aggregate
+   throughput and the slowest reader.
+
+The read server runs as its own process (``python -m sidecar.readserver``), as the daemon's read
+server would, so client and server do not share a core's event loop. Segments are real Kafka
+record batches (``sidecar.testing`` builders, 16 KiB batches of 1 KiB random values, no
+compression), tiered the way the uploader tiers them (``.log``, packed indexes, manifest) and
+recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
+
+    .venv/bin/python tests/bench/bench_read.py                 # 256 MiB + 64 x 2 MiB, 3 runs
+    .venv/bin/python tests/bench/bench_read.py --mib 64 --runs 1 --readers-mib 1
+
+Everything lives in a ``/tmp/bench-read-*`` directory, removed at the end unless ``--keep``;
+SeaweedFS and the read servers are stopped by PID in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import platform
+import random
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import aiohttp  # noqa: E402
+
+from sidecar.metadata.events import TopicIdPartition  # noqa: E402
+from sidecar.metadata.store import RemoteSegmentStore  # noqa: E402
+from sidecar.storage.keys import KeyLayout, ObjectSuffix  # noqa: E402
+from sidecar.storage.s3 import S3ObjectStore  # noqa: E402
+from sidecar.testing import TestRecord, build_batch  # noqa: E402
+from tests.conftest import stack  # noqa: E402
+from tests.unit.readserver._tiered import Remote  # noqa: E402
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+SEGMENT_MIB = 16
+BATCH_RECORDS = 16
+CHUNK = 4 * MiB
+BASE = "http://localhost"
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def templates(count: int = 8) -> list[bytes]:
+    """A few 16 KiB batches of random 1 KiB values; re-based to any offset (outside the CRC)."""
+    return [
+        build_batch(
+            [
+                TestRecord(key=f"k{i}".encode(), value=os.urandom(1000), headers=[("h", b"v")])
+                for i in range(BATCH_RECORDS)
+            ],
+            base_timestamp=1_700_000_000_000 + t,
+        )
+        for t in range(count)
+    ]
+
+
+async def tier(
+    remote: Remote, tp: TopicIdPartition, mib: float, segment_mib: float, batches: list[bytes]
+) -> int:
+    """Tier ``mib`` of batches into segments of ``segment_mib``; returns the log bytes."""
+    per_segment = max(1, int(segment_mib * MiB) // len(batches[0]))
+    total_batches = max(1, int(mib * MiB) // len(batches[0]))
+    offset = 0
+    size = 0
+    done = 0
+    while done < total_batches:
+        n = min(per_segment, total_batches - done)
+        chosen = [batches[(done + i) % len(batches)] for i in range(n)]
+        segment = await remote.upload(offset, chosen, tp=tp)
+        offset = segment.end_offset + 1
+        size += segment.segment_size_in_bytes
+        done += n
+        remote.logs.clear()  # keep memory flat: the bench compares bytes by size only
+    return size
+
+
+# ---------------------------------------------------------------------------------------------
+# the read server as a process
+
+
+@contextlib.asynccontextmanager
+async def read_server(root: Path, config: Path, env: dict[str, str], name: str):
+    socket = root / f"{name}.sock"
+    cache = root / f"cache-{name}"
+    shutil.rmtree(cache, ignore_errors=True)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar.readserver",
+        "--config",
+        str(config),
+        "--set",
+        f"read_server.socket_path={socket}",
+        "--set",
+        f"read_server.cache_dir={cache}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    assert proc.stdout is not None
+    lines: list[bytes] = []
+    while True:
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        lines.append(line)
+        if not line:
+            raise RuntimeError("read server exited:\n" + b"".join(lines).decode())
+        if b"read_server_listening" in line:
+            break
+    drain = asyncio.create_task(proc.stdout.read())
+    try:
+        yield socket, proc.pid
+    finally:
+        proc.terminate()
+        await proc.wait()
+        drain.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drain
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def session(socket: Path, limit: int = 8) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.UnixConnector(path=str(socket), limit=limit),
+        timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+        auto_decompress=False,
+    )
+
+
+class NextOffset:
+    """Follows the batch headers of a raw records stream piece by piece (nothing accumulated):
+    after the stream, ``next_offset`` is the offset after its last batch."""
+
+    HEAD = 27  # baseOffset .. lastOffsetDelta
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.next_header = 0
+        self.next_offset: int | None = None
+        self._tail = b""  # the stream's last bytes, for a header cut between pieces
+
+    def feed(self, piece: bytes) -> None:
+        start = self.received
+        end = self.received = start + len(piece)
+        while self.next_header + self.HEAD <= end:
+            at = self.next_header - start
+            if at >= 0:
+                head = piece[at : at + self.HEAD]
+            else:
+                early = self._tail[len(self._tail) + at :]
+                head = early + piece[: self.HEAD - len(early)]
+            base, length = struct.unpack_from(">qi", head)
+            (delta,) = struct.unpack_from(">i", head, 23)
+            self.next_offset = base + delta + 1
+            self.next_header += length + 12
+        self._tail = bytes(piece[-64:]) if len(piece) >= 64 else (self._tail + piece)[-64:]
+
+
+async def read_partition(
+    http: aiohttp.ClientSession, topic: str, partition: int, *, max_bytes: int = 32 * MiB
+) -> int:
+    """A sequential consumer: records from offset 0 to the end, streamed (batch boundaries are
+    followed as the bytes arrive, nothing is accumulated); returns the bytes read."""
+    offset = 0
+    total = 0
+    url = f"{BASE}/v1/topics/{topic}/partitions/{partition}/records"
+    while True:
+        params = {"offset": str(offset), "max_bytes": str(max_bytes)}
+        tracker = NextOffset()
+        async with http.get(url, params=params) as response:
+            if response.status == 416:
+                await response.read()
+                return total
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {await response.text()}")
+            async for piece in response.content.iter_chunked(4 * MiB):
+                tracker.feed(piece)
+        total += tracker.received
+        if tracker.next_offset is None or tracker.next_header != tracker.received:
+            raise RuntimeError(f"a truncated response at offset {offset}")
+        offset = tracker.next_offset
+
+
+async def read_ranges(
+    http: aiohttp.ClientSession, topic: str, partition: int, segments: list[dict[str, Any]]
+) -> int:
+    """Each segment's whole .log through ``segments/{id}/log`` (fetchLogSegment)."""
+    total = 0
+    for segment in segments:
+        url = (
+            f"{BASE}/v1/topics/{topic}/partitions/{partition}/segments/{segment['segment_id']}/log"
+        )
+        async with http.get(url) as response:
+            response.raise_for_status()
+            async for piece in response.content.iter_chunked(4 * MiB):
+                total += len(piece)
+    return total
+
+
+async def direct_gets(objects: S3ObjectStore, keys: list[tuple[str, int]], chunk: int) -> int:
+    total = 0
+    for key, size in keys:
+        for start in range(0, size, chunk):
+            total += len(await objects.get_range(key, start, min(start + chunk, size) - 1))
+    return total
+
+
+async def ttfb(socket: Path, topic: str, offsets: list[int]) -> list[float]:
+    """Seconds to the first body byte of one-batch records requests, a new connection each."""
+    found = []
+    for offset in offsets:
+        request = (
+            f"GET /v1/topics/{topic}/partitions/0/records?offset={offset}&max_bytes=1 HTTP/1.1\r\n"
+            "Host: localhost\r\nConnection: close\r\n\r\n"
+        ).encode()
+        started = time.perf_counter()
+        reader, writer = await asyncio.open_unix_connection(str(socket))
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head[:100]
+        size_line = await reader.readuntil(b"\r\n")  # chunked: the first chunk's size
+        first = await reader.read(1)
+        found.append(time.perf_counter() - started)
+        assert first, size_line
+        await reader.read()
+        writer.close()
+        await writer.wait_closed()
+    return found
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def gib_s(size: int, seconds: float) -> str:
+    return f"{size / GiB / seconds:6.2f} GiB/s"
+
+
+def mib_s(size: int, seconds: float) -> str:
+    return f"{size / MiB / seconds:7.1f} MiB/s"
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    root = Path(tempfile.mkdtemp(prefix="bench-read-"))
+    s3 = stack.SeaweedS3.create(root / "s3")
+    s3.start()
+    try:
+        await bench(args, root, s3)
+    finally:
+        s3.stop()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            say(f"kept {root}")
+
+
+async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
+    prefix = f"bench-read-{uuid.uuid4().hex[:6]}/"
+    layout = KeyLayout(prefix=prefix)
+    state = root / "state"
+    store = RemoteSegmentStore(state)
+    objects = S3ObjectStore(
+        bucket=s3.bucket,
+        endpoint_url=s3.endpoint,
+        access_key_id=s3.access_key,
+        secret_access_key=s3.secret_key,
+    )
+    await objects.__aenter__()
+    try:
+        remote = Remote(store, objects, root / "segments", layout=layout)  # type: ignore[arg-type]
+        batches = templates()
+        big = TopicIdPartition(uuid.uuid4(), "bench", 0)
+        started = time.monotonic()
+        size = await tier(remote, big, args.mib, SEGMENT_MIB, batches)
+        many = [TopicIdPartition(big.topic_id, "bench", p) for p in range(1, args.readers + 1)]
+        many_topic = TopicIdPartition(uuid.uuid4(), "readers", 0).topic_id
+        for p in range(args.readers):
+            await tier(
+                remote,
+                TopicIdPartition(many_topic, "readers", p),
+                args.readers_mib,
+                args.readers_mib,
+                batches,
+            )
+        shutil.rmtree(root / "segments", ignore_errors=True)
+        del many
+        say(
+            f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}; load average {os.getloadavg()[0]:.1f}"
+        )
+        say(
+            f"tiered {size / MiB:.0f} MiB in {SEGMENT_MIB} MiB segments + {args.readers} "
+            f"partitions x {args.readers_mib} MiB in {time.monotonic() - started:.1f} s"
+        )
+        keys = [
+            (
+                layout.segment_key(
+                    topic=s.segment_id.topic_id_partition.topic,
+                    topic_id=s.segment_id.topic_id_partition.topic_id,
+                    partition=s.segment_id.topic_id_partition.partition,
+                    base_offset=s.start_offset,
+                    segment_id=s.segment_id.id,
+                    suffix=ObjectSuffix.LOG,
+                ),
+                s.segment_size_in_bytes,
+            )
+            for s in remote.segments
+            if s.segment_id.topic_id_partition == big
+        ]
+        config = root / "read.toml"
+        config.write_text(
+            f'state_dir = "{state}"\n'
+            f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\nprefix = "{prefix}"\n'
+            f"[read_server]\ncache_size_bytes = {4 * GiB}\nchunk_size_bytes = {CHUNK}\n"
+            f'[logging]\nformat = "json"\nlevel = "INFO"\n'
+        )
+        env = {
+            **os.environ,
+            "SIDECAR_S3__ACCESS_KEY_ID": s3.access_key,
+            "SIDECAR_S3__SECRET_ACCESS_KEY": s3.secret_key,
+        }
+        await run_bench(args, root, config, env, objects, keys, size)
+    finally:
+        await objects.aclose()
+        store.close()
+
+
+async def run_bench(
+    args: argparse.Namespace,
+    root: Path,
+    config: Path,
+    env: dict[str, str],
+    objects: S3ObjectStore,
+    keys: list[tuple[str, int]],
+    size: int,
+) -> None:
+    cold: list[float] = []
+    direct: list[float] = []
+    whole: list[float] = []
+    for run in range(args.runs):
+        order = ["socket", "direct", "whole"]
+        order = order[run % 3 :] + order[: run % 3]
+        for contender in order:
+            t0 = time.perf_counter()
+            if contender == "socket":
+                async with (
+                    read_server(root, config, env, f"cold{run}") as (socket, _pid),
+                    session(socket) as http,
+                ):
+                    # the process is warmed up on other data (S3 connections, imports): only
+                    # the data read is cold
+                    await read_partition(http, "readers", run % args.readers)
+                    t0 = time.perf_counter()
+                    got = await read_partition(http, "bench", 0)
+                    cold.append(time.perf_counter() - t0)
+            elif contender == "direct":
+                got = await direct_gets(objects, keys, CHUNK)
+                direct.append(time.perf_counter() - t0)
+            else:
+                got = sum([len(await objects.get(key)) for key, _ in keys])
+                whole.append(time.perf_counter() - t0)
+            assert got == size, (contender, got, size)
+    ranged = statistics.median(direct)
+    say(f"(1) cold sequential read of {size / MiB:.0f} MiB, medians of {args.runs} runs")
+    say(f"    socket records (empty cache)             {mib_s(size, statistics.median(cold))}")
+    say(f"    direct ranged GETs of {CHUNK // MiB} MiB, in order    {mib_s(size, ranged)}")
+    say(f"    direct whole-object GETs, in order       {mib_s(size, statistics.median(whole))}")
+    ratio = ranged / statistics.median(cold)
+    say(f"    ratio socket / ranged GETs               {ratio:7.2f} x   (goal >= 0.8)")
+
+    async with read_server(root, config, env, "warm") as (socket, _pid):
+        async with session(socket) as http:
+            await read_partition(http, "bench", 0)  # fills the cache
+            async with http.get(f"{BASE}/v1/topics/bench/partitions/0/segments") as response:
+                listing = await response.json()
+            segments = listing["segments"]
+            warm, ranges = [], []
+            for _ in range(args.runs):
+                t0 = time.perf_counter()
+                assert await read_partition(http, "bench", 0) == size
+                warm.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                assert await read_ranges(http, "bench", 0, segments) == size
+                ranges.append(time.perf_counter() - t0)
+        end = listing["tiered"]["end_offset"]
+        rng = random.Random(5)
+        offsets = [rng.randrange(0, end + 1) for _ in range(args.ttfb)]
+        await ttfb(socket, "bench", offsets[:50])  # the indexes into memory
+        times = await ttfb(socket, "bench", offsets)
+    p50, p99 = percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000
+    say(f"(2) warm cache ({size / MiB:.0f} MiB on disk), best of {args.runs}")
+    say(f"    socket records                           {gib_s(size, min(warm))}   (goal >= 1)")
+    say(f"    socket segment log ranges                {gib_s(size, min(ranges))}")
+    say(f"    time to first byte, {len(times)} one-batch requests, new connection each:")
+    say(f"        p50 {p50:.2f} ms, p99 {p99:.2f} ms   (goal p99 <= 5 ms)")
+
+    async with (
+        read_server(root, config, env, "readers") as (socket, _pid),
+        session(socket, limit=args.readers) as http,
+    ):
+
+        async def reader(p: int) -> tuple[int, float, str | None]:
+            t0 = time.perf_counter()
+            try:
+                got = await read_partition(http, "readers", p)
+            except Exception as exc:  # noqa: BLE001 - counted as an error
+                return 0, time.perf_counter() - t0, repr(exc)
+            return got, time.perf_counter() - t0, None
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(reader(p) for p in range(args.readers)))
+        wall = time.perf_counter() - t0
+    errors = [e for _, _, e in results if e]
+    total = sum(got for got, _, _ in results)
+    shown = f"  {errors[:3]}" if errors else ""
+    amount = f"({total / MiB:.0f} MiB in {wall:.2f} s)"
+    say(f"(3) {args.readers} concurrent readers, one partition each, cold")
+    say(f"    errors                                   {len(errors)}{shown}")
+    say(f"    aggregate                                {mib_s(total, wall)} {amount}")
+    say(f"    slowest reader                           {max(t for _, t, _ in results):.2f} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=float, default=256, help="MiB in the sequential partition")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--readers", type=int, default=64)
+    parser.add_argument("--readers-mib", type=float, default=2, help="MiB per reader partition")
+    parser.add_argument("--ttfb", type=int, default=1000, help="requests for time to first byte")
+    parser.add_argument("--keep", action="store_true")
+    args = parser.parse_args()
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,375 @@
+"""The read path's caches on fake data: the disk chunk cache (LRU within a byte budget, single
+flight, failures never cached, read-ahead, deadlines, restart) and the memory cache."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+import pytest
+
+from sidecar.errors import KeyNotFoundError, StorageError
+from sidecar.observability.metrics import Metrics
+from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
+from sidecar.readserver.errors import RemoteDataError, StorageTimeoutError
+from sidecar.storage.memory import MemoryObjectStore
+
+CHUNK = 1024
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+def _disk_bytes(directory: Path) -> int:
+    total = 0
+    for path in _files(directory):
+        with contextlib.suppress(FileNotFoundError):  # a .tmp renamed meanwhile
+            total += path.stat().st_size
+    return total
+
+
+async def _store(**objects: bytes) -> MemoryObjectStore:
+    store = MemoryObjectStore()
+    for key, body in objects.items():
+        await store.put(key, body)
+    return store
+
+
+def _cache(store: MemoryObjectStore, directory: Path, **kwargs: object) -> ChunkCache:
+    options: dict[str, object] = {
+        "objects": store,
+        "directory": directory,
+        "max_bytes": 4 * CHUNK,
+        "chunk_size": CHUNK,
+        "readahead_chunks": 0,
+        "fetch_timeout_s": 5.0,
+    }
+    options.update(kwargs)
+    return ChunkCache(**options)  # type: ignore[arg-type]
+
+
+class _Gate:
+    """An object store whose get_range waits until released (no sleeps: an Event)."""
+
+    def __init__(self, inner: MemoryObjectStore) -> None:
+        self.inner = inner
+        self.release = asyncio.Event()
+        self.entered = 0
+        self.waiting = asyncio.Event()
+
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+        self.entered += 1
+        self.waiting.set()
+        await self.release.wait()
+        return await self.inner.get_range(key, start, end_inclusive)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class TestChunkCacheReads:
+    """Reads return the object's bytes, from S3 once and then from disk."""
+
+    async def test_read_returns_the_bytes_and_caches_them(self, tmp_path):
+        """A read inside one chunk returns those bytes; the second read is a disk hit."""
+        body = os.urandom(3 * CHUNK + 100)
+        store = await _store(obj=body)
+        metrics = Metrics()
+        async with _cache(store, tmp_path, metrics=metrics) as cache:
+            obj = ObjectRef("obj", len(body))
+            assert body[10:500] == await cache.read(obj, 10, 490)
+            assert body[100:200] == await cache.read(obj, 100, 100)
+            assert body[3 * CHUNK : 3 * CHUNK + 100] == await cache.read(obj, 3 * CHUNK, 100)
+            await cache.idle()
+            assert store.calls["get_range"] == 2
+            assert cache.cached_chunks == 2
+            assert cache.cached_bytes == CHUNK + 100
+        lookups = {
+            s.labels["result"]: s.value
+            for s in metrics.read_cache_lookups.collect()[0].samples
+            if s.name.endswith("_total")
+        }
+        assert {k: v for k, v in lookups.items() if v} == {"hit": 1.0, "miss": 2.0}
+
+    async def test_a_range_across_chunks_is_refused(self, tmp_path):
+        """A range that crosses a chunk boundary is the caller's bug: ValueError."""
+        store = await _store(obj=bytes(3 * CHUNK))
+        async with _cache(store, tmp_path) as cache:
+            with pytest.raises(ValueError, match="one chunk"):
+                await cache.read(ObjectRef("obj", 3 * CHUNK), CHUNK - 10, 20)
+
+    async def test_short_object_is_remote_data_error(self, tmp_path):
+        """An object shorter than its metadata says is never cached as if it were whole."""
+        store = await _store(obj=bytes(CHUNK + 10))
+        async with _cache(store, tmp_path) as cache:
+            with pytest.raises(RemoteDataError, match="shorter"):
+                await cache.read(ObjectRef("obj", 2 * CHUNK), CHUNK, 100)
+            await cache.idle()
+            assert cache.cached_chunks == 0
+
+    async def test_vanished_file_is_fetched_again(self, tmp_path):
+        """A chunk file removed behind the cache's back is fetched from S3 again."""
+        body = os.urandom(CHUNK)
+        store = await _store(obj=body)
+        async with _cache(store, tmp_path, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", CHUNK)
+            await cache.read(obj, 0, 10)
+            await cache.idle()
+            for path in _files(tmp_path):
+                path.unlink()
+            assert body[5:50] == await cache.read(obj, 5, 45)
+            assert store.calls["get_range"] == 2
+
+
+class TestChunkCacheEviction:
+    """The disk holds at most max_bytes; the least recently used chunk goes first."""
+
+    async def test_lru_chunk_is_evicted_within_the_byte_budget(self, tmp_path):
+        """Reading a fifth chunk into a four-chunk budget evicts the least recently used."""
+        body = os.urandom(6 * CHUNK)
+        store = await _store(obj=body)
+        metrics = Metrics()
+        async with _cache(store, tmp_path, metrics=metrics) as cache:
+            obj = ObjectRef("obj", len(body))
+            for index in range(4):
+                await cache.read(obj, index * CHUNK, 1)
+            await cache.idle()
+            await cache.read(obj, 0, 1)  # chunk 0 is now the most recently used
+            await cache.read(obj, 4 * CHUNK, 1)
+            await cache.idle()
+            assert [cache.is_cached(obj, i) for i in range(5)] == [True, False, True, True, True]
+            assert 4 * CHUNK == cache.cached_bytes == _disk_bytes(tmp_path)
+            assert metrics.read_cache_evictions._value.get() == 1.0
+            # the evicted chunk is fetched again, and still correct
+            assert body[CHUNK : CHUNK + 7] == await cache.read(obj, CHUNK, 7)
+            assert store.calls["get_range"] == 6
+
+    async def test_disk_never_exceeds_the_budget(self, tmp_path):
+        """Many reads of many objects never leave more than max_bytes on disk."""
+        objects = {f"o{i}": os.urandom(3 * CHUNK) for i in range(5)}
+        store = await _store(**objects)
+        async with _cache(store, tmp_path, max_bytes=5 * CHUNK) as cache:
+            for key, body in objects.items():
+                for index in range(3):
+                    obj = ObjectRef(key, len(body))
+                    assert body[index * CHUNK] == (await cache.read(obj, index * CHUNK, 1))[0]
+                    assert _disk_bytes(tmp_path) <= 5 * CHUNK
+            assert cache.cached_bytes == 5 * CHUNK
+
+    async def test_reopen_keeps_chunks_and_drops_partial_files(self, tmp_path):
+        """A reopened cache serves the chunks on disk, removes .tmp leftovers and evicts down to
+        a smaller budget."""
+        body = os.urandom(4 * CHUNK)
+        store = await _store(obj=body)
+        obj = ObjectRef("obj", len(body))
+        async with _cache(store, tmp_path) as cache:
+            for index in range(4):
+                await cache.read(obj, index * CHUNK, 1)
+        leftover = _files(tmp_path)[0].with_name("junk.chunk.tmp")
+        leftover.write_bytes(b"partial")
+        async with _cache(store, tmp_path, max_bytes=2 * CHUNK) as cache:
+            assert not leftover.exists()
+            assert cache.cached_chunks == 2
+            assert _disk_bytes(tmp_path) == 2 * CHUNK
+            cached = [i for i in range(4) if cache.is_cached(obj, i)]
+            for index in cached:
+                assert body[index * CHUNK : index * CHUNK + 9] == await cache.read(
+                    obj, index * CHUNK, 9
+                )
+        assert store.calls["get_range"] == 4
+
+    async def test_budget_below_one_chunk_is_refused(self, tmp_path):
+        """A budget that cannot hold one chunk is a configuration error."""
+        with pytest.raises(ValueError, match="one chunk"):
+            _cache(MemoryObjectStore(), tmp_path, max_bytes=CHUNK - 1)
+
+
+class TestChunkCacheSingleFlight:
+    """Concurrent reads of one chunk share one GET; a failure is never cached."""
+
+    async def test_concurrent_reads_share_one_get(self, tmp_path):
+        """Twenty readers of one chunk wait for the same GET and get the same bytes."""
+        body = os.urandom(2 * CHUNK)
+        gate = _Gate(await _store(obj=body))
+        metrics = Metrics()
+        async with _cache(gate, tmp_path, metrics=metrics) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", len(body))
+            readers = [asyncio.create_task(cache.read(obj, CHUNK + i, 10)) for i in range(20)]
+            await gate.waiting.wait()
+            gate.release.set()
+            results = await asyncio.gather(*readers)
+        assert [body[CHUNK + i : CHUNK + i + 10] for i in range(20)] == results
+        assert gate.entered == 1
+        joined = metrics.read_cache_lookups.labels("joined")._value.get()
+        assert joined == 19.0
+
+    async def test_failure_reaches_every_waiter_and_is_not_cached(self, tmp_path):
+        """A failed GET fails every reader waiting on it; the next read fetches again."""
+        body = os.urandom(CHUNK)
+        store = await _store(obj=body)
+        store.fail_next("get_range", StorageError("S3 is down"))
+        async with _cache(store, tmp_path) as cache:
+            obj = ObjectRef("obj", CHUNK)
+            results = await asyncio.gather(
+                *(cache.read(obj, i, 1) for i in range(5)), return_exceptions=True
+            )
+            assert all(isinstance(r, StorageError) for r in results)
+            assert store.calls["get_range"] == 1
+            assert cache.cached_chunks == 0
+            assert body[:4] == await cache.read(obj, 0, 4)
+            assert store.calls["get_range"] == 2
+
+    async def test_missing_object_is_not_cached(self, tmp_path):
+        """KeyNotFoundError goes to the reader and leaves nothing behind."""
+        async with _cache(MemoryObjectStore(), tmp_path) as cache:
+            with pytest.raises(KeyNotFoundError):
+                await cache.read(ObjectRef("nope", 10), 0, 10)
+            await cache.idle()
+            assert _files(tmp_path) == []
+
+    async def test_cancelled_reader_does_not_cancel_the_shared_get(self, tmp_path):
+        """One waiter giving up does not cancel the GET the others wait for."""
+        body = os.urandom(CHUNK)
+        gate = _Gate(await _store(obj=body))
+        async with _cache(gate, tmp_path) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", CHUNK)
+            quitter = asyncio.create_task(cache.read(obj, 0, 1))
+            stayer = asyncio.create_task(cache.read(obj, 1, 1))
+            await gate.waiting.wait()
+            quitter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await quitter
+            gate.release.set()
+            assert body[1:2] == await stayer
+            assert cache.is_cached(obj, 0)
+
+    async def test_get_past_its_deadline_is_a_timeout(self, tmp_path):
+        """A GET that does not finish within fetch_timeout_s is StorageTimeoutError."""
+        gate = _Gate(await _store(obj=bytes(CHUNK)))
+        async with _cache(gate, tmp_path, fetch_timeout_s=0.05) as cache:  # type: ignore[arg-type]
+            with pytest.raises(StorageTimeoutError, match="took more than"):
+                await cache.read(ObjectRef("obj", CHUNK), 0, 1)
+            await cache.idle()
+            assert cache.cached_chunks == 0
+
+
+class TestChunkCacheReadAhead:
+    """A read starts GETs of the next chunks, into the following object past the end."""
+
+    async def test_read_ahead_fetches_the_next_chunks(self, tmp_path):
+        """Reading chunk 0 with two chunks of read-ahead caches chunks 1 and 2, not 3."""
+        body = os.urandom(5 * CHUNK)
+        store = await _store(obj=body)
+        async with _cache(store, tmp_path, readahead_chunks=2, max_bytes=8 * CHUNK) as cache:
+            obj = ObjectRef("obj", len(body))
+            await cache.read(obj, 0, 10)
+            await cache.idle()
+            assert [cache.is_cached(obj, i) for i in range(5)] == [True, True, True, False, False]
+            before = store.calls["get_range"]
+            assert body[2 * CHUNK : 2 * CHUNK + 5] == await cache.read(
+                obj, 2 * CHUNK, 5, readahead=False
+            )
+            assert before == store.calls["get_range"]
+
+    async def test_read_ahead_continues_into_the_follow_object(self, tmp_path):
+        """At an object's last chunk, read-ahead goes on into the next segment's first chunks."""
+        store = await _store(a=os.urandom(CHUNK + 1), b=os.urandom(3 * CHUNK))
+        async with _cache(store, tmp_path, readahead_chunks=2) as cache:
+            a, b = ObjectRef("a", CHUNK + 1), ObjectRef("b", 3 * CHUNK)
+            await cache.read(a, CHUNK, 1, follow=b)
+            await cache.idle()
+            assert [cache.is_cached(b, i) for i in range(3)] == [True, True, False]
+
+    async def test_read_ahead_stops_at_the_limit(self, tmp_path):
+        """With a limit, read-ahead fetches only chunks that start before it."""
+        store = await _store(obj=os.urandom(6 * CHUNK))
+        async with _cache(store, tmp_path, readahead_chunks=4, max_bytes=8 * CHUNK) as cache:
+            obj = ObjectRef("obj", 6 * CHUNK)
+            await cache.read(obj, 0, 1, readahead_limit=2 * CHUNK + 1)
+            await cache.idle()
+            assert [cache.is_cached(obj, i) for i in range(4)] == [True, True, True, False]
+
+    async def test_failed_read_ahead_is_only_counted(self, tmp_path):
+        """A read-ahead GET that fails is counted and forgotten; a later read fetches again."""
+        body = os.urandom(2 * CHUNK)
+        store = await _store(obj=body)
+        metrics = Metrics()
+        async with _cache(store, tmp_path, readahead_chunks=1, metrics=metrics) as cache:
+            obj = ObjectRef("obj", len(body))
+            # the read-ahead task of chunk 1 starts before the demand GET of chunk 0 and meets
+            # the fault (tasks run in the order they were created)
+            store.fail_next("get_range", StorageError("flaky"))
+            assert body[:3] == await cache.read(obj, 0, 3)
+            await cache.idle()
+            assert metrics.read_fetches.labels("prefetch", "error")._value.get() == 1.0
+            assert not cache.is_cached(obj, 1)
+            assert body[CHUNK : CHUNK + 3] == await cache.read(obj, CHUNK, 3)
+            assert store.calls["get_range"] == 3
+
+    async def test_close_cancels_gets_in_flight(self, tmp_path):
+        """Closing the cache cancels its GETs and later reads raise RuntimeError."""
+        gate = _Gate(await _store(obj=bytes(CHUNK)))
+        cache = _cache(gate, tmp_path)  # type: ignore[arg-type]
+        await cache.open()
+        reader = asyncio.create_task(cache.read(ObjectRef("obj", CHUNK), 0, 1))
+        await gate.waiting.wait()
+        await cache.aclose()
+        await cache.aclose()  # idempotent
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        with pytest.raises(RuntimeError, match="closed"):
+            await cache.read(ObjectRef("obj", CHUNK), 0, 1)
+
+
+class TestMemoryCache:
+    """Parsed objects in memory: LRU by weight, single flight, failures not cached."""
+
+    async def test_values_are_cached_within_the_weight(self):
+        """Loads are cached; over the weight, the least recently used value goes."""
+        cache: MemoryCache[str, bytes] = MemoryCache(max_weight=10)
+        loads: list[str] = []
+
+        def loader(key: str, size: int):
+            async def load() -> bytes:
+                loads.append(key)
+                return bytes(size)
+
+            return load
+
+        for key in ("a", "b", "a", "c"):
+            await cache.get(key, loader(key, 4), len)
+        assert loads == ["a", "b", "c"]
+        assert "a" in cache
+        assert "c" in cache
+        assert "b" not in cache
+        assert cache.weight == 8
+        await cache.get("big", loader("big", 11), len)  # heavier than the cache: not kept
+        assert "big" not in cache
+        await cache.aclose()
+
+    async def test_concurrent_loads_share_one_call_and_failures_are_not_cached(self):
+        """Concurrent gets share one load; a failed load is retried by the next get."""
+        cache: MemoryCache[str, int] = MemoryCache(max_weight=100)
+        release = asyncio.Event()
+        calls = 0
+
+        async def load() -> int:
+            nonlocal calls
+            calls += 1
+            await release.wait()
+            if calls == 1:
+                raise StorageError("boom")
+            return 42
+
+        first = [asyncio.create_task(cache.get("k", load, lambda _: 1)) for _ in range(5)]
+        release.set()
+        results = await asyncio.gather(*first, return_exceptions=True)
+        assert all(isinstance(r, StorageError) for r in results)
+        assert calls == 1
+        assert await cache.get("k", load, lambda _: 1) == 42
+        assert await cache.get("k", load, lambda _: 1) == 42
+        assert calls == 2
+        await cache.aclose()

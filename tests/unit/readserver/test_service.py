@@ -1,0 +1,370 @@
+"""The read engine on fake tiered data: every offset served from the right segment along the
+leader-epoch lineage (no duplicates, no gaps), whole CRC-checked batches, timestamps, byte ranges,
+indexes, and the errors of each."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from sidecar.kafka.checkpoints import (
+    EpochEntry,
+    format_leader_epoch_checkpoint,
+    format_partition_metadata,
+)
+from sidecar.kafka.indexes import AbortedTxn
+from sidecar.kafka.records import Compression, Record, decode_records
+from sidecar.metadata.events import TopicIdPartition
+from sidecar.readserver.cache import ChunkCache, MemoryCache
+from sidecar.readserver.errors import (
+    AmbiguousTopicError,
+    IndexNotFoundError,
+    OffsetOutOfRangeError,
+    RangeNotSatisfiableError,
+    RemoteDataError,
+    UnknownPartitionError,
+    UnknownSegmentError,
+    UnknownTopicError,
+)
+from sidecar.readserver.service import Batch, ReadService, decode_batch
+from sidecar.storage.keys import ObjectSuffix
+from sidecar.storage.manifest import IndexKind
+from tests.unit.readserver._tiered import (
+    BASE_TS,
+    LAYOUT,
+    TP,
+    data_batches,
+    three_segments,
+)
+
+
+async def _collect(service: ReadService, tp: TopicIdPartition, offset: int, max_bytes: int):
+    stream = await service.batches(tp, offset, max_bytes)
+    return [batch async for batch in stream]
+
+
+def _data(batches: list[Batch], offset: int) -> list[Record]:
+    return [
+        r
+        for b in batches
+        if not b.header.is_control
+        for r in decode_records(b.tobytes())
+        if r.offset >= offset
+    ]
+
+
+class TestRecordsByOffset:
+    """Batches from the one holding the offset, across segments, byte for byte."""
+
+    async def test_every_offset_starts_with_the_batch_that_holds_it(self, remote, service):
+        """For every tiered offset, the first batch holds it and the records from there on
+        equal what the broker wrote."""
+        expected = await three_segments(remote)
+        by_offset = {r.offset: i for i, r in enumerate(expected)}
+        last = remote.segments[-1].end_offset
+        for offset in range(last + 1):
+            batches = await _collect(service, TP, offset, 4096)
+            first = batches[0].header
+            assert first.base_offset <= offset <= first.last_offset
+            got = _data(batches, offset)
+            if offset in by_offset:
+                start = by_offset[offset]
+                assert got == expected[start : start + len(got)]
+                assert got
+            else:  # a control record's offset: the data after it
+                assert got[0].offset > offset
+
+    async def test_one_read_spans_segments_byte_for_byte(self, remote, service):
+        """With room for everything, the batches are the three .log files concatenated."""
+        await three_segments(remote)
+        batches = await _collect(service, TP, 0, 10**9)
+        assert b"".join(b.tobytes() for b in batches) == b"".join(remote.logs.values())
+
+    async def test_runs_are_the_same_bytes_as_batches(self, remote, service):
+        """The raw fast path (runs of batches) returns exactly the bytes of the per-batch path,
+        for every offset and several budgets, batches larger than a chunk included."""
+        await three_segments(remote)
+        end = remote.segments[-1].end_offset + 1
+        big = data_batches(end, 3, value_size=40_000)  # 200 KB batches over 64 KiB chunks
+        await remote.upload(end, [*big, *data_batches(end + 15, 4)])
+        last = remote.segments[-1].end_offset
+        for max_bytes in (1, 3000, 70_000, 10**9):
+            for offset in range(0, last + 1, 3 if max_bytes < 10**9 else 17):
+                batches = await _collect(service, TP, offset, max_bytes)
+                stream = await service.runs(TP, offset, max_bytes)
+                runs = [run async for run in stream]
+                assert b"".join(p for r in runs for p in r.pieces) == b"".join(
+                    b.tobytes() for b in batches
+                ), (offset, max_bytes)
+                assert runs[0].base_offset == batches[0].header.base_offset
+                assert runs[-1].next_offset == batches[-1].header.next_offset
+
+    async def test_max_bytes_returns_whole_batches_and_at_least_one(self, remote, service):
+        """max_bytes bounds the batches (never cut); 1 byte still returns one batch."""
+        await three_segments(remote)
+        one = await _collect(service, TP, 7, 1)
+        assert len(one) == 1
+        some = await _collect(service, TP, 0, 5000)
+        assert sum(b.header.size for b in some) <= 5000
+        more = await _collect(service, TP, 0, 5000 + some[-1].header.size)
+        assert len(more) > len(some)
+
+    async def test_offset_outside_the_tiered_range_is_416_with_the_range(self, remote, service):
+        """Offsets past the end carry the available range; nothing tiered carries None."""
+        with pytest.raises(OffsetOutOfRangeError) as nothing:
+            await service.batches(TP, 0, 100)
+        assert nothing.value.details["available"] is None
+        await three_segments(remote)
+        end = remote.segments[-1].end_offset
+        with pytest.raises(OffsetOutOfRangeError) as past:
+            await service.batches(TP, end + 1, 100)
+        assert past.value.details["available"] == {"start_offset": 0, "end_offset": end}
+        assert past.value.status == 416
+
+    async def test_without_a_manifest_the_segment_is_scanned_from_its_start(self, remote, service):
+        """A segment whose manifest is missing is still served (scanned from byte 0)."""
+        await remote.upload(0, data_batches(0, 20), manifest=False)
+        batches = await _collect(service, TP, 57, 1)
+        assert batches[0].header.base_offset <= 57 <= batches[0].header.last_offset
+
+    async def test_corrupt_remote_bytes_are_never_served(self, remote, service):
+        """A flipped byte in S3 makes the batch that holds it an error, not data."""
+        segment = await remote.upload(0, data_batches(0, 10))
+        key = LAYOUT.segment_key(
+            topic=TP.topic,
+            topic_id=TP.topic_id,
+            partition=0,
+            base_offset=0,
+            segment_id=segment.segment_id.id,
+            suffix=ObjectSuffix.LOG,
+        )
+        body = bytearray(remote.objects.objects[key])
+        body[100] ^= 0xFF  # inside the first batch's records
+        await remote.objects.put(key, bytes(body))
+        with pytest.raises(RemoteDataError, match="CRC"):
+            await _collect(service, TP, 0, 10**9)
+
+    async def test_a_second_copy_of_a_segment_is_read_once(self, remote, service):
+        """Two FINISHED copies of one segment (a retried copy): every record exactly once."""
+        batches = data_batches(0, 10)
+        await remote.upload(0, batches)
+        await remote.upload(0, batches)
+        await remote.upload(50, data_batches(50, 10))
+        got = _data(await _collect(service, TP, 0, 10**9), 0)
+        assert [r.offset for r in got] == list(range(100))
+        spans = await service.spans(TP)
+        assert [(s.start_offset, s.end_offset) for s in spans] == [(0, 49), (50, 99)]
+
+    async def test_a_stale_leaders_copy_outside_the_lineage_is_not_served(self, remote, service):
+        """Epoch 0 wrote 0..49 then a stale leader kept writing epoch 0 to 99 (copied); the new
+        leader's epoch 1 starts at 50. Offsets 50..99 come from epoch 1's segment only."""
+        await remote.upload(0, data_batches(0, 10, epoch=0))
+        await remote.upload(50, data_batches(50, 10, epoch=0, tag=b"STALE"))
+        await remote.upload(50, data_batches(50, 10, epoch=1, tag=b"TRUE"))
+        got = _data(await _collect(service, TP, 0, 10**9), 0)
+        assert [r.offset for r in got] == list(range(100))
+        assert all(r.value.startswith(b"TRUE") for r in got[50:])
+
+    async def test_overlapping_copies_switch_segments_at_the_boundary(self, remote, service):
+        """A new leader's segment 40..99 overlaps 0..49: 0..39 come from the first, the rest from
+        the second, each offset once."""
+        await remote.upload(0, data_batches(0, 10, tag=b"A"))
+        second = [*data_batches(40, 2, tag=b"B"), *data_batches(50, 10, epoch=1, tag=b"B")]
+        await remote.upload(40, second)
+        got = _data(await _collect(service, TP, 0, 10**9), 0)
+        assert [r.offset for r in got] == list(range(100))
+        assert {r.value[:1] for r in got[:40]} == {b"A"}
+        assert {r.value[:1] for r in got[40:]} == {b"B"}
+        from_middle = _data(await _collect(service, TP, 45, 10**9), 45)
+        assert [r.offset for r in from_middle] == list(range(45, 100))
+
+    async def test_the_brokers_checkpoint_decides_the_lineage(self, remote, chunks, tmp_path):
+        """With the broker's leader-epoch checkpoint (epoch 1 from 50), a stale epoch-0 copy of
+        50..99 is not served even when no epoch-1 segment is tiered yet."""
+        await remote.upload(0, data_batches(0, 10, epoch=0))
+        await remote.upload(50, data_batches(50, 10, epoch=0, tag=b"STALE"))
+        log_dir = tmp_path / "logs"
+        partition_dir = log_dir / f"{TP.topic}-{TP.partition}"
+        partition_dir.mkdir(parents=True)
+        (partition_dir / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
+        (partition_dir / "leader-epoch-checkpoint").write_bytes(
+            format_leader_epoch_checkpoint([EpochEntry(0, 0), EpochEntry(1, 50)])
+        )
+        service = ReadService(
+            store=remote.store,
+            objects=remote.objects,
+            layout=LAYOUT,
+            chunks=chunks,
+            log_dirs=[log_dir],
+            lineage_ttl_s=0.0,
+        )
+        try:
+            assert await service.tiered_range(TP) == (0, 49)
+            with pytest.raises(OffsetOutOfRangeError):
+                await service.batches(TP, 50, 100)
+            # a checkpoint the broker truncated from the start (local retention) still lets the
+            # older tiered offsets be served from the derived lineage
+            (partition_dir / "leader-epoch-checkpoint").write_bytes(
+                format_leader_epoch_checkpoint([EpochEntry(1, 50)])
+            )
+            assert await service.tiered_range(TP) == (0, 49)
+        finally:
+            await service.aclose()
+
+
+class TestTimestamps:
+    """Kafka's findOffsetByTimestamp over the tiered segments."""
+
+    async def test_first_record_at_or_after_each_timestamp(self, remote, service):
+        """For timestamps between and at records, the answer is the first record at or after."""
+        expected = await three_segments(remote)
+        for target in (0, BASE_TS, BASE_TS + 5, BASE_TS + 10 * 61, BASE_TS + 901, BASE_TS + 904):
+            answer = await service.offset_for_timestamp(TP, target)
+            assert answer is not None
+            best = min(
+                (r for r in expected if r.timestamp >= target), key=lambda r: r.offset, default=None
+            )
+            if target == BASE_TS + 901:  # the commit marker is the first record there
+                assert (answer.offset, answer.timestamp) == (81, BASE_TS + 901)
+                continue
+            assert best is not None
+            assert (answer.offset, answer.timestamp) == (best.offset, best.timestamp)
+
+    async def test_a_timestamp_after_every_record_has_no_offset(self, remote, service):
+        """Later than every tiered record: None."""
+        expected = await three_segments(remote)
+        latest = max(r.timestamp for r in expected)
+        assert await service.offset_for_timestamp(TP, latest + 1) is None
+
+
+class TestSegmentsAndIndexes:
+    """fetchLogSegment and fetchIndex semantics."""
+
+    async def test_byte_ranges_are_inclusive_and_clamped(self, remote, service):
+        """start..end is inclusive, an end past the object is clamped, no end = to the end."""
+        segment = await remote.upload(0, data_batches(0, 40))
+        log = remote.logs[segment.segment_id.id]
+        sid = segment.segment_id.id
+        for start, end in ((0, 0), (10, 99_999), (1000, None), (len(log) - 1, None)):
+            stream = await service.segment_range(TP, sid, start, end)
+            data = b"".join([bytes(p) async for p in stream])
+            stop = len(log) if end is None else min(end + 1, len(log))
+            assert data == log[start:stop]
+            assert stream.length == len(data)
+
+    async def test_ranges_outside_the_segment_are_416(self, remote, service):
+        """A start at or past the end, or an end before the start, is not satisfiable."""
+        segment = await remote.upload(0, data_batches(0, 4))
+        size = segment.segment_size_in_bytes
+        for start, end in ((size, None), (10, 9)):
+            with pytest.raises(RangeNotSatisfiableError) as caught:
+                await service.segment_range(TP, segment.segment_id.id, start, end)
+            assert caught.value.details == {"size": size}
+
+    async def test_unfinished_and_unknown_segments_are_404(self, remote, service):
+        """Only COPY_SEGMENT_FINISHED segments are readable."""
+        started = await remote.upload(0, data_batches(0, 4), finish=False)
+        with pytest.raises(UnknownSegmentError, match="COPY_SEGMENT_STARTED"):
+            await service.segment_range(TP, started.segment_id.id, 0, None)
+        with pytest.raises(UnknownSegmentError):
+            await service.index(TP, uuid.uuid4(), IndexKind.OFFSET_INDEX)
+
+    async def test_indexes_are_byte_exact_and_an_absent_txn_index_is_404(self, remote, service):
+        """Each index comes back as uploaded; no transaction index is IndexNotFoundError."""
+        plain = await remote.upload(0, data_batches(0, 10))
+        aborted = AbortedTxn(0, 8, 52, 53, 52)
+        with_txn = await remote.upload(50, data_batches(50, 10), aborted=[aborted])
+        offset_index = await service.index(TP, plain.segment_id.id, IndexKind.OFFSET_INDEX)
+        assert len(offset_index) % 8 == 0
+        assert offset_index
+        checkpoint = await service.index(TP, plain.segment_id.id, IndexKind.LEADER_EPOCH_CHECKPOINT)
+        assert checkpoint == b"0\n1\n0 0\n"
+        with pytest.raises(IndexNotFoundError):
+            await service.index(TP, plain.segment_id.id, IndexKind.TXN_INDEX)
+        txn = await service.index(TP, with_txn.segment_id.id, IndexKind.TXN_INDEX)
+        assert len(txn) == 34
+
+    async def test_a_corrupt_index_object_is_remote_data_error(self, remote, service):
+        """Index bytes that do not match the manifest's CRC-32C are never used."""
+        segment = await remote.upload(0, data_batches(0, 10))
+        key = LAYOUT.segment_key(
+            topic=TP.topic,
+            topic_id=TP.topic_id,
+            partition=0,
+            base_offset=0,
+            segment_id=segment.segment_id.id,
+            suffix=ObjectSuffix.INDEXES,
+        )
+        body = bytearray(remote.objects.objects[key])
+        body[3] ^= 0x01
+        await remote.objects.put(key, bytes(body))
+        with pytest.raises(RemoteDataError, match="CRC-32C"):
+            await service.index(TP, segment.segment_id.id, IndexKind.OFFSET_INDEX)
+
+
+class TestResolve:
+    """Topic names become topic ids from the store."""
+
+    async def test_unknown_topic_and_partition(self, remote, service):
+        """An unknown name is unknown_topic; a missing partition lists the known ones."""
+        await remote.upload(0, data_batches(0, 2))
+        assert await service.resolve("orders", 0) == TP
+        with pytest.raises(UnknownTopicError):
+            await service.resolve("nope", 0)
+        with pytest.raises(UnknownPartitionError) as caught:
+            await service.resolve("orders", 3)
+        assert caught.value.details == {"partitions": [0]}
+
+    async def test_a_name_with_two_topic_ids_is_ambiguous_unless_given(self, remote, service):
+        """A re-created topic with data under both ids needs topic_id."""
+        other = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
+        await remote.upload(0, data_batches(0, 2))
+        await remote.upload(0, data_batches(0, 2), tp=other)
+        with pytest.raises(AmbiguousTopicError) as caught:
+            await service.resolve("orders", 0)
+        assert len(caught.value.details["topic_ids"]) == 2
+        assert await service.resolve("orders", 0, other.topic_id) == other
+
+
+class TestDecode:
+    """decode_batch turns a served batch into records."""
+
+    async def test_decoded_records_keep_headers_and_timestamps(self, remote, service):
+        """Keys, values, headers (a null header value too) and timestamps survive."""
+        await remote.upload(0, data_batches(0, 1, codec=Compression.LZ4))
+        (batch,) = await _collect(service, TP, 0, 1)
+        records = decode_batch(batch)
+        assert records[2].key == b"key-2"
+        assert records[2].headers == [("n", b"2"), ("null", None)]
+        assert records[2].timestamp == BASE_TS + 20
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    """Where a second cache may live."""
+    return tmp_path / "cache2"
+
+
+class TestSmallIndexCache:
+    """A memory cache too small for the indexes still serves correctly."""
+
+    async def test_reads_work_with_a_zero_byte_index_cache(self, remote, cache_dir):
+        """With no room for indexes they are loaded per read, and reads stay correct."""
+        expected = await three_segments(remote)
+        async with ChunkCache(
+            objects=remote.objects, directory=cache_dir, max_bytes=1 << 20, chunk_size=4096
+        ) as chunks:
+            service = ReadService(
+                store=remote.store,
+                objects=remote.objects,
+                layout=LAYOUT,
+                chunks=chunks,
+                indexes=MemoryCache(max_weight=0),
+            )
+            try:
+                got = _data(await _collect(service, TP, 0, 10**9), 0)
+            finally:
+                await service.aclose()
+        assert got == expected
