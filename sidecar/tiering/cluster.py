@@ -13,6 +13,7 @@ too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -271,6 +272,27 @@ class ClusterWatcher:
         if self._on_refresh is not None:
             self._on_refresh(self.view)
         return self.view
+
+    async def fetch_lso(self, topic: str, partition: int) -> int | None:
+        """One partition's LSO now (one ListOffsets, read_committed), merged into the view;
+        None when Kafka does not answer (the periodic refresh reports that)."""
+        from aiokafka import TopicPartition
+        from aiokafka.errors import KafkaError
+
+        tp = TopicPartition(topic, partition)
+        try:
+            _, consumer = await self._clients()
+            ends = await consumer.end_offsets([tp])
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.debug("lso_fetch_failed", topic=topic, partition=partition, error=str(exc))
+            return None
+        lso = int(ends[tp])
+        view = self.view
+        if lso > view.last_stable_offsets.get((topic, partition), -1):
+            self.view = dataclasses.replace(
+                view, last_stable_offsets={**view.last_stable_offsets, (topic, partition): lso}
+            )
+        return lso
 
     def selected(self, topic: str) -> bool:
         return self._selector.selected(topic, self.view.configs.get(topic))

@@ -58,6 +58,9 @@ class Plan:
     highest_remote_offset: int
     waiting: str | None
     """Why the next candidate cannot go yet (not ready, at or above LSO, quarantined)."""
+    waiting_for_lso: bool = False
+    """The next candidate is rolled and ready but not below ``lso`` (a fresher LSO may free it)."""
+    lso: int | None = None
 
 
 def plan_partition(
@@ -93,6 +96,8 @@ def plan_partition(
             break
         if end >= lso:
             waiting = f"segment {segment.base_offset} ends at {end}, not below the LSO {lso}"
+            if not uploads:
+                return Plan((), highest, waiting, waiting_for_lso=True, lso=lso)
             break
         uploads.append(segment)
         if len(uploads) >= limit:

@@ -413,6 +413,19 @@ class TieringEngine:
                 highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
                 quarantined=self._quarantine.offsets(topic, partition),
             )
+            if not plan.uploads and plan.waiting_for_lso:
+                # the periodic LSO predates the roll: ask Kafka for this partition's LSO now
+                lso = await self._cluster.fetch_lso(topic, partition)
+                if lso is not None and lso != plan.lso:
+                    plan = await asyncio.to_thread(
+                        plan_partition,
+                        scan,
+                        lso=lso,
+                        highest_for_epoch=functools.partial(
+                            self._store.highest_offset_for_epoch, tip
+                        ),
+                        quarantined=self._quarantine.offsets(topic, partition),
+                    )
             if not plan.uploads:
                 return False
             segment = plan.uploads[0]

@@ -4,16 +4,19 @@
    ``sidecar run`` (a subprocess) vs a plain aiobotocore multipart upload of the same ``.log``
    files (default botocore settings, same part size, same number of parts in flight) and vs
    ``aws s3 cp`` (one process per file, as a per-segment hook would run it, and one
-   ``--recursive`` process for the whole set). Every contender runs ``--runs`` times,
+   ``--recursive`` process for the whole set); for reference also the sidecar's own S3 code
+   (``S3ObjectStore.put_file``) called in this process. Every contender runs ``--runs`` times,
    interleaved in rotating order; the bucket is emptied between runs; medians are reported.
    The sidecar's time is its tiering window: from the start of its first upload (the
    ``segment_tiered`` event's time minus its ``seconds``) to its last ``segment_tiered``, so
-   its startup (imports, Kafka clients, metadata topic, first scan) is not counted.
+   its startup (imports, Kafka clients, metadata topic, first scan, the new leader's handover
+   delay) is not counted.
 2. Roll -> COPY_SEGMENT_FINISHED latency beyond transfer time: with the sidecar running and caught
    up, a producer fills 1 MiB segments one at a time. For each segment: (COPY_SEGMENT_FINISHED
    read from the metadata topic by this script) - (the next segment's ``.log`` appeared, polled
    every 10 ms) - (a direct PUT of the same objects through the sidecar's own S3 client code,
-   made right after). The sidecar's log gives the breakdown (detected, upload started, logged).
+   made right after). Only rolls after the sidecar's first upload count. The sidecar's log
+   gives the breakdown (detected, upload started, logged).
 3. CPU-seconds per GiB of the sidecar process in its tiering window (``/proc/<pid>/stat``
    sampled every 20 ms and interpolated at the window's ends), its idle CPU once caught up, and
    its peak RSS (``VmHWM``).
@@ -22,6 +25,7 @@ Run from the repository root (needs java and the Kafka jars, as ``deploy/local/s
 
     .venv/bin/python tests/bench/bench_tiering.py                  # ~256 MiB, 3 runs
     .venv/bin/python tests/bench/bench_tiering.py --mib 64 --runs 1 --latency-segments 10
+    .venv/bin/python tests/bench/bench_tiering.py --sidecar-tree /tmp/patched   # a patched copy
 
 ``aws`` is installed on first use into its own virtualenv under
 ``~/.cache/kafka-tiered-sidecar/awscli-venv`` (awscli pins its own botocore, never in the
@@ -1178,7 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--part-mib", type=int, default=16, help="multipart part size")
     parser.add_argument(
-        "--uploads", type=int, default=2, help="segments at once (max_concurrent_uploads)"
+        "--uploads", type=int, default=4, help="segments at once (max_concurrent_uploads)"
     )
     parser.add_argument("--part-concurrency", type=int, default=2, help="parts at once per segment")
     parser.add_argument("--runs", type=int, default=3, help="runs of each contender (0: none)")

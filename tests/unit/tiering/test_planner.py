@@ -96,3 +96,15 @@ class TestPlanPartition:
         assert plan.uploads == ()
         assert plan.waiting is not None
         assert "quarantined" in plan.waiting
+
+
+class TestWaitingForLso:
+    def test_plan_says_when_only_the_lso_holds_it_back(self, tmp_path):
+        """A plan blocked by the LSO says so, so the engine can fetch a fresh LSO at once."""
+        scan = _scan(tmp_path)
+        blocked = plan_partition(scan, lso=5, highest_for_epoch=lambda e: None)
+        assert blocked.uploads == ()
+        assert blocked.waiting_for_lso
+        assert blocked.lso == 5
+        ready = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None)
+        assert not ready.waiting_for_lso
