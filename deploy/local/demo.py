@@ -245,6 +245,20 @@ def main() -> int:
         if mismatches:
             raise SystemExit(f"objects differ from the broker's files: {mismatches}")
         say("every tiered .log object is byte-identical to the broker's file")
+        say(
+            f"reading tiered records back through the read socket: `sidecar read --topic {TOPIC}"
+            " --partition 0 --offset 0 --count 3`"
+        )
+        read = subprocess.run(
+            [sys.executable, "-m", "sidecar", "read", "--config", str(config),
+             "--topic", TOPIC, "--partition", "0", "--offset", "0", "--count", "3"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        for line in read.stdout.splitlines():
+            print(f"    {line[:150]}")
+        if read.returncode != 0 or read.stdout.count("Offset: ") != 3:
+            raise SystemExit(f"sidecar read failed:\n{read.stdout}{read.stderr}")
+        say("3 tiered records read back from S3 through the read socket")
 
         _, metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
         say("metrics summary (/metrics):")

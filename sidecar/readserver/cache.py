@@ -255,18 +255,21 @@ class ChunkCache:
             raise ValueError(
                 f"range {start}+{length} is not within one chunk of {obj.key} ({obj.size} bytes)"
             )
-        if readahead and self.readahead_chunks:
-            self._read_ahead(obj, index, follow, readahead_limit)
+        ahead = readahead and self.readahead_chunks > 0
         name = self._name(obj.key, index)
         written = self._writing.get(name) or self._recent.get(name)
         if written is not None:
             if name in self._lru:
                 self._lru.move_to_end(name)
+            if ahead:
+                self._read_ahead(obj, index, follow, readahead_limit)
             self._count("hit")
             offset = start - chunk_start
             return memoryview(written)[offset : offset + length]
         if name in self._lru:
             self._lru.move_to_end(name)
+            if ahead:
+                self._read_ahead(obj, index, follow, readahead_limit)
             try:
                 data = await asyncio.to_thread(
                     _pread, self._path(name), start - chunk_start, length
@@ -280,9 +283,11 @@ class ChunkCache:
         task = self._inflight.get(name)
         if task is None:
             self._count("miss")
-            task = self._spawn(obj, index, "demand")
+            task = self._spawn(obj, index, "demand")  # before read-ahead: it is needed first
         else:
             self._count("joined")
+        if ahead:
+            self._read_ahead(obj, index, follow, readahead_limit)
         chunk = await asyncio.shield(task)
         offset = start - chunk_start
         return memoryview(chunk)[offset : offset + length]

@@ -8,8 +8,9 @@
    ``chunk_size`` at a time, in order: what a client reading the bucket itself would do), and
    whole-object GETs. Interleaved runs, medians.
 2. Warm read: the same read again with every chunk in the disk cache (records, and raw
-   ``segments/{id}/log`` ranges), in GiB/s; and the time to first byte of one-batch requests at
-   random offsets (a new connection each, ``Connection: close``), p50/p99.
+   ``segments/{id}/log`` ranges), in GiB/s, and one 64 MiB records response read by ``curl``
+   (when installed: the server without this script's Python client); and the time to first
+   byte of one-batch requests at random offsets (a new connection each), p50/p99.
 3. 64 concurrent readers, each on its own partition, cold: errors (must be none), aggregate
    throughput and the slowest reader.
 
@@ -127,23 +128,26 @@ async def read_server(root: Path, config: Path, env: dict[str, str], name: str):
         env=env,
     )
     assert proc.stdout is not None
-    lines: list[bytes] = []
-    while True:
-        line = await asyncio.wait_for(proc.stdout.readline(), 60)
-        lines.append(line)
-        if not line:
-            raise RuntimeError("read server exited:\n" + b"".join(lines).decode())
-        if b"read_server_listening" in line:
-            break
-    drain = asyncio.create_task(proc.stdout.read())
+    drain: asyncio.Task[bytes] | None = None
     try:
+        lines: list[bytes] = []
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            lines.append(line)
+            if not line:
+                raise RuntimeError("read server exited:\n" + b"".join(lines).decode())
+            if b"read_server_listening" in line:
+                break
+        drain = asyncio.create_task(proc.stdout.read())
         yield socket, proc.pid
     finally:
-        proc.terminate()
+        if proc.returncode is None:
+            proc.terminate()
         await proc.wait()
-        drain.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await drain
+        if drain is not None:
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
         shutil.rmtree(cache, ignore_errors=True)
 
 
@@ -254,6 +258,25 @@ async def ttfb(socket: Path, topic: str, offsets: list[int]) -> list[float]:
         writer.close()
         await writer.wait_closed()
     return found
+
+
+async def curl_records(socket: Path, topic: str, runs: int) -> tuple[int, float]:
+    """(bytes, seconds) of the fastest of ``runs`` 64 MiB records responses read by curl: the
+    server's side without this script's Python client."""
+    best: tuple[int, float] | None = None
+    url = f"http://localhost/v1/topics/{topic}/partitions/0/records?offset=0&max_bytes={64 * MiB}"
+    for _ in range(runs):
+        proc = await asyncio.create_subprocess_exec(
+            "curl", "-sS", "--unix-socket", str(socket), url, "-o", "/dev/null",
+            "-w", "%{size_download} %{time_total}", stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        size, seconds = out.decode().split()
+        found = (int(size), float(seconds))
+        if best is None or found[0] / found[1] > best[0] / best[1]:
+            best = found
+    assert best is not None
+    return best
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -411,6 +434,7 @@ async def run_bench(
                 t0 = time.perf_counter()
                 assert await read_ranges(http, "bench", 0, segments) == size
                 ranges.append(time.perf_counter() - t0)
+        curl = await curl_records(socket, "bench", args.runs) if shutil.which("curl") else None
         end = listing["tiered"]["end_offset"]
         rng = random.Random(5)
         offsets = [rng.randrange(0, end + 1) for _ in range(args.ttfb)]
@@ -420,6 +444,8 @@ async def run_bench(
     say(f"(2) warm cache ({size / MiB:.0f} MiB on disk), best of {args.runs}")
     say(f"    socket records                           {gib_s(size, min(warm))}   (goal >= 1)")
     say(f"    socket segment log ranges                {gib_s(size, min(ranges))}")
+    if curl is not None:
+        say(f"    socket records, curl, one 64 MiB response {gib_s(*curl)}")
     say(f"    time to first byte, {len(times)} one-batch requests, new connection each:")
     say(f"        p50 {p50:.2f} ms, p99 {p99:.2f} ms   (goal p99 <= 5 ms)")
 

@@ -28,6 +28,7 @@ def test_demo_runs_and_exits_zero(tmp_path):
     assert "kafka_tiered_sidecar_partitions_watched" in out
     assert "every tiered .log object is byte-identical to the broker's file" in out
     assert 'kafka_tiered_sidecar_segments_copied_total{topic="demo.orders"}' in out
+    assert "3 tiered records read back from S3 through the read socket" in out
     assert "sidecar stopped cleanly (exit 0)" in out
     assert "stack stopped" in out
     # the stack was stopped by PID: nothing it started is still running

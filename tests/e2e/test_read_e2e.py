@@ -278,14 +278,20 @@ async def _start_read_only(config: Path, env: dict[str, str], socket: Path, log:
         env=env,
     )
     assert proc.stdout is not None
-    with log.open("w") as out:
-        while True:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            out.write(line.decode())
-            if not line:
-                raise AssertionError(f"read server exited: see {log}")
-            if b"read_server_listening" in line:
-                return proc
+    listening = False
+    try:
+        with log.open("w") as out:
+            while not listening:
+                line = await asyncio.wait_for(proc.stdout.readline(), 60)
+                out.write(line.decode())
+                assert line, f"read server exited: see {log}"
+                listening = b"read_server_listening" in line
+    finally:
+        if not listening:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+    return proc
 
 
 async def test_reads_work_while_the_broker_is_stopped(s3, topic_name, tmp_path):
