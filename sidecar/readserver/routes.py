@@ -614,6 +614,12 @@ async def _send(
     metrics = request.app.get(METRICS_KEY)
     sent = 0
     await response.prepare(request)
+    if request.method == "HEAD":
+        # headers only: a body written after a HEAD response would corrupt the next response
+        # on a kept-alive connection
+        await pieces.aclose()
+        await response.write_eof()
+        return response
     pending: list[memoryview] = []
     pending_bytes = 0
     try:

@@ -265,6 +265,22 @@ class TestOtherEndpoints:
         status, error = await running.error(P + f"/segments/{sid}/indexes/transaction")
         assert (status, error["code"]) == (404, "index_not_found")
 
+    async def test_head_sends_headers_only(self, remote, running):
+        """HEAD on a byte range answers with headers and no body, so the next response on the
+        kept-alive connection is intact."""
+        segment = await remote.upload(0, data_batches(0, 30))
+        sid = encode_kafka_uuid(segment.segment_id.id)
+        for _ in range(3):
+            async with running.session.head(BASE + P + f"/segments/{sid}/log") as head:
+                assert head.status == 200
+                assert int(head.headers["Content-Length"]) == len(
+                    remote.logs[segment.segment_id.id]
+                )
+                assert await head.read() == b""
+            status, body, _ = await running.get(P + f"/segments/{sid}")
+            assert status == 200
+            assert json.loads(body)["state"] == "COPY_SEGMENT_FINISHED"
+
     async def test_offsets_for_timestamps(self, remote, running):
         """The first record at or after a timestamp, or nulls past the end."""
         await three_segments(remote)
