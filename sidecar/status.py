@@ -19,7 +19,7 @@ from sidecar.kafka.logdir import PartitionScan
 from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.tiering.cluster import ClusterView
-from sidecar.tiering.planner import plan_partition
+from sidecar.tiering.planner import segments_behind
 
 __all__ = ["partition_status", "render_status"]
 
@@ -41,7 +41,6 @@ def partition_status(
     rows = []
     for scan in sorted(views.values(), key=lambda s: (s.topic, s.partition)):
         key = (scan.topic, scan.partition)
-        rolled = [s for s in scan.segments if s.end_offset is not None]
         row: dict[str, Any] = {
             "topic": scan.topic,
             "partition": scan.partition,
@@ -71,13 +70,11 @@ def partition_status(
             if finished:
                 row["remote_start_offset"] = min(m.start_offset for m in finished)
                 row["remote_end_offset"] = max(m.end_offset for m in finished)
-            highest = plan_partition(
+            behind = segments_behind(
                 scan,
                 lso=cluster.lso(scan.topic, scan.partition),
                 highest_for_epoch=functools.partial(store.highest_offset_for_epoch, tip),
-                limit=0,
-            ).highest_remote_offset
-            behind = [s for s in rolled if s.end_offset is not None and s.end_offset > highest]
+            )
             row["lag_segments"] = len(behind)
             row["lag_bytes"] = sum(s.size for s in behind)
             oldest = min((s.max_timestamp_ms for s in behind if s.max_timestamp_ms), default=None)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from sidecar.kafka.checkpoints import EpochEntry
 from sidecar.kafka.logdir import PartitionScan, Segment
 
-__all__ = ["Plan", "find_highest_remote_offset", "plan_partition"]
+__all__ = ["Plan", "find_highest_remote_offset", "plan_partition", "segments_behind"]
 
 
 def find_highest_remote_offset(
@@ -103,3 +103,16 @@ def plan_partition(
         if len(uploads) >= limit:
             break
     return Plan(tuple(uploads), highest, waiting if not uploads else None)
+
+
+def segments_behind(
+    scan: PartitionScan,
+    *,
+    lso: int | None,
+    highest_for_epoch: Callable[[int], int | None],
+) -> list[Segment]:
+    """Copy lag: the rolled segments that end past the highest remote offset of the lineage."""
+    highest = plan_partition(
+        scan, lso=lso, highest_for_epoch=highest_for_epoch, limit=0
+    ).highest_remote_offset
+    return [s for s in scan.segments if s.end_offset is not None and s.end_offset > highest]

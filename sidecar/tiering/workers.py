@@ -54,7 +54,7 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.tiering.cluster import ClusterWatcher
-from sidecar.tiering.planner import plan_partition
+from sidecar.tiering.planner import plan_partition, segments_behind
 from sidecar.tiering.uploader import CorruptSegmentError, SegmentUploader
 
 __all__ = ["Quarantine", "TieringEngine"]
@@ -172,7 +172,6 @@ class TieringEngine:
         self._store = store
         self._tailer = tailer
         self._uploader = uploader
-        self._quarantine = quarantine
         self.quarantine = quarantine
         self._metrics = metrics
         self._settings = settings
@@ -318,15 +317,12 @@ class TieringEngine:
     ) -> None:
         """Copy lag: rolled segments past the highest remote offset (a few indexed queries)."""
         topic_lag = lag.setdefault(scan.topic, _Lag())
-        highest = plan_partition(
+        behind = segments_behind(
             scan,
             lso=lso,
             highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
-            limit=0,
-        ).highest_remote_offset
-        for segment in scan.segments:
-            if segment.end_offset is None or segment.end_offset <= highest:
-                continue
+        )
+        for segment in behind:
             topic_lag.segments += 1
             topic_lag.bytes += segment.size
             if segment.max_timestamp_ms is not None and (
@@ -341,7 +337,7 @@ class TieringEngine:
             self._metrics.copy_lag_bytes.labels(topic).set(lag.bytes)
             seconds = 0.0 if lag.oldest_ms is None else max(0.0, (now_ms - lag.oldest_ms) / 1000)
             self._metrics.copy_lag_seconds.labels(topic).set(seconds)
-        self._metrics.quarantined_segments.set(len(self._quarantine))
+        self._metrics.quarantined_segments.set(len(self.quarantine))
 
     def _scan_for(self, key: _PartitionKey) -> PartitionScan | None:
         for scan in self._views().values():
@@ -411,7 +407,7 @@ class TieringEngine:
                 scan,
                 lso=view.lso(topic, partition),
                 highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
-                quarantined=self._quarantine.offsets(topic, partition),
+                quarantined=self.quarantine.offsets(topic, partition),
             )
             if not plan.uploads and plan.waiting_for_lso:
                 # the periodic LSO predates the roll: ask Kafka for this partition's LSO now
@@ -424,7 +420,7 @@ class TieringEngine:
                         highest_for_epoch=functools.partial(
                             self._store.highest_offset_for_epoch, tip
                         ),
-                        quarantined=self._quarantine.offsets(topic, partition),
+                        quarantined=self.quarantine.offsets(topic, partition),
                     )
             if not plan.uploads:
                 return False
@@ -437,8 +433,8 @@ class TieringEngine:
                         scan, segment, may_continue=functools.partial(self._may_upload, key)
                     )
                 except CorruptSegmentError as exc:
-                    self._quarantine.add(topic, partition, segment.base_offset, str(exc))
-                    self._metrics.quarantined_segments.set(len(self._quarantine))
+                    self.quarantine.add(topic, partition, segment.base_offset, str(exc))
+                    self._metrics.quarantined_segments.set(len(self.quarantine))
                     self._metrics.upload_errors.labels("CorruptSegmentError").inc()
                     log.error(  # noqa: TRY400 - the error text is the report; no traceback needed
                         "segment_quarantined", base_offset=segment.base_offset, error=str(exc)
