@@ -62,6 +62,8 @@ __all__ = ["Quarantine", "TieringEngine"]
 log = get_logger(__name__)
 
 _PartitionKey = tuple[str, int]
+#: what copy lag is computed from, per partition: its scan, its id and its last stable offset
+_LagInput = tuple[PartitionScan, TopicIdPartition, int | None]
 
 
 class Quarantine:
@@ -183,6 +185,7 @@ class TieringEngine:
         self._waiting_for: set[uuid.UUID] = set()  # foreign copies already reported
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
+        self._lag_task: asyncio.Task[None] | None = None
         self.uploaded = 0
         #: (topic, partition) → (unix time, message) of the last failure; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
@@ -248,9 +251,9 @@ class TieringEngine:
             else:
                 log.info("tiering_resumed", after=self._paused)
             self._paused = paused
-        lag_by_topic: dict[str, _Lag] | None = None
-        if now >= self._next_lag_at:  # copy lag costs store queries: not on every wake-up
-            lag_by_topic = {}
+        lag_inputs: list[_LagInput] | None = None
+        if now >= self._next_lag_at and (self._lag_task is None or self._lag_task.done()):
+            lag_inputs = []  # copy lag costs store queries: not on every wake-up
             self._next_lag_at = now + self._settings.lag_interval_s
         tracked: set[int] = set()
         for scan in self._views().values():
@@ -269,8 +272,8 @@ class TieringEngine:
                 continue  # the previous leader's sidecar may not know yet
             if not self._tailer.caught_up(mp):
                 continue
-            if lag_by_topic is not None:
-                self._account_lag(lag_by_topic, scan, tip, view.lso(scan.topic, scan.partition))
+            if lag_inputs is not None:
+                lag_inputs.append((scan, tip, view.lso(scan.topic, scan.partition)))
             if worker is not None and not worker.task.done():
                 continue
             if worker is not None and now < worker.retry_at:
@@ -292,8 +295,23 @@ class TieringEngine:
         new = tracked - set(self._tailer.tracked)
         if new:
             self._tailer.track(new)
-        if lag_by_topic is not None:
-            self._publish_lag(lag_by_topic)
+        if lag_inputs is not None:
+            self._lag_task = tg.create_task(self._update_lag(lag_inputs), name="tiering copy lag")
+
+    async def _update_lag(self, inputs: list[_LagInput]) -> None:
+        """Copy lag from store queries in a worker thread (never on the event loop)."""
+        try:
+            lag_by_topic = await asyncio.to_thread(self._compute_lag, inputs)
+        except SidecarError as exc:
+            log.warning("tiering_copy_lag_failed", error=str(exc))
+            return
+        self._publish_lag(lag_by_topic)
+
+    def _compute_lag(self, inputs: list[_LagInput]) -> dict[str, _Lag]:
+        lag_by_topic: dict[str, _Lag] = {}
+        for scan, tip, lso in inputs:
+            self._account_lag(lag_by_topic, scan, tip, lso)
+        return lag_by_topic
 
     def _lost(self, key: _PartitionKey, worker: _Worker | None, *, stale: bool) -> None:
         """This broker does not (or cannot tell that it does) lead the partition any more."""
