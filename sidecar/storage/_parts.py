@@ -1,14 +1,15 @@
 """Shared by every backend: argument checks, the part plan of a multipart upload, and reading
-a local file in parts in a worker thread (``os.pread``), never on the event loop.
+a local file in parts in a worker thread (``os.preadv``), never on the event loop.
 
-Reads only the file it is given; no client imports.
+Parts are read into buffers from a :class:`BufferPool`: a buffer used before costs no page
+faults and no zero-fill when it is filled again, which a fresh 16 MiB buffer does (about 4,000
+faults, each zeroing a page). Reads only the file it is given; no client imports.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,9 @@ from sidecar.storage._crc import crc32c, crc32c_combine
 from sidecar.storage.base import DEFAULT_PAGE_SIZE, MAX_PARTS, MIN_PART_SIZE
 
 __all__ = [
+    "BufferPool",
     "FilePart",
+    "PartBody",
     "PartReader",
     "batches",
     "check_page_size",
@@ -38,6 +41,8 @@ T = TypeVar("T")
 _FALLBACK_READ_BYTES = 1024 * 1024
 #: bodies at least this large are hashed in a worker thread
 _THREAD_HASH_BYTES = 1024 * 1024
+#: idle part buffers a pool keeps (in flight, part buffers are bounded by the upload slots)
+DEFAULT_IDLE_BUFFERS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,43 +104,148 @@ async def crc32c_off_loop(body: bytes) -> int:
     return crc32c(body)
 
 
+class BufferPool:
+    """Part buffers for reuse, on the event loop's thread only (no locking).
+
+    ``acquire`` hands out an idle buffer at least as large as asked for (the smallest such),
+    or a new one; ``release`` keeps up to ``max_idle`` of them. Memory in flight stays bounded
+    by whoever limits concurrent parts; idle memory by ``max_idle`` buffers.
+    """
+
+    def __init__(self, max_idle: int = DEFAULT_IDLE_BUFFERS) -> None:
+        if max_idle < 0:
+            raise ValueError(f"max_idle must not be negative, got {max_idle}")
+        self.max_idle = max_idle
+        self._idle: list[bytearray] = []
+
+    @property
+    def idle(self) -> int:
+        """How many buffers wait for reuse."""
+        return len(self._idle)
+
+    def acquire(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes, reused when one fits (at most twice ``size``)."""
+        best: int | None = None
+        for n, buffer in enumerate(self._idle):
+            if size <= len(buffer) <= 2 * size and (
+                best is None or len(buffer) < len(self._idle[best])
+            ):
+                best = n
+        if best is not None:
+            return self._idle.pop(best)
+        return bytearray(size)
+
+    def release(self, buffer: bytearray) -> None:
+        """Give a buffer back; beyond ``max_idle`` idle buffers it is dropped (the smallest)."""
+        self._idle.append(buffer)
+        if len(self._idle) > self.max_idle:
+            self._idle.remove(min(self._idle, key=len))
+
+
+#: the pool of every upload that does not bring its own
+SHARED_POOL = BufferPool()
+
+
+class PartBody:
+    """One part's bytes in a pooled buffer, to be sent without copying and then released.
+
+    A client sends :attr:`view` (slices of it); ``read``/``seek``/``tell`` exist for clients that
+    need a stream (they copy). ``release`` returns the buffer to its pool: call it once the
+    request that sends the part is over (its checksum header protects the server from a body
+    that changed under a request that was cancelled mid-send).
+    """
+
+    __slots__ = ("_buffer", "_pool", "_position", "_view")
+
+    def __init__(self, buffer: bytearray, length: int, pool: BufferPool | None) -> None:
+        self._buffer: bytearray | None = buffer
+        self._pool = pool
+        self._view = memoryview(buffer)[:length]
+        self._position = 0
+
+    @classmethod
+    def of(cls, data: bytes | bytearray) -> PartBody:
+        """A body over a copy of ``data``, owned by no pool (tests, small bodies)."""
+        return cls(bytearray(data), len(data), None)
+
+    @property
+    def view(self) -> memoryview:
+        """The part's bytes; valid until :meth:`release`."""
+        if self._buffer is None:
+            raise ValueError("the part body was released")
+        return self._view
+
+    def __len__(self) -> int:
+        return self._view.nbytes
+
+    def __bool__(self) -> bool:
+        return True  # a body is present even when empty (clients test ``if body``)
+
+    def read(self, size: int = -1) -> bytes:
+        """Stream interface (a copy), for clients that hash or re-read the body."""
+        view = self.view
+        end = len(view) if size is None or size < 0 else min(len(view), self._position + size)
+        data = bytes(view[self._position : end])
+        self._position = end
+        return data
+
+    def seek(self, position: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._position, os.SEEK_END: len(self)}[whence]
+        self._position = max(0, min(len(self), base + position))
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def tobytes(self) -> bytes:
+        """A copy of the part's bytes."""
+        return self.view.tobytes()
+
+    def release(self) -> None:
+        """Return the buffer to its pool; idempotent. The body is unusable afterwards."""
+        buffer, self._buffer = self._buffer, None
+        if buffer is None:
+            return
+        self._view.release()
+        if self._pool is not None:
+            self._pool.release(buffer)
+
+
 class PartReader:
     """Positional reads of one open file, each in a worker thread, each with its CRC-32C."""
 
-    def __init__(self, path: Path, fd: int, size: int) -> None:
+    def __init__(self, path: Path, fd: int, size: int, pool: BufferPool | None = None) -> None:
         self.path = path
         self.size = size
         self._fd = fd
+        self._pool = SHARED_POOL if pool is None else pool
 
-    async def read(self, offset: int, length: int) -> tuple[io.BytesIO, int]:
-        """``length`` bytes at ``offset``, and their CRC-32C; a file that shrank is an error.
+    async def read(self, offset: int, length: int) -> tuple[PartBody, int]:
+        """``length`` bytes at ``offset`` in a pooled buffer, and their CRC-32C; a file that
+        shrank is an error. The caller releases the body once it is sent."""
+        buffer = self._pool.acquire(length)
+        body = PartBody(buffer, length, self._pool)
+        try:
+            crc = await asyncio.to_thread(self._fill, body.view, offset)
+        except BaseException:
+            body.release()
+            raise
+        return body, crc
 
-        The bytes come in a ``BytesIO`` that owns its buffer, positioned at 0: aiohttp sends
-        such a body without copying it (it would copy a ``bytes`` body, doubling memory).
-        """
-        return await asyncio.to_thread(self._read, offset, length)
-
-    def _read(self, offset: int, length: int) -> tuple[io.BytesIO, int]:
-        buffer = io.BytesIO()
-        if length == 0:
-            return buffer, 0
-        buffer.seek(length - 1)
-        buffer.write(b"\0")  # grows the buffer in place, no temporary of ``length`` bytes
-        with buffer.getbuffer() as view:
-            done = 0
-            while done < length:
-                with view[done:] as rest:
-                    count = _read_into(self._fd, rest, offset + done)
-                if count == 0:
-                    raise TruncatedFileError(
-                        f"file shrank to {offset + done} bytes while uploading (was {self.size})",
-                        path=str(self.path),
-                        position=offset + done,
-                    )
-                done += count
-            crc = crc32c(view)
-        buffer.seek(0)
-        return buffer, crc
+    def _fill(self, view: memoryview, offset: int) -> int:
+        length = len(view)
+        done = 0
+        while done < length:
+            with view[done:] as rest:
+                count = _read_into(self._fd, rest, offset + done)
+            if count == 0:
+                raise TruncatedFileError(
+                    f"file shrank to {offset + done} bytes while uploading (was {self.size})",
+                    path=str(self.path),
+                    position=offset + done,
+                )
+            done += count
+        return crc32c(view)
 
 
 def _read_into(fd: int, target: memoryview, offset: int) -> int:
@@ -157,11 +267,13 @@ def _open(path: Path) -> tuple[int, int]:
 
 
 @contextlib.asynccontextmanager
-async def open_parts(path: str | os.PathLike[str]) -> AsyncIterator[PartReader]:
+async def open_parts(
+    path: str | os.PathLike[str], pool: BufferPool | None = None
+) -> AsyncIterator[PartReader]:
     """Open ``path`` for positional reads; its size is taken once, at open."""
     file = Path(path)
     fd, size = await asyncio.to_thread(_open, file)
     try:
-        yield PartReader(file, fd, size)
+        yield PartReader(file, fd, size, pool)
     finally:
         os.close(fd)  # never blocks for a regular file, and must run even when cancelled

@@ -135,7 +135,8 @@ class MemoryObjectStore:
         async with open_parts(path) as reader:
             if reader.size <= part_size:
                 buffer, crc = await reader.read(0, reader.size)
-                body = buffer.getvalue()
+                body = buffer.tobytes()
+                buffer.release()
                 return self._store(key, body, crc, _md5(body).hex(), parts=0)
             parts = plan_parts(reader.size, part_size)
             upload_id = await self.create_multipart_upload(key)
@@ -145,7 +146,8 @@ class MemoryObjectStore:
                 for part in parts:
                     await self._enter("upload_part")
                     buffer, crc = await reader.read(part.offset, part.length)
-                    bodies.append(buffer.getvalue())
+                    bodies.append(buffer.tobytes())
+                    buffer.release()
                     crcs.append((crc, part.length))
                 await self._enter("complete_multipart_upload")
             except BaseException:
