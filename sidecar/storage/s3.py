@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import io
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -49,9 +48,11 @@ from sidecar.errors import (
     StorageError,
 )
 from sidecar.observability.logging import get_logger
+from sidecar.storage import _payload  # noqa: F401  (aiohttp sends PartBody without copies)
 from sidecar.storage._crc import composite_checksum, decode_checksum, encode_checksum
 from sidecar.storage._parts import (
     FilePart,
+    PartBody,
     PartReader,
     batches,
     check_page_size,
@@ -372,12 +373,12 @@ class S3ObjectStore:
         return await self._put_object(key, body, len(body), await crc32c_off_loop(body))
 
     async def _put_object(
-        self, key: str, body: bytes | io.BytesIO, size: int, crc: int
+        self, key: str, body: bytes | PartBody, size: int, crc: int
     ) -> ObjectInfo:
         checksum = encode_checksum(crc)
 
         async def request(client: Any) -> Any:
-            if isinstance(body, io.BytesIO):
+            if isinstance(body, PartBody):
                 body.seek(0)  # every attempt sends the whole body
             return await client.put_object(
                 Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum
@@ -409,7 +410,10 @@ class S3ObjectStore:
         async with open_parts(path) as reader:
             if reader.size <= part_size:
                 body, crc = await reader.read(0, reader.size)
-                return await self._put_object(key, body, reader.size, crc)
+                try:
+                    return await self._put_object(key, body, reader.size, crc)
+                finally:
+                    body.release()
             parts = plan_parts(reader.size, part_size)
             upload_id = await self._create_multipart_upload(key)
             try:
@@ -476,8 +480,10 @@ class S3ObjectStore:
         async def worker() -> None:
             for part in pending:
                 body, crc = await reader.read(part.offset, part.length)
-                etag = await self._upload_part(key, upload_id, part.number, body, crc)
-                del body  # before reading the next part: memory stays at one part per worker
+                try:
+                    etag = await self._upload_part(key, upload_id, part.number, body, crc)
+                finally:
+                    body.release()  # before reading the next part: one part per worker
                 uploaded[part.number] = _UploadedPart(part.number, etag, crc, part.length)
 
         try:
@@ -490,7 +496,7 @@ class S3ObjectStore:
         return [uploaded[p.number] for p in parts]
 
     async def _upload_part(
-        self, key: str, upload_id: str, number: int, body: io.BytesIO, crc: int
+        self, key: str, upload_id: str, number: int, body: PartBody, crc: int
     ) -> str:
         checksum = encode_checksum(crc)
 
