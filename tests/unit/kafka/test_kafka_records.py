@@ -356,6 +356,10 @@ class TestIterBatches:
                 sizes.append(-1 if size is None else size)
                 return super().read(size)
 
+            def readinto(self, buffer: Any, /) -> int | None:
+                sizes.append(len(memoryview(buffer)))
+                return super().readinto(buffer)
+
         with Spy(path) as fh:
             headers = list(iter_batches(fh))
         assert len(headers) == 2
