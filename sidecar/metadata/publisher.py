@@ -12,6 +12,8 @@ Failures are MetadataPublishError (retriable): the broker refused or timed out, 
 or the publisher was closed while a publish waited. A dying producer fails every waiting publish;
 the next publish starts a new producer (``metadata_producer_restarted``), so a Kafka outage ends
 in retries, never in a publisher that stays dead.
+With ``metrics``, ``metadata_publish_seconds{stage}`` times each publish until acked and (for
+``publish_and_wait``) until read back, and ``metadata_publish_errors_total{stage}`` counts failures.
 This module does the I/O of publishing only; it never reads the topic (tailer.py does).
 """
 
@@ -39,6 +41,7 @@ from sidecar.metadata.events import PublishableMetadata
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.serde import encode
 from sidecar.observability.logging import get_logger
+from sidecar.observability.metrics import Metrics
 
 __all__ = ["MetadataPublisher", "ReadBack", "client_id"]
 
@@ -99,6 +102,7 @@ class MetadataPublisher:
         producer_kwargs: Mapping[str, Any] | None = None,
         read_back: ReadBack | None = None,
         read_back_timeout_s: float = _DEFAULT_READ_BACK_TIMEOUT_S,
+        metrics: Metrics | None = None,
     ) -> None:
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, not {num_partitions}")
@@ -119,6 +123,7 @@ class MetadataPublisher:
         self._producer_kwargs = dict(producer_kwargs or {})
         self._read_back = read_back
         self._read_back_timeout_s = read_back_timeout_s
+        self._metrics = metrics
         self._state = _State.NEW
         self._producer: AIOKafkaProducer | None = None
         #: resolved (with the cause) when the producer dies or the publisher closes
@@ -303,6 +308,16 @@ class MetadataPublisher:
     async def publish(self, event: PublishableMetadata) -> tuple[int, int]:
         """Publish ``event``; return its (metadata partition, offset) once all in-sync replicas
         have it. Raises InvalidMetadataEventError for an event that must never be published."""
+        started = time.perf_counter()
+        try:
+            partition, offset = await self._send(event)
+        except Exception:
+            self._count_error("acked")
+            raise
+        self._observe("acked", started)
+        return partition, offset
+
+    async def _send(self, event: PublishableMetadata) -> tuple[int, int]:
         producer = await self._live_producer()
         value = encode(event)
         partition = self.partition_for(event)
@@ -345,17 +360,33 @@ class MetadataPublisher:
             )
         timeout = self._read_back_timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
+        measured = time.perf_counter()
         partition, offset = await self.publish(event)
         remaining = max(0.0, timeout - (time.monotonic() - started))
         try:
             async with asyncio.timeout(remaining):
                 await self._unless_dead(read_back.wait_for_offset(partition, offset))
         except TimeoutError as exc:
+            self._count_error("read_back")
             raise MetadataReadBackTimeoutError(
                 f"{self.topic}-{partition} offset {offset} was published but not read back"
                 f" within {timeout} s"
             ) from exc
+        except Exception:
+            self._count_error("read_back")
+            raise
+        self._observe("read_back", measured)
         return partition, offset
+
+    def _observe(self, stage: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.metadata_publish_seconds.labels(stage).observe(
+                time.perf_counter() - started
+            )
+
+    def _count_error(self, stage: str) -> None:
+        if self._metrics is not None:
+            self._metrics.metadata_publish_errors.labels(stage).inc()
 
     async def _live_producer(self) -> AIOKafkaProducer:
         if self._state is not _State.STARTED:

@@ -16,7 +16,9 @@ resuming from the offsets stored with the state instead of re-reading from offse
   (TBRLMM's initialization rule, ``readOffset + 1 >= endOffset`` or an empty partition).
   ``wait_for_offset`` is the publisher's read-after-write (TBRLMM's waitTillConsumptionCatchesUp).
   ``sync(p)`` waits until everything published to ``p`` so far is applied: a new leader reads the
-  previous leader's last events before it plans.
+  previous leader's last events before it plans. ``lag()`` is how many records of the tracked
+  partitions are not applied yet (the ``metadata_store_lag_records`` gauge), from the end offsets
+  the consumer's fetches report, without a request of its own.
 * Kafka errors do not end ``run``: unlike TBRLMM (whose broker shuts down when initialization
   fails), the tailer logs ``metadata_tail_failed``, reports it (``healthy``, ``last_error``,
   ``on_error``: readiness and metrics), and retries with exponential backoff from the stored
@@ -126,6 +128,7 @@ class MetadataTailer:
         self._assigned: frozenset[int] = frozenset()
         self._changed = asyncio.Event()  # track()/untrack() since the last assignment
         self._targets: dict[int, int] = {}  # end offset seen at assignment
+        self._beginnings: dict[int, int] = {}  # log start offset seen at assignment
         self._caught_up: set[int] = set()
         self._consumed: dict[int, int] = {}  # mirrors the store's committed consumed offsets
         self._progress = asyncio.Event()  # replaced after every change that waiters look at
@@ -212,6 +215,7 @@ class MetadataTailer:
             self._tracked -= removed
             for partition in removed:
                 self._targets.pop(partition, None)
+                self._beginnings.pop(partition, None)
                 self._caught_up.discard(partition)
             self._changed.set()
             self._notify()
@@ -224,6 +228,26 @@ class MetadataTailer:
     def healthy(self) -> bool:
         """Whether the tailer runs and its last attempt to read Kafka did not fail."""
         return self._state is _State.STARTED and self._failure is None and self.last_error is None
+
+    def lag(self) -> int:
+        """Records of the tracked metadata partitions not yet applied to the store, summed: per
+        partition, its end offset (the last stable offset of the consumer's last fetch, else the
+        end offset seen at assignment) minus the next offset to apply. Partitions not assigned
+        yet count 0. A lower bound while ``run`` is not polling (aiokafka stops prefetching
+        while fetched records wait). Cheap: no request, safe to call from a metrics scrape."""
+        consumer = self._consumer if self._state is _State.STARTED else None
+        total = 0
+        for partition in self._tracked:
+            end = self._targets.get(partition)
+            if end is None:
+                continue
+            if consumer is not None and partition in self._assigned:
+                end = max(end, _fetched_end(consumer, TopicPartition(self.topic, partition)))
+            consumed = self._consumed.get(partition)
+            start = self._beginnings.get(partition, 0)
+            following = start if consumed is None else max(consumed + 1, start)
+            total += max(0, end - following)
+        return total
 
     def consumed_offset(self, metadata_partition: int) -> int | None:
         """The last offset of ``metadata_partition`` applied to the store, or None."""
@@ -380,6 +404,7 @@ class MetadataTailer:
                         " recreated or truncated; remove the store to rebuild it from the topic"
                     )
                 self._targets[p] = ends[tp]
+                self._beginnings[p] = beginnings[tp]
                 if beginnings[tp] >= ends[tp] or position >= ends[tp]:
                     self._caught_up.add(p)
                 log.info(
@@ -480,6 +505,17 @@ class MetadataTailer:
             origins.append((partition, offset))
         result = self._store.apply(events, consumed=consumed)
         return _Ingested(result, origins, undecodable, consumed)
+
+
+def _fetched_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
+    """The end offset of ``tp`` the consumer's last fetch reported (LSO, else the high
+    watermark), or -1 when unknown (nothing fetched yet, or no longer assigned)."""
+    try:
+        lso = consumer.last_stable_offset(tp)
+        end = lso if lso is not None and lso >= 0 else consumer.highwater(tp)
+    except (AssertionError, KeyError):  # unassigned meanwhile (aiokafka asserts)
+        return -1
+    return -1 if end is None else int(end)
 
 
 async def _first(*awaitables: Any) -> None:

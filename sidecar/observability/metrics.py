@@ -8,11 +8,83 @@ registry), so tests and several daemons in one process never collide.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from typing import Final
 
-__all__ = ["Metrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.metrics import MetricWrapperBase
+
+__all__ = [
+    "PUBLISH_STAGES",
+    "S3_ERROR_REASONS",
+    "S3_OPERATIONS",
+    "Metrics",
+    "metric_reference",
+    "reference_markdown",
+]
 
 NAMESPACE = "kafka_tiered_sidecar"
+
+#: the ``operation`` label of the S3 request metrics (the S3 API's names, in snake case)
+S3_OPERATIONS: Final = (
+    "put_object",
+    "create_multipart_upload",
+    "upload_part",
+    "complete_multipart_upload",
+    "abort_multipart_upload",
+    "list_multipart_uploads",
+    "get_object",
+    "head_object",
+    "list_objects",
+    "delete_objects",
+)
+#: the ``reason`` label of ``s3_request_errors_total``
+S3_ERROR_REASONS: Final = (
+    "not_found",
+    "invalid_range",
+    "checksum_mismatch",
+    "access_denied",
+    "throttled",
+    "server_error",
+    "client_error",
+    "timeout",
+    "connection",
+    "cancelled",
+    "other",
+)
+#: the ``stage`` label of the metadata publish metrics
+PUBLISH_STAGES: Final = ("acked", "read_back")
+#: label sets with fixed values, documented with the metrics reference
+FIXED_LABEL_VALUES: Final = {
+    "operation (s3_*)": S3_OPERATIONS,
+    "reason (s3_request_errors_total)": S3_ERROR_REASONS,
+    "stage (metadata_publish_*)": PUBLISH_STAGES,
+}
+_EXPOSED_SUFFIX: Final = {"counter": "_total", "info": "_info"}
+
+
+def metric_reference() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """(exposed name, type, label names, help) of every metric, in definition order."""
+    rows = []
+    for value in vars(Metrics()).values():
+        if isinstance(value, MetricWrapperBase):
+            kind = str(value._type)
+            name = value._name + _EXPOSED_SUFFIX.get(kind, "")
+            rows.append((name, kind, tuple(value._labelnames), value._documentation))
+    return rows
+
+
+def reference_markdown() -> str:
+    """The README's metrics table (``python -m tests.unit.test_metrics_reference`` writes it)."""
+    lines = ["| Metric | Type | Labels | Description |", "|---|---|---|---|"]
+    for name, kind, labels, documentation in metric_reference():
+        label_text = ", ".join(f"`{label}`" for label in labels)
+        lines.append(f"| `{name}` | {kind} | {label_text} | {documentation} |")
+    lines.append("")
+    lines.append("Labels with a fixed set of values:")
+    lines.append("")
+    for label, values in FIXED_LABEL_VALUES.items():
+        lines.append(f"- `{label}`: " + ", ".join(f"`{v}`" for v in values))
+    return "\n".join(lines) + "\n"
 
 
 class Metrics:
@@ -164,6 +236,64 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        # --- S3 requests, metadata publishes and the metadata store (issue 7)
+        self.s3_requests = Counter(
+            "s3_requests",
+            "S3 request attempts (retries count again), by operation.",
+            ["operation"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.s3_request_errors = Counter(
+            "s3_request_errors",
+            "S3 request attempts that failed, by operation and reason (not_found, timeout, ...).",
+            ["operation", "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.s3_request_seconds = Histogram(
+            "s3_request_seconds",
+            "Time of one S3 request attempt (failed ones too), by operation.",
+            ["operation"],
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        for operation in S3_OPERATIONS:  # every operation's series exists from the start
+            self.s3_requests.labels(operation)
+            self.s3_request_seconds.labels(operation)
+        self.metadata_publish_seconds = Histogram(
+            "metadata_publish_seconds",
+            "Time to publish one remote log metadata event, by stage: acked (send until all"
+            " in-sync replicas have it) and read_back (send until the local store applied it).",
+            ["stage"],
+            namespace=NAMESPACE,
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+        )
+        self.metadata_publish_errors = Counter(
+            "metadata_publish_errors",
+            "Metadata publishes that failed, by the stage that failed (acked, read_back).",
+            ["stage"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        for stage in PUBLISH_STAGES:
+            self.metadata_publish_seconds.labels(stage)
+            self.metadata_publish_errors.labels(stage)
+        self.metadata_store_lag = Gauge(
+            "metadata_store_lag_records",
+            "Records of the tracked metadata partitions not yet applied to the local store"
+            " (end offset minus next offset to apply, summed).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.metadata_partitions_tracked = Gauge(
+            "metadata_partitions_tracked",
+            "Partitions of the remote log metadata topic the sidecar reads.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         # --- the read path (issue 5): socket requests, the chunk cache, S3 fetches
         self.read_requests = Counter(
             "read_requests",
@@ -243,6 +373,70 @@ class Metrics:
             "read_errors",
             "Read requests that failed, by error code (the JSON error's stable code).",
             ["code"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+        self.retention_deleted_segments = Counter(
+            "retention_deleted_segments",
+            "Remote segments deleted (DELETE_SEGMENT_FINISHED published), by topic and reason"
+            " (retention_ms, retention_bytes, log_start_offset, lineage, retry, topic_deleted,"
+            " partition_deleted).",
+            ["topic", "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.retention_deleted_bytes = Counter(
+            "retention_deleted_bytes",
+            "Bytes of the .log of remote segments deleted, by topic and reason.",
+            ["topic", "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.retention_errors = Counter(
+            "retention_errors",
+            "Retention, deletion or scrub steps that failed (retried next pass), by error type.",
+            ["kind"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.partition_deletions = Counter(
+            "remote_partition_deletions",
+            "KIP-405 partition deletions finished (DELETE_PARTITION_FINISHED published).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.scrub_runs = Counter(
+            "scrub_runs",
+            "Orphan scrubs, by outcome (ok, failed, skipped = metadata not fully read).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.scrub_deleted_objects = Counter(
+            "scrub_deleted_objects",
+            "Unreferenced objects deleted by the orphan scrub (older than the grace period).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.scrub_aborted_uploads = Counter(
+            "scrub_aborted_uploads",
+            "Incomplete multipart uploads aborted by the orphan scrub.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.segments_at_risk = Gauge(
+            "segments_at_risk",
+            "Local segments not yet tiered that the broker's local retention will delete soon,"
+            " by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.segments_lost = Counter(
+            "segments_lost",
+            "Segments the broker deleted locally before they were tiered (data loss), by topic.",
+            ["topic"],
             namespace=NAMESPACE,
             registry=r,
         )

@@ -23,6 +23,7 @@ from sidecar.storage.base import (
 from sidecar.storage.memory import MemoryObjectStore
 
 if TYPE_CHECKING:
+    from sidecar.observability.metrics import Metrics
     from sidecar.storage.s3 import S3Settings
 
 __all__ = [
@@ -40,11 +41,12 @@ __all__ = [
 ]
 
 
-def open_store(config: S3Settings) -> ObjectStore:
-    """The S3 store for ``sidecar.config.S3Config`` (imports the S3 backend on first use).
+def open_store(config: S3Settings, *, metrics: Metrics | None = None) -> ObjectStore:
+    """The S3 store for ``sidecar.config.S3Config`` (imports the S3 backend on first use);
+    with ``metrics``, every request is counted and timed by operation.
 
     The store opens its client lazily; use it as an async context manager or ``aclose()`` it.
     """
     from sidecar.storage.s3 import S3ObjectStore  # lazy: aiobotocore is heavy
 
-    return S3ObjectStore.from_config(config)
+    return S3ObjectStore.from_config(config, metrics=metrics)

@@ -11,6 +11,9 @@
 * Every request attempt has a timeout; transient failures are retried by the one policy in
   :mod:`sidecar.storage._retry` (botocore's own retries are off). A failed multipart upload is
   aborted best-effort; the orphan scrub removes whatever an abort could not.
+* Every request attempt goes through :meth:`S3ObjectStore._call`, which also measures it: the
+  ``s3_requests_total``, ``s3_request_errors_total`` and ``s3_request_seconds`` metrics by S3
+  operation (a fixed set, ``S3_OPERATIONS``) and, for errors, a reason from a fixed set.
 
 This module never imports :mod:`sidecar.config`; :meth:`S3ObjectStore.from_config` accepts any
 object with the fields of ``S3Config``. The key prefix is the caller's business (``keys.py``).
@@ -23,6 +26,7 @@ import contextlib
 import enum
 import os
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,8 +39,10 @@ from aiobotocore.session import get_session
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectTimeoutError,
     FlexibleChecksumError,
     HTTPClientError,
+    ReadTimeoutError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
@@ -48,6 +54,7 @@ from sidecar.errors import (
     StorageError,
 )
 from sidecar.observability.logging import get_logger
+from sidecar.observability.metrics import Metrics
 from sidecar.storage import _payload  # noqa: F401  (aiohttp sends PartBody without copies)
 from sidecar.storage._crc import composite_checksum, decode_checksum, encode_checksum
 from sidecar.storage._parts import (
@@ -101,6 +108,23 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+#: our operation names (error messages) → the ``operation`` label (the S3 API's names)
+_OPERATION_LABELS: dict[str, str] = {
+    "put": "put_object",
+    "create_multipart_upload": "create_multipart_upload",
+    "upload_part": "upload_part",
+    "complete_multipart_upload": "complete_multipart_upload",
+    "abort_multipart_upload": "abort_multipart_upload",
+    "list_multipart_uploads": "list_multipart_uploads",
+    "get": "get_object",
+    "get_range": "get_object",
+    "head": "head_object",
+    "list": "list_objects",
+    "delete": "delete_objects",
+}
+_THROTTLE_CODES = frozenset(
+    {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
+)
 
 
 class _Secret(Protocol):
@@ -170,6 +194,33 @@ def _is_transient(exc: BaseException) -> bool:
     return isinstance(cause, aiohttp.ClientError | OSError)
 
 
+def _error_reason(exc: BaseException) -> str:
+    """The ``reason`` label (``S3_ERROR_REASONS``) of a failed request attempt."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(exc, KeyNotFoundError):
+        return "not_found"
+    if isinstance(exc, InvalidRangeError):
+        return "invalid_range"
+    if isinstance(exc, ChecksumMismatchError):
+        return "checksum_mismatch"
+    if isinstance(exc, StorageAccessError):
+        return "access_denied"
+    if not isinstance(exc, StorageError):
+        return "other"
+    cause = exc.__cause__
+    if isinstance(cause, ClientError):
+        status = _http_status(cause) or 0
+        if _error_code(cause) in _THROTTLE_CODES or status in (429, 503):
+            return "throttled"
+        return "server_error" if status >= 500 else "client_error"
+    if isinstance(cause, TimeoutError | ReadTimeoutError | ConnectTimeoutError):
+        return "timeout"
+    if isinstance(cause, BotoConnectionError | HTTPClientError | aiohttp.ClientError | OSError):
+        return "connection"
+    return "other"
+
+
 def _utc(value: object) -> datetime | None:
     """botocore's timestamps (dateutil tzutc or tzlocal) as ``datetime.UTC`` values."""
     return value.astimezone(UTC) if isinstance(value, datetime) else None
@@ -205,6 +256,7 @@ class S3ObjectStore:
         max_connections: int = 32,
         sign_payload: bool = False,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        metrics: Metrics | None = None,
     ) -> None:
         if request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
@@ -215,6 +267,7 @@ class S3ObjectStore:
             attempts=max_attempts, base_delay_s=backoff_s, max_delay_s=max_backoff_s
         )
         self._sleep = sleep
+        self._metrics = metrics
         self._secrets = tuple(s for s in (access_key_id, secret_access_key) if s)
         credentials: dict[str, str] = {}
         if access_key_id is not None and secret_access_key is not None:
@@ -312,17 +365,36 @@ class S3ObjectStore:
     async def _call(self, op: str, key: str | None, request: Callable[[Any], Awaitable[T]]) -> T:
         """One logical operation: attempts with a timeout each, errors mapped, retried."""
         client = await self._ensure_client()
+        operation = _OPERATION_LABELS[op]
 
         async def attempt() -> T:
+            started = time.perf_counter()
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    return await request(client)
-            except _CLIENT_ERRORS as exc:
-                raise self._error(op, key, exc) from exc
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        result = await request(client)
+                except _CLIENT_ERRORS as exc:
+                    raise self._error(op, key, exc) from exc
+            except BaseException as exc:
+                self._measure(operation, started, exc)
+                raise
+            self._measure(operation, started, None)
+            return result
 
         return await retrying(
             attempt, policy=self._retry, is_transient=_is_transient, what=op, sleep=self._sleep
         )
+
+    def _measure(self, operation: str, started: float, error: BaseException | None) -> None:
+        """Count and time one request attempt (the only place S3 requests are measured)."""
+        metrics = self._metrics
+        if metrics is None:
+            return
+        metrics.s3_requests.labels(operation).inc()
+        if error is None or not isinstance(error, asyncio.CancelledError):
+            metrics.s3_request_seconds.labels(operation).observe(time.perf_counter() - started)
+        if error is not None:
+            metrics.s3_request_errors.labels(operation, _error_reason(error)).inc()
 
     async def _request(self, op: str, key: str | None, method: str, **params: Any) -> Any:
         """A plain client call (``method`` of the aiobotocore client) through :meth:`_call`."""
