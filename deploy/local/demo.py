@@ -86,6 +86,11 @@ SUMMARY_METRICS = tuple(
         "copy_lag_segments",
         "segment_upload_seconds_count",
         "segment_upload_seconds_sum",
+        "s3_requests_total",
+        "metadata_publish_seconds_count",
+        "metadata_store_lag_records",
+        "read_requests_total",
+        "read_response_bytes_total",
     )
 )
 
