@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ _FALLBACK_READ_BYTES = 1024 * 1024
 _THREAD_HASH_BYTES = 1024 * 1024
 #: idle part buffers a pool keeps (in flight, part buffers are bounded by the upload slots)
 DEFAULT_IDLE_BUFFERS = 8
+#: seconds an idle buffer is kept before its memory goes back to the system
+DEFAULT_IDLE_SECONDS = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,15 +111,21 @@ class BufferPool:
     """Part buffers for reuse, on the event loop's thread only (no locking).
 
     ``acquire`` hands out an idle buffer at least as large as asked for (the smallest such),
-    or a new one; ``release`` keeps up to ``max_idle`` of them. Memory in flight stays bounded
-    by whoever limits concurrent parts; idle memory by ``max_idle`` buffers.
+    or a new one; ``release`` keeps up to ``max_idle`` of them, each for ``idle_s`` seconds
+    (a timer on the running loop drops older ones). Memory in flight stays bounded by whoever
+    limits concurrent parts; idle memory by ``max_idle`` buffers, and none once uploads stop.
     """
 
-    def __init__(self, max_idle: int = DEFAULT_IDLE_BUFFERS) -> None:
+    def __init__(
+        self, max_idle: int = DEFAULT_IDLE_BUFFERS, idle_s: float = DEFAULT_IDLE_SECONDS
+    ) -> None:
         if max_idle < 0:
             raise ValueError(f"max_idle must not be negative, got {max_idle}")
         self.max_idle = max_idle
+        self.idle_s = idle_s
         self._idle: list[bytearray] = []
+        self._released_at: dict[int, float] = {}  # id(buffer) → when it became idle
+        self._trim_timer: asyncio.TimerHandle | None = None
 
     @property
     def idle(self) -> int:
@@ -132,14 +141,44 @@ class BufferPool:
             ):
                 best = n
         if best is not None:
-            return self._idle.pop(best)
+            buffer = self._idle.pop(best)
+            self._released_at.pop(id(buffer), None)
+            return buffer
         return bytearray(size)
 
     def release(self, buffer: bytearray) -> None:
         """Give a buffer back; beyond ``max_idle`` idle buffers it is dropped (the smallest)."""
         self._idle.append(buffer)
+        self._released_at[id(buffer)] = time.monotonic()
         if len(self._idle) > self.max_idle:
-            self._idle.remove(min(self._idle, key=len))
+            smallest = min(self._idle, key=len)
+            self._idle.remove(smallest)
+            self._released_at.pop(id(smallest), None)
+        self._schedule_trim()
+
+    def trim(self, now: float | None = None) -> None:
+        """Drop the buffers idle for ``idle_s`` or longer."""
+        now = time.monotonic() if now is None else now
+        keep = [b for b in self._idle if now - self._released_at[id(b)] < self.idle_s]
+        for buffer in self._idle:
+            if now - self._released_at[id(buffer)] >= self.idle_s:
+                del self._released_at[id(buffer)]
+        self._idle = keep
+
+    def _schedule_trim(self) -> None:
+        if self._trim_timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # released outside a loop (tests): trimmed at the next release on one
+        self._trim_timer = loop.call_later(self.idle_s, self._on_trim_timer)
+
+    def _on_trim_timer(self) -> None:
+        self._trim_timer = None
+        self.trim()
+        if self._idle:
+            self._schedule_trim()
 
 
 #: the pool of every upload that does not bring its own

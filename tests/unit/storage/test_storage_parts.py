@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -111,3 +112,26 @@ async def test_aiohttp_sends_a_part_body_as_slices_of_its_buffer() -> None:
     await sent.write_with_length(again, 10)  # type: ignore[arg-type]
     assert b"".join(again.chunks) == data[:10]
     assert await sent.as_bytes() == data
+
+
+def test_pool_drops_buffers_idle_for_longer_than_idle_s() -> None:
+    pool = BufferPool(max_idle=4, idle_s=30.0)
+    old, new = bytearray(10), bytearray(10)
+    pool.release(old)
+    pool.release(new)
+    released = pool._released_at[id(old)]
+    pool._released_at[id(old)] = released - 31.0
+    pool.trim(now=released + 1.0)
+    assert pool.idle == 1
+    assert pool.acquire(10) is new
+
+
+async def test_pool_trims_itself_on_the_running_loop() -> None:
+    pool = BufferPool(max_idle=4, idle_s=0.05)
+    pool.release(bytearray(10))
+    assert pool.idle == 1
+    timer = pool._trim_timer
+    assert timer is not None
+    await asyncio.sleep(timer.when() - asyncio.get_running_loop().time() + 0.01)
+    assert pool.idle == 0
+    assert pool._trim_timer is None
