@@ -7,6 +7,7 @@ Root tasks (each wrapped by :func:`sidecar._aio.guard`; one exiting early stops 
 * ``cluster watcher``    leadership, LSOs and topic configs from Kafka
 * ``metadata tailer``    tails the remote log metadata partitions into the local store
 * ``tiering engine``     plans and uploads segments, one worker per partition
+* ``retention``          remote retention, deleted topics/partitions, orphan scrub (issue 6)
 * ``readiness probe``    turns component health into /readyz (each failing check with its reason);
                          when Kafka or S3 comes back it ends the upload workers' backoff
 * ``health server``      serves /metrics, /healthz and /readyz
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from sidecar.config import KafkaConfig, SidecarConfig
 from sidecar.errors import ConfigError, FormatError, SidecarError
 from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
 from sidecar.kafka.logdir import META_PROPERTIES, PartitionScan, scan_partition_dir
+from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
@@ -43,6 +46,9 @@ from sidecar.observability.health import HealthServer, Readiness
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import ReadServer
+from sidecar.retention._kafka import RetentionKafka
+from sidecar.retention.manager import RetentionManager
+from sidecar.retention.scrub import OrphanScrubber
 from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
@@ -104,6 +110,7 @@ class Daemon:
         self._infra_stop = asyncio.Event()  # set once the engine has drained
         self._s3_down = False  # the last S3 probe failed (logged once per outage)
         self.engine: TieringEngine | None = None
+        self.retention: RetentionManager | None = None  # issue 6
         self.detector: LogDirDetector[PartitionScan] = LogDirDetector(
             log_dirs=config.broker.log_dirs,
             scan_partition=scan_partition_dir,
@@ -164,6 +171,8 @@ class Daemon:
                             error=str(problem),
                         )
         self._refresh_gauges()
+        if self.retention is not None:  # lost-segment check (issue 6)
+            self.retention.note_change(old, new)
         if self.engine is not None:
             self.engine.poke()
 
@@ -222,7 +231,7 @@ class Daemon:
         bootstrap = config.kafka.bootstrap_servers
         store = await asyncio.to_thread(RemoteSegmentStore, config.state_dir)
         resources.callback(store.close)
-        objects = open_store(config.s3)
+        objects = open_store(config.s3, metrics=self.metrics)  # S3 requests by operation
         resources.push_async_callback(objects.aclose)
         tailer = MetadataTailer(
             bootstrap_servers=bootstrap,
@@ -235,6 +244,9 @@ class Daemon:
         )
         await tailer.start()
         resources.push_async_callback(tailer.aclose)
+        # computed at each scrape from what the tailer already knows (no request)
+        self.metrics.metadata_store_lag.set_function(tailer.lag)
+        self.metrics.metadata_partitions_tracked.set_function(lambda: len(tailer.tracked))
         publisher = MetadataPublisher(
             bootstrap_servers=bootstrap,
             broker_id=broker_id,
@@ -246,6 +258,7 @@ class Daemon:
             producer_kwargs=meta.producer_kwargs(),
             read_back=tailer,
             read_back_timeout_s=meta.consume_wait_ms / 1000,
+            metrics=self.metrics,
         )
         await publisher.start()
         resources.push_async_callback(publisher.aclose)
@@ -299,6 +312,37 @@ class Daemon:
         )
         engine = self.engine
         quarantine = engine.quarantine
+        # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+        layout = KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix)
+        retention_kafka = RetentionKafka(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=config.kafka.request_timeout_ms,
+            client_options=options,
+        )
+        resources.push_async_callback(retention_kafka.aclose)
+        self.retention = RetentionManager(
+            config=config.retention,
+            views=lambda: self.detector.views,
+            cluster=cluster,
+            kafka=retention_kafka,
+            store=store,
+            tailer=tailer,
+            publisher=publisher,
+            uploader=uploader,
+            objects=objects,
+            scrubber=OrphanScrubber(
+                objects=objects,
+                store=store,
+                layout=layout,
+                object_grace_s=config.retention.orphan_grace_s,
+                upload_grace_s=config.retention.multipart_grace_s,
+                in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
+            ),
+            metrics=self.metrics,
+            metadata_topic=meta.topic,
+            num_metadata_partitions=meta.num_partitions,
+        )
+        retention = self.retention
         read_server = ReadServer.from_config(
             config, store=store, objects=objects, metrics=self.metrics
         )
@@ -343,9 +387,15 @@ class Daemon:
             ):
                 tg.create_task(guard(coro, name=name, stopping=infra), name=name)
             tg.create_task(self._mark_ready_after_first_scan(), name="first scan")
+            # remote retention and deletions (issue 6); stops with the engine, before the
+            # publisher and tailer it deletes through
+            retention_task = tg.create_task(
+                guard(retention.run(self.stopping), name="retention", stopping=self.stopping),
+                name="retention",
+            )
             await self.stopping.wait()
             # phase 2: the engine drains with the publisher and tailer still running
-            await asyncio.wait([engine_task])
+            await asyncio.wait([engine_task, retention_task])
             infra.set()
 
     def _pause_reason(self, cluster: ClusterWatcher) -> str | None:
@@ -366,10 +416,13 @@ class Daemon:
         objects: ObjectStore,
         stopping: asyncio.Event,
     ) -> None:
-        """Every second: Kafka answering, metadata caught up, S3 answering. A check that
-        recovers ends the upload workers' backoff."""
+        """Every second: Kafka answering, metadata caught up; S3 answering every
+        ``s3_probe_interval_s`` (every second while it does not). A check that recovers ends
+        the upload workers' backoff."""
         prefix = self.config.s3.prefix
         was_ready = False
+        s3_error: str | None = None
+        next_s3_probe = 0.0
         while not stopping.is_set():
             lagging = sorted(p for p in tailer.tracked if not tailer.caught_up(p))
             self._check("kafka", cluster.healthy, cluster.last_error or "no recent refresh")
@@ -378,8 +431,10 @@ class Daemon:
                 tailer.healthy and not lagging,
                 tailer.last_error or f"catching up on metadata partitions {lagging}",
             )
-            s3_error = await self._probe_s3(objects, prefix)
-            self._check("s3", s3_error is None, s3_error)
+            if s3_error is not None or time.monotonic() >= next_s3_probe:
+                s3_error = await self._probe_s3(objects, prefix)
+                self._check("s3", s3_error is None, s3_error)
+                next_s3_probe = time.monotonic() + self.config.metrics.s3_probe_interval_s
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

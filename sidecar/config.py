@@ -41,6 +41,7 @@ __all__ = [
     "MetricsConfig",
     "ReadServerConfig",
     "RemoteLogMetadataConfig",
+    "RetentionConfig",
     "S3Config",
     "SidecarConfig",
     "TieringConfig",
@@ -290,6 +291,44 @@ class TieringConfig(_Section):
     )
 
 
+# --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+class RetentionConfig(_Section):
+    """Remote retention (Kafka's retention.ms/bytes per topic), deletion of the tiered data of
+    deleted topics and partitions, the orphan scrub and the local-retention safety warnings."""
+
+    enabled: bool = Field(
+        True, description="apply remote retention and topic/partition deletion in the daemon"
+    )
+    interval_s: float = Field(
+        30.0,
+        gt=0,
+        description="retention pass interval (Kafka's remote.log.manager.task.interval.ms)",
+    )
+    dry_run: bool = Field(
+        False, description="log what retention, deletion and scrub would delete; delete nothing"
+    )
+    topic_deletion: bool = Field(
+        True, description="delete the tiered data of topics whose id is gone from the cluster"
+    )
+    topic_deletion_grace_s: float = Field(
+        60.0, ge=0, description="a topic id must be missing from the cluster this long first"
+    )
+    scrub_enabled: bool = Field(True, description="run the orphan scrub periodically")
+    scrub_interval_s: float = Field(3600.0, gt=0, description="time between two scrubs")
+    orphan_grace_s: float = Field(
+        86400.0, ge=0, description="an unreferenced object is deleted only once older than this"
+    )
+    multipart_grace_s: float = Field(
+        86400.0, ge=0, description="an incomplete multipart upload is aborted once older than this"
+    )
+    at_risk_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="warn when an untiered segment has used this much of the local retention",
+    )
+
+
 class ReadServerConfig(_Section):
     """The local read socket (HTTP/1.1) and its disk chunk cache."""
 
@@ -342,6 +381,11 @@ class ReadServerConfig(_Section):
     shutdown_timeout_s: float = Field(
         5.0, ge=0, description="on stop, how long responses in flight may finish"
     )
+    sendfile: bool = Field(
+        True,
+        description="send warm responses (CRC-checked batches, ranges of cached chunks) from the"
+        " chunk files with sendfile; false = read them through memory",
+    )
 
 
 class MetricsConfig(_Section):
@@ -349,6 +393,12 @@ class MetricsConfig(_Section):
 
     host: str = Field("127.0.0.1", description="listen address for /metrics, /healthz, /readyz")
     port: int = Field(9464, ge=0, le=65535, description="listen port (0 = any free port)")
+    s3_probe_interval_s: float = Field(
+        5.0,
+        gt=0,
+        le=300,
+        description="how often /readyz lists one S3 key while S3 answers (every 1 s while not)",
+    )
 
 
 class LoggingConfig(_Section):
@@ -375,6 +425,7 @@ class SidecarConfig(_Section):
     )
     tiering: TieringConfig = Field(default_factory=TieringConfig)  # type: ignore[arg-type]
     read_server: ReadServerConfig = Field(default_factory=ReadServerConfig)  # type: ignore[arg-type]
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)  # type: ignore[arg-type]
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)  # type: ignore[arg-type]
     logging: LoggingConfig = Field(default_factory=LoggingConfig)  # type: ignore[arg-type]
 

@@ -35,7 +35,14 @@ __all__ = [
 log = get_logger(__name__)
 
 # the topic configs the sidecar reads (DescribeConfigs), with Kafka's defaults when absent
-_CONFIG_KEYS = ("remote.storage.enable", "cleanup.policy", "retention.ms", "retention.bytes")
+_CONFIG_KEYS = (
+    "remote.storage.enable",
+    "cleanup.policy",
+    "retention.ms",
+    "retention.bytes",
+    "local.retention.ms",
+    "local.retention.bytes",
+)
 
 
 class ClusterUnavailableError(SidecarError):
@@ -52,6 +59,9 @@ class TopicConfig:
     cleanup_policy: str = "delete"
     retention_ms: int = 604_800_000
     retention_bytes: int = -1
+    #: -2 = use retention.ms / retention.bytes (Kafka's defaults)
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
 
     @property
     def compacted(self) -> bool:
@@ -71,6 +81,8 @@ class TopicConfig:
             cleanup_policy=entries.get("cleanup.policy") or "delete",
             retention_ms=number("retention.ms", 604_800_000),
             retention_bytes=number("retention.bytes", -1),
+            local_retention_ms=number("local.retention.ms", -2),
+            local_retention_bytes=number("local.retention.bytes", -2),
         )
 
 

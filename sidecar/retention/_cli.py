@@ -1,0 +1,186 @@
+"""``sidecar scrub`` and ``sidecar delete-partition``: one-shot commands next to the daemon.
+
+* ``scrub`` reads the *whole* metadata topic into a fresh store in a temporary directory (the
+  daemon's store belongs to the daemon), so every partition of the cluster is known, then runs
+  the orphan scrub over the configured prefix with the configured grace periods. ``--dry-run``
+  prints what it would delete. The daemon runs the same scrub periodically.
+* ``delete-partition`` publishes DELETE_PARTITION_MARKED for one partition (the topic id comes
+  from the cluster, or ``--topic-id`` for a topic that no longer exists). The running sidecar of
+  the broker that leads the partition's metadata partition then deletes every remote segment
+  and publishes STARTED and FINISHED (resumable after a crash). If the topic still exists and is
+  tiered, the local segments are tiered again afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import TextIO
+
+from sidecar.config import SidecarConfig
+from sidecar.errors import ConfigError
+from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from sidecar.metadata.partitioner import metadata_partition
+from sidecar.retention.scrub import OrphanScrubber, ScrubReport
+
+__all__ = ["delete_partition_command", "scrub_command"]
+
+
+def _log_to_stderr(config: SidecarConfig) -> None:
+    """Logs go to stderr (stdout carries the report), secrets masked."""
+    from sidecar.app import _secrets
+    from sidecar.observability.logging import configure_logging
+
+    configure_logging(
+        level=config.logging.level,
+        fmt=config.logging.format,
+        stream=sys.stderr,
+        secrets=_secrets(config),
+    )
+
+
+def _client_options(config: SidecarConfig) -> dict[str, object]:
+    from sidecar.app import kafka_client_options
+
+    return kafka_client_options(config.kafka)
+
+
+async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> ScrubReport:
+    from sidecar.metadata.store import RemoteSegmentStore
+    from sidecar.metadata.tailer import MetadataTailer
+    from sidecar.storage import open_store
+    from sidecar.storage.keys import KeyLayout
+
+    meta = config.remote_log_metadata
+    options = _client_options(config)
+    async with AsyncExitStack() as stack:
+        store = RemoteSegmentStore(state_dir)
+        stack.callback(store.close)
+        objects = open_store(config.s3)
+        stack.push_async_callback(objects.aclose)
+        tailer = MetadataTailer(
+            bootstrap_servers=config.kafka.bootstrap_servers,
+            store=store,
+            broker_id=config.broker.broker_id if config.broker.broker_id is not None else -1,
+            topic=meta.topic,
+            client_kwargs={**options, **meta.consumer_kwargs()},
+        )
+        await tailer.start()
+        stack.push_async_callback(tailer.aclose)
+        tailer.track(range(meta.num_partitions))
+        stopping = asyncio.Event()
+        reader = asyncio.create_task(tailer.run(stopping), name="scrub metadata tailer")
+        try:
+            async with asyncio.timeout(meta.consume_wait_ms / 1000):
+                await tailer.wait_caught_up()
+            scrubber = OrphanScrubber(
+                objects=objects,
+                store=store,
+                layout=KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix),
+                object_grace_s=config.retention.orphan_grace_s,
+                upload_grace_s=config.retention.multipart_grace_s,
+                in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
+            )
+            report = await scrubber.scrub(dry_run=dry_run)
+        finally:
+            stopping.set()
+            await reader
+    return report
+
+
+def scrub_command(config: SidecarConfig, *, dry_run: bool, as_json: bool, out: TextIO) -> int:
+    """Run one scrub; print the report. Exit 0."""
+    _log_to_stderr(config)
+    with tempfile.TemporaryDirectory(prefix="sidecar-scrub-") as tmp:
+        report = asyncio.run(_scrub(config, dry_run=dry_run, state_dir=Path(tmp)))
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2), file=out)
+        return 0
+    verb = "would delete" if dry_run else "deleted"
+    for key in report.orphans:
+        print(f"{verb} {key}", file=out)
+    for key, _upload_id in report.aborted_uploads:
+        print(f"{'would abort' if dry_run else 'aborted'} upload {key}", file=out)
+    print(
+        f"{report.objects_listed} objects listed, {report.referenced} referenced,"
+        f" {len(report.orphans)} orphans {verb}, {report.young_orphans} orphans within the grace"
+        f" period, {report.foreign} foreign keys; {report.uploads_listed} incomplete uploads,"
+        f" {len(report.aborted_uploads)} {'to abort' if dry_run else 'aborted'}"
+        f" ({report.seconds:.3f} s)",
+        file=out,
+    )
+    return 0
+
+
+async def _mark(config: SidecarConfig, topic: str, partition: int, topic_id: str | None) -> str:
+    from sidecar.kafka.checkpoints import decode_kafka_uuid
+    from sidecar.metadata.publisher import MetadataPublisher
+    from sidecar.retention._kafka import RetentionKafka
+
+    options = _client_options(config)
+    if topic_id is not None:
+        try:
+            tid = decode_kafka_uuid(topic_id)
+        except ValueError:
+            try:
+                tid = uuid.UUID(topic_id)
+            except ValueError as exc:
+                raise ConfigError(f"--topic-id {topic_id!r} is not a Kafka topic id") from exc
+    else:
+        kafka = RetentionKafka(
+            bootstrap_servers=config.kafka.bootstrap_servers,
+            request_timeout_ms=config.kafka.request_timeout_ms,
+            client_options=options,
+        )
+        try:
+            ids = await kafka.topic_ids()
+        finally:
+            await kafka.aclose()
+        if topic not in ids:
+            raise ConfigError(
+                f"topic {topic!r} does not exist in the cluster; pass --topic-id for a deleted one"
+            )
+        tid = ids[topic]
+    meta = config.remote_log_metadata
+    tp = TopicIdPartition(tid, topic, partition)
+    publisher = MetadataPublisher(
+        bootstrap_servers=config.kafka.bootstrap_servers,
+        broker_id=config.broker.broker_id if config.broker.broker_id is not None else -1,
+        topic=meta.topic,
+        num_partitions=meta.num_partitions,
+        replication_factor=meta.replication_factor,
+        client_kwargs=options,
+        producer_kwargs=meta.producer_kwargs(),
+    )
+    await publisher.start()
+    try:
+        mp, offset = await publisher.publish(
+            PartitionDeleteMetadata(
+                topic_id_partition=tp,
+                broker_id=publisher.broker_id,
+                event_timestamp_ms=time.time_ns() // 1_000_000,
+                state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+            )
+        )
+    finally:
+        await publisher.aclose()
+    return f"{tp}: DELETE_PARTITION_MARKED published to {meta.topic}-{mp} at offset {offset}"
+
+
+def delete_partition_command(
+    config: SidecarConfig, *, topic: str, partition: int, topic_id: str | None, out: TextIO
+) -> int:
+    """Publish DELETE_PARTITION_MARKED; the running sidecars do the rest. Exit 0."""
+    _log_to_stderr(config)
+    print(asyncio.run(_mark(config, topic, partition, topic_id)), file=out)
+    return 0

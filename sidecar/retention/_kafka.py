@@ -1,0 +1,226 @@
+"""What retention asks Kafka beyond the cluster watcher's view: topic ids and log start offsets.
+
+* Topic ids: aiokafka speaks Metadata only up to v5, which has no topic ids. Metadata v10 added
+  them (KIP-516); this module sends Metadata v12 (flexible encoding; the version Kafka 3.x and
+  4.x brokers all accept) with a null topic list (all topics), and reads names and ids only.
+  Schema: ``clients/src/main/resources/common/message/Metadata{Request,Response}.json``.
+* Log start offsets: ListOffsets with the EARLIEST timestamp (-2), which is the broker's
+  ``logStartOffset`` (moved by DeleteRecords and by the broker's own retention).
+
+A failed call raises :class:`~sidecar.tiering.cluster.ClusterUnavailableError`; the retention
+loop skips what needs the answer and tries again next pass.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Mapping, Sequence
+from io import BytesIO
+from typing import Any
+
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import (
+    AbstractType,
+    Boolean,
+    CompactArray,
+    CompactString,
+    Int16,
+    Int32,
+    Schema,
+    TaggedFields,
+)
+
+from sidecar.observability.logging import get_logger
+from sidecar.tiering.cluster import ClusterUnavailableError
+
+__all__ = ["RetentionKafka"]
+
+log = get_logger(__name__)
+
+
+class _Uuid(AbstractType[bytes]):  # type: ignore[misc]  # aiokafka is untyped here
+    """Kafka's ``uuid`` field: 16 raw bytes."""
+
+    @classmethod
+    def encode(cls, value: bytes) -> bytes:
+        return bytes(value)
+
+    @classmethod
+    def decode(cls, data: BytesIO) -> bytes:
+        value = data.read(16)
+        if len(value) != 16:
+            raise ValueError("Buffer underrun decoding a uuid")
+        return value
+
+
+class _MetadataResponseV12(Response):  # type: ignore[misc]  # aiokafka is untyped here
+    API_KEY = 3
+    API_VERSION = 12
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "brokers",
+            CompactArray(
+                ("node_id", Int32),
+                ("host", CompactString("utf-8")),
+                ("port", Int32),
+                ("rack", CompactString("utf-8")),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("cluster_id", CompactString("utf-8")),
+        ("controller_id", Int32),
+        (
+            "topics",
+            CompactArray(
+                ("error_code", Int16),
+                ("name", CompactString("utf-8")),
+                ("topic_id", _Uuid),
+                ("is_internal", Boolean),
+                (
+                    "partitions",
+                    CompactArray(
+                        ("error_code", Int16),
+                        ("partition_index", Int32),
+                        ("leader_id", Int32),
+                        ("leader_epoch", Int32),
+                        ("replica_nodes", CompactArray(Int32)),
+                        ("isr_nodes", CompactArray(Int32)),
+                        ("offline_replicas", CompactArray(Int32)),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("topic_authorized_operations", Int32),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _MetadataRequestV12(RequestStruct):  # type: ignore[misc]  # aiokafka is untyped here
+    FLEXIBLE_VERSION = True
+    API_KEY = 3
+    API_VERSION = 12
+    RESPONSE_TYPE = _MetadataResponseV12
+    SCHEMA = Schema(
+        (
+            "topics",
+            CompactArray(
+                ("topic_id", _Uuid), ("name", CompactString("utf-8")), ("tags", TaggedFields)
+            ),
+        ),
+        ("allow_auto_topic_creation", Boolean),
+        ("include_topic_authorized_operations", Boolean),
+        ("tags", TaggedFields),
+    )
+
+
+class _AllTopicIds(Request[_MetadataRequestV12]):  # type: ignore[misc]  # aiokafka is untyped here
+    """Metadata v12 for every topic (a null topic array)."""
+
+    API_KEY = 3
+
+    def build(self, request_struct_class: type[_MetadataRequestV12]) -> _MetadataRequestV12:
+        return request_struct_class(None, False, False, {})
+
+
+def parse_topic_ids(response: Any) -> dict[str, uuid.UUID]:
+    """Topic name → id from a Metadata v12 response (topics with an error are left out)."""
+    ids: dict[str, uuid.UUID] = {}
+    for topic in response.to_object()["topics"]:
+        if topic["error_code"] != 0 or topic["name"] is None:
+            continue
+        ids[topic["name"]] = uuid.UUID(bytes=bytes(topic["topic_id"]))
+    return ids
+
+
+class RetentionKafka:
+    """An admin client and a consumer of its own (the cluster watcher's are private)."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: Sequence[str],
+        request_timeout_ms: int = 30_000,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._bootstrap = list(bootstrap_servers)
+        self._timeout_ms = request_timeout_ms
+        self._options = dict(client_options or {})
+        self._admin: Any = None
+        self._consumer: Any = None
+
+    async def _clients(self) -> tuple[Any, Any]:
+        if self._admin is None:
+            from aiokafka import AIOKafkaConsumer
+            from aiokafka.admin import AIOKafkaAdminClient
+
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._bootstrap,
+                request_timeout_ms=self._timeout_ms,
+                client_id="kafka-tiered-sidecar-retention",
+                **self._options,
+            )
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                enable_auto_commit=False,
+                request_timeout_ms=self._timeout_ms,
+                client_id="kafka-tiered-sidecar-retention",
+                **self._options,
+            )
+            try:
+                await admin.start()
+                await consumer.start()
+            except BaseException:
+                await _quietly(admin.close())
+                await _quietly(consumer.stop())
+                raise
+            self._admin, self._consumer = admin, consumer
+        return self._admin, self._consumer
+
+    async def aclose(self) -> None:
+        """Close the clients; idempotent."""
+        admin, consumer = self._admin, self._consumer
+        self._admin = self._consumer = None
+        if admin is not None:
+            await _quietly(admin.close())
+            await _quietly(consumer.stop())
+
+    async def topic_ids(self) -> dict[str, uuid.UUID]:
+        """Every topic of the cluster, name → id (Metadata v12)."""
+        from aiokafka.errors import KafkaError
+
+        try:
+            admin, _ = await self._clients()
+            node = admin._client.get_random_node()
+            response = await admin._client.send(node, _AllTopicIds())
+            return parse_topic_ids(response)
+        except (KafkaError, OSError, TimeoutError, ValueError) as exc:
+            await self.aclose()
+            raise ClusterUnavailableError(f"Metadata v12 (topic ids) failed: {exc!r}") from exc
+
+    async def log_start_offsets(
+        self, partitions: Collection[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """The broker's log start offset of each partition (ListOffsets EARLIEST)."""
+        from aiokafka import TopicPartition
+        from aiokafka.errors import KafkaError
+
+        if not partitions:
+            return {}
+        try:
+            _, consumer = await self._clients()
+            tps = [TopicPartition(t, p) for t, p in partitions]
+            starts = await consumer.beginning_offsets(tps)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await self.aclose()
+            raise ClusterUnavailableError(f"ListOffsets (earliest) failed: {exc!r}") from exc
+        return {(tp.topic, tp.partition): int(offset) for tp, offset in starts.items()}
+
+
+async def _quietly(closer: Any) -> None:
+    try:
+        await closer
+    except Exception as exc:  # noqa: BLE001 - closing is best effort
+        log.debug("client_close_failed", error=str(exc))

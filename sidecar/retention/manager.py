@@ -1,0 +1,519 @@
+"""The retention loop: remote retention, deletion of deleted topics and partitions, orphan scrub,
+and the local-retention safety warnings. One root task (``RetentionManager.run``).
+
+Every ``interval_s`` (Kafka's ``remote.log.manager.task.interval.ms``, 30 s by default):
+
+1. **Partition deletion** (KIP-405): a partition whose latest partition-delete event is
+   DELETE_PARTITION_MARKED or STARTED is processed by the sidecar of the broker that leads its
+   *metadata* partition (Kafka's RemotePartitionRemover runs there): publish STARTED, delete
+   every segment (DELETE_SEGMENT_STARTED → objects → DELETE_SEGMENT_FINISHED), publish FINISHED.
+   A crash leaves STARTED (or DELETE_SEGMENT_STARTED) behind, and the next pass resumes it.
+2. **Topic deletion**: a partition of the store whose topic id has been missing from the
+   cluster (Metadata v12) for ``topic_deletion_grace_s`` has every segment deleted, by the same
+   sidecar rule, with segment events only (Kafka's ``deleteRemoteLogPartition`` writes no
+   partition-delete records).
+3. **Remote retention** of the partitions this broker leads (fresh cluster view), with Kafka's
+   rules (:mod:`sidecar.retention.policy`): the lineage is the broker's leader-epoch
+   checkpoint, the log start offset comes from ListOffsets EARLIEST, ``retention.*`` from
+   DescribeConfigs.
+4. **Local-retention safety** (:mod:`sidecar.retention.safety`): at-risk gauge and warnings;
+   segments the broker deleted before they were tiered are counted as lost (``note_change`` is
+   the log-dir detector's callback; the check itself runs in the pass).
+5. **Orphan scrub** every ``scrub_interval_s``, once every metadata partition is read.
+
+So that the store knows every partition (for deletion and scrub), the manager makes the tailer
+read *all* metadata partitions, not only those of this broker's partitions (a deviation from
+Kafka's RLMM, which reads only its assigned ones). Store reads run in worker threads; every
+deletion goes through the publisher with read-back. With ``dry_run`` nothing is deleted: the
+decisions are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar._aio import wait_any
+from sidecar.config import RetentionConfig
+from sidecar.errors import SidecarError
+from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.kafka.logdir import PartitionScan
+from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteState,
+    SegmentMetadata,
+    SegmentMetadataUpdate,
+    TopicIdPartition,
+)
+from sidecar.metadata.partitioner import metadata_partition
+from sidecar.metadata.publisher import MetadataPublisher
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.metadata.tailer import MetadataTailer
+from sidecar.observability.logging import bind_context, get_logger
+from sidecar.observability.metrics import Metrics
+from sidecar.retention._kafka import RetentionKafka
+from sidecar.retention.policy import DeleteReason, Expiry, PartitionFacts, plan_expiry
+from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segments
+from sidecar.retention.scrub import OrphanScrubber
+from sidecar.storage.base import ObjectStore
+from sidecar.tiering.cluster import ClusterWatcher, TopicConfig
+from sidecar.tiering.planner import find_highest_remote_offset
+from sidecar.tiering.uploader import SegmentUploader
+
+__all__ = ["RetentionManager"]
+
+log = get_logger(__name__)
+
+_STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
+_DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+_DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+_PD_MARKED = RemotePartitionDeleteState.DELETE_PARTITION_MARKED
+_PD_STARTED = RemotePartitionDeleteState.DELETE_PARTITION_STARTED
+_PD_FINISHED = RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
+#: events published at once while deleting a batch of segments
+_PUBLISH_CONCURRENCY = 16
+
+
+@dataclass
+class PassSummary:
+    """What one pass did (logged as ``retention_pass``)."""
+
+    partitions: int = 0
+    deleted: int = 0
+    deleted_bytes: int = 0
+    would_delete: int = 0
+    at_risk: int = 0
+    errors: int = 0
+
+
+class RetentionManager:
+    """Applies remote retention and deletions; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        config: RetentionConfig,
+        views: Callable[[], Mapping[Path, PartitionScan]],
+        cluster: ClusterWatcher,
+        kafka: RetentionKafka,
+        store: RemoteSegmentStore,
+        tailer: MetadataTailer,
+        publisher: MetadataPublisher,
+        uploader: SegmentUploader,
+        objects: ObjectStore,
+        scrubber: OrphanScrubber,
+        metrics: Metrics,
+        metadata_topic: str,
+        num_metadata_partitions: int,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._config = config
+        self._views = views
+        self._cluster = cluster
+        self._kafka = kafka
+        self._store = store
+        self._tailer = tailer
+        self._publisher = publisher
+        self._uploader = uploader
+        self._objects = objects
+        self._scrubber = scrubber
+        self._metrics = metrics
+        self._metadata_topic = metadata_topic
+        self._num_mp = num_metadata_partitions
+        self._clock_ms = clock_ms
+        self._broker_id = uploader.broker_id
+        self._gone_since: dict[uuid.UUID, float] = {}
+        self._removed: list[tuple[PartitionScan, PartitionScan | None]] = []
+        self._warned_at_risk: set[tuple[str, int, int]] = set()
+        self._next_scrub_at = 0.0
+        self.passes = 0
+
+    # --- the log-dir detector's callback (event loop; no I/O)
+
+    def note_change(self, old: PartitionScan | None, new: PartitionScan | None) -> None:
+        """A partition dir changed: remember removed segments for the lost-segment check."""
+        if old is None:
+            return
+        if new is None or {s.base_offset for s in old.segments} - {
+            s.base_offset for s in new.segments
+        }:
+            self._removed.append((old, new))
+
+    # --- the loop
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Root task: one pass every ``interval_s`` until ``stopping``."""
+        try:
+            self._tailer.track(range(self._num_mp))
+            while not stopping.is_set():
+                try:
+                    await self.run_once(stopping)
+                except SidecarError as exc:
+                    self._metrics.retention_errors.labels(type(exc).__name__).inc()
+                    log.warning("retention_pass_failed", error=str(exc))
+                await wait_any(stopping, within=self._config.interval_s)
+        finally:
+            await self._kafka.aclose()
+
+    async def run_once(self, stopping: asyncio.Event | None = None) -> PassSummary:
+        """One pass (see the module docstring)."""
+        stop = stopping or asyncio.Event()
+        summary = PassSummary()
+        self.passes += 1
+        await self._check_lost()
+        topic_ids = await self._topic_ids()
+        partitions = await asyncio.to_thread(self._store.partitions)
+        for tp in partitions:
+            if stop.is_set():
+                break
+            await self._guarded(summary, tp, self._deletions(tp, topic_ids, summary))
+        await self._retention(summary, stop)
+        if self._config.scrub_enabled and time.monotonic() >= self._next_scrub_at:
+            await self._scrub()
+        log.info(
+            "retention_pass",
+            partitions=summary.partitions,
+            deleted=summary.deleted,
+            deleted_bytes=summary.deleted_bytes,
+            would_delete=summary.would_delete,
+            at_risk=summary.at_risk,
+            errors=summary.errors,
+        )
+        return summary
+
+    async def _guarded(
+        self, summary: PassSummary, tp: TopicIdPartition, work: Awaitable[None]
+    ) -> None:
+        with bind_context(topic=tp.topic, partition=tp.partition):
+            try:
+                await work
+            except SidecarError as exc:
+                summary.errors += 1
+                self._metrics.retention_errors.labels(type(exc).__name__).inc()
+                log.warning(
+                    "retention_partition_failed", error=str(exc), error_type=type(exc).__name__
+                )
+
+    async def _topic_ids(self) -> set[uuid.UUID] | None:
+        if not self._config.topic_deletion:
+            return None
+        try:
+            ids = await self._kafka.topic_ids()
+        except SidecarError as exc:
+            log.warning("topic_ids_unavailable", error=str(exc))
+            return None
+        return set(ids.values())
+
+    def _caught_up(self, tp: TopicIdPartition) -> bool:
+        return self._tailer.caught_up(metadata_partition(tp, self._num_mp))
+
+    def _processes(self, tp: TopicIdPartition) -> bool:
+        """Whether this sidecar deletes ``tp``'s data: its broker leads the metadata partition."""
+        view = self._cluster.view
+        mp = metadata_partition(tp, self._num_mp)
+        return view.fresh and view.leaders.get((self._metadata_topic, mp)) == self._broker_id
+
+    # --- partition and topic deletion
+
+    async def _deletions(
+        self, tp: TopicIdPartition, topic_ids: set[uuid.UUID] | None, summary: PassSummary
+    ) -> None:
+        if not self._caught_up(tp):
+            return
+        marker = await asyncio.to_thread(self._store.partition_delete, tp)
+        if marker is not None and marker.state in (_PD_MARKED, _PD_STARTED):
+            if self._processes(tp):
+                await self._delete_partition(tp, marker, summary)
+            return
+        if topic_ids is None:
+            return
+        if tp.topic_id in topic_ids:
+            self._gone_since.pop(tp.topic_id, None)
+            return
+        now = time.monotonic()
+        since = self._gone_since.setdefault(tp.topic_id, now)
+        if now - since < self._config.topic_deletion_grace_s or not self._processes(tp):
+            return
+        segments = await asyncio.to_thread(self._store.segments, tp)
+        if segments:
+            log.info(
+                "topic_deleted_remote_cleanup", topic_id=str(tp.topic_id), segments=len(segments)
+            )
+            await self._delete(
+                tp, [Expiry(s, DeleteReason.TOPIC_DELETED) for s in segments], summary
+            )
+
+    async def _delete_partition(
+        self, tp: TopicIdPartition, marker: PartitionDeleteMetadata, summary: PassSummary
+    ) -> None:
+        if self._config.dry_run:
+            segments = await asyncio.to_thread(self._store.segments, tp)
+            summary.would_delete += len(segments)
+            log.info("partition_delete_would_run", state=marker.state.name, segments=len(segments))
+            return
+        if marker.state is _PD_MARKED:
+            await self._publish_partition_state(tp, _PD_STARTED)
+        segments = await asyncio.to_thread(self._store.segments, tp)
+        log.info("partition_delete_started", segments=len(segments))
+        await self._delete(
+            tp, [Expiry(s, DeleteReason.PARTITION_DELETED) for s in segments], summary
+        )
+        await self._publish_partition_state(tp, _PD_FINISHED)
+        self._metrics.partition_deletions.inc()
+        log.info("partition_delete_finished", segments=len(segments))
+
+    async def _publish_partition_state(
+        self, tp: TopicIdPartition, state: RemotePartitionDeleteState
+    ) -> None:
+        await self._publisher.publish_and_wait(
+            PartitionDeleteMetadata(
+                topic_id_partition=tp,
+                broker_id=self._broker_id,
+                event_timestamp_ms=self._clock_ms(),
+                state=state,
+            )
+        )
+
+    # --- remote retention
+
+    async def _retention(self, summary: PassSummary, stop: asyncio.Event) -> None:
+        if not self._config.enabled:
+            return
+        view = self._cluster.view
+        led: list[tuple[PartitionScan, TopicIdPartition]] = []
+        at_risk: dict[str, int] = {}
+        for scan in self._views().values():
+            if scan.topic_id is None or not self._cluster.selected(scan.topic):
+                continue
+            at_risk.setdefault(scan.topic, 0)
+            if not view.may_upload(scan.topic, scan.partition):
+                continue
+            tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
+            if self._caught_up(tp):
+                led.append((scan, tp))
+        if not led:
+            self._publish_at_risk(at_risk)
+            return
+        try:
+            starts = await self._kafka.log_start_offsets(
+                [(tp.topic, tp.partition) for _, tp in led]
+            )
+        except SidecarError as exc:
+            log.warning("log_start_offsets_unavailable", error=str(exc))
+            return
+        for scan, tp in led:
+            if stop.is_set():
+                break
+            summary.partitions += 1
+            start = starts.get((tp.topic, tp.partition))
+            if start is None:
+                continue
+            await self._guarded(
+                summary, tp, self._retain_partition(scan, tp, start, summary, at_risk)
+            )
+        self._publish_at_risk(at_risk)
+
+    async def _retain_partition(
+        self,
+        scan: PartitionScan,
+        tp: TopicIdPartition,
+        log_start_offset: int,
+        summary: PassSummary,
+        at_risk: dict[str, int],
+    ) -> None:
+        view = self._cluster.view
+        config = view.configs.get(scan.topic)
+        lso = view.lso(scan.topic, scan.partition)
+        if config is None or lso is None:
+            return
+        active = scan.active_segment
+        log_end = max(active.base_offset if active is not None else 0, lso)
+        highest = await asyncio.to_thread(
+            find_highest_remote_offset,
+            scan.leader_epochs,
+            log_end,
+            functools.partial(self._store.highest_offset_for_epoch, tp),
+        )
+        now_ms = self._clock_ms()
+        self._check_at_risk(scan, highest, config, now_ms, summary, at_risk)
+        segments = await asyncio.to_thread(self._store.segments, tp)
+        if not segments:
+            return
+        facts = PartitionFacts(
+            lineage=[(e.epoch, e.start_offset) for e in scan.leader_epochs],
+            log_start_offset=log_start_offset,
+            log_end_offset=lso,
+            only_local_bytes=sum(s.size for s in scan.segments if s.base_offset >= highest),
+            retention_ms=config.retention_ms,
+            retention_bytes=config.retention_bytes,
+            now_ms=now_ms,
+        )
+        plan = plan_expiry(segments, facts)
+        if plan.deletions:
+            await self._delete(tp, list(plan.deletions), summary)
+
+    def _check_at_risk(
+        self,
+        scan: PartitionScan,
+        highest: int,
+        config: TopicConfig,
+        now_ms: int,
+        summary: PassSummary,
+        at_risk: dict[str, int],
+    ) -> None:
+        retention = LocalRetention.of(
+            remote_storage_enable=config.remote_storage_enable,
+            retention_ms=config.retention_ms,
+            retention_bytes=config.retention_bytes,
+            local_retention_ms=config.local_retention_ms,
+            local_retention_bytes=config.local_retention_bytes,
+        )
+        risky = at_risk_segments(
+            scan.segments,
+            highest_tiered_offset=highest,
+            retention=retention,
+            now_ms=now_ms,
+            fraction=self._config.at_risk_fraction,
+        )
+        at_risk[scan.topic] = at_risk.get(scan.topic, 0) + len(risky)
+        summary.at_risk += len(risky)
+        for segment in risky:
+            key = (scan.topic, scan.partition, segment.base_offset)
+            if key in self._warned_at_risk:
+                continue
+            self._warned_at_risk.add(key)
+            log.warning(
+                "segment_at_risk",
+                base_offset=segment.base_offset,
+                end_offset=segment.end_offset,
+                local_retention_ms=retention.ms,
+                local_retention_bytes=retention.bytes,
+            )
+
+    def _publish_at_risk(self, at_risk: Mapping[str, int]) -> None:
+        for topic, count in at_risk.items():
+            self._metrics.segments_at_risk.labels(topic).set(count)
+
+    async def _check_lost(self) -> None:
+        removed, self._removed = self._removed, []
+        for old, new in removed:
+            if old.topic_id is None or not self._cluster.selected(old.topic):
+                continue
+            tp = TopicIdPartition(decode_kafka_uuid(old.topic_id), old.topic, old.partition)
+            active = old.active_segment
+            highest = await asyncio.to_thread(
+                find_highest_remote_offset,
+                old.leader_epochs,
+                active.base_offset if active is not None else 0,
+                functools.partial(self._store.highest_offset_for_epoch, tp),
+            )
+            lost = lost_segments(
+                old.segments, new.segments if new is not None else (), highest_tiered_offset=highest
+            )
+            for segment in lost:
+                self._metrics.segments_lost.labels(old.topic).inc()
+                log.error(
+                    "segment_lost_untiered",
+                    topic=old.topic,
+                    partition=old.partition,
+                    base_offset=segment.base_offset,
+                    end_offset=segment.end_offset,
+                    highest_tiered_offset=highest,
+                )
+
+    # --- deleting segments
+
+    async def _delete(
+        self, tp: TopicIdPartition, items: Sequence[Expiry], summary: PassSummary
+    ) -> None:
+        """DELETE_SEGMENT_STARTED for each (unless already) → delete the objects (and any open
+        multipart upload of an unfinished copy) → DELETE_SEGMENT_FINISHED for each."""
+        if self._config.dry_run:
+            summary.would_delete += len(items)
+            for item in items:
+                log.info(
+                    "remote_segment_would_delete",
+                    reason=item.reason.value,
+                    segment_id=str(item.segment.segment_id.id),
+                    start_offset=item.segment.start_offset,
+                    end_offset=item.segment.end_offset,
+                )
+            return
+        slots = asyncio.Semaphore(_PUBLISH_CONCURRENCY)
+
+        async def publish(segment: SegmentMetadata, state: RemoteLogSegmentState) -> None:
+            async with slots:
+                await self._publisher.publish_and_wait(
+                    SegmentMetadataUpdate(
+                        segment_id=segment.segment_id,
+                        broker_id=self._broker_id,
+                        event_timestamp_ms=self._clock_ms(),
+                        state=state,
+                    )
+                )
+
+        log.info(
+            "remote_segments_deleting",
+            segments=len(items),
+            reasons=sorted({i.reason.value for i in items}),
+        )
+        await asyncio.gather(
+            *(
+                publish(i.segment, _DELETE_STARTED)
+                for i in items
+                if i.segment.state is not _DELETE_STARTED
+            )
+        )
+        keys = [key for i in items for key in self._uploader.keys(i.segment).values()]
+        await self._objects.delete(keys)
+        for item in items:
+            if item.segment.state is _STARTED or item.reason is DeleteReason.RETRY:
+                await self._abort_uploads(self._uploader.keys(item.segment).values())
+        await asyncio.gather(*(publish(i.segment, _DELETE_FINISHED) for i in items))
+        for item in items:
+            segment = item.segment
+            self._metrics.retention_deleted_segments.labels(tp.topic, item.reason.value).inc()
+            self._metrics.retention_deleted_bytes.labels(tp.topic, item.reason.value).inc(
+                segment.segment_size_in_bytes
+            )
+            summary.deleted += 1
+            summary.deleted_bytes += segment.segment_size_in_bytes
+            log.info(
+                "remote_segment_deleted",
+                reason=item.reason.value,
+                segment_id=str(segment.segment_id.id),
+                start_offset=segment.start_offset,
+                end_offset=segment.end_offset,
+                bytes=segment.segment_size_in_bytes,
+            )
+
+    async def _abort_uploads(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            async for upload in self._objects.list_multipart_uploads(key):
+                if upload.key == key:
+                    await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
+
+    # --- scrub
+
+    async def _scrub(self) -> None:
+        if not all(self._tailer.caught_up(p) for p in range(self._num_mp)):
+            self._metrics.scrub_runs.labels("skipped").inc()
+            return
+        self._next_scrub_at = time.monotonic() + self._config.scrub_interval_s
+        try:
+            report = await self._scrubber.scrub(dry_run=self._config.dry_run)
+        except SidecarError as exc:
+            self._metrics.scrub_runs.labels("failed").inc()
+            self._metrics.retention_errors.labels(type(exc).__name__).inc()
+            log.warning("scrub_failed", error=str(exc))
+            return
+        self._metrics.scrub_runs.labels("ok").inc()
+        if not report.dry_run:
+            self._metrics.scrub_deleted_objects.inc(len(report.orphans))
+            self._metrics.scrub_aborted_uploads.inc(len(report.aborted_uploads))

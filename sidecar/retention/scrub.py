@@ -1,0 +1,204 @@
+"""Orphan scrub: objects that no metadata references, and incomplete multipart uploads.
+
+One walk of the bucket under the sidecar's prefix (ListObjectsV2, 1000 keys a page) is compared
+with the metadata store:
+
+* a key that parses as a segment object (:class:`~sidecar.storage.keys.KeyLayout`) whose segment
+  id the store does not hold in any live state is an **orphan**; it is deleted once its
+  ``LastModified`` is older than ``object_grace_s``, never before (a copy's objects appear right
+  after its COPY_SEGMENT_STARTED, which another broker's store may not have read yet). The
+  candidates are checked against a second snapshot of the store just before deletion;
+* a key whose partition's metadata this store has not fully read (``in_scope`` says no) is
+  left alone, whatever it looks like;
+* keys that are not the sidecar's (they do not parse) are counted as ``foreign``, never deleted;
+* an incomplete multipart upload older than ``upload_grace_s`` is aborted, unless its segment
+  is a copy in flight (COPY_SEGMENT_STARTED).
+
+``dry_run`` reports the same decisions without deleting. Deletes go out 1000 keys a request,
+a few requests at a time. The store is read in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.observability.logging import get_logger
+from sidecar.storage.base import DELETE_BATCH_SIZE, MultipartUpload, ObjectStore
+from sidecar.storage.keys import KeyLayout
+
+__all__ = ["OrphanScrubber", "ScrubReport"]
+
+log = get_logger(__name__)
+
+_STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
+
+
+@dataclass
+class ScrubReport:
+    """What one scrub found and did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    objects_listed: int = 0
+    referenced: int = 0
+    #: orphans older than the grace period: deleted (or to delete, in a dry run)
+    orphans: list[str] = field(default_factory=list)
+    #: orphans younger than the grace period, left for a later scrub
+    young_orphans: int = 0
+    #: keys of partitions whose metadata this store has not fully read
+    out_of_scope: int = 0
+    #: keys that are not segment objects of this layout
+    foreign: int = 0
+    uploads_listed: int = 0
+    #: (key, upload id) of incomplete multipart uploads aborted (or to abort)
+    aborted_uploads: list[tuple[str, str]] = field(default_factory=list)
+    young_uploads: int = 0
+    #: uploads of copies in flight
+    uploads_in_flight: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready summary (keys included)."""
+        return {
+            "dry_run": self.dry_run,
+            "objects_listed": self.objects_listed,
+            "referenced": self.referenced,
+            "orphans": len(self.orphans),
+            "orphan_keys": self.orphans,
+            "young_orphans": self.young_orphans,
+            "out_of_scope": self.out_of_scope,
+            "foreign": self.foreign,
+            "uploads_listed": self.uploads_listed,
+            "aborted_uploads": [{"key": k, "upload_id": u} for k, u in self.aborted_uploads],
+            "young_uploads": self.young_uploads,
+            "uploads_in_flight": self.uploads_in_flight,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _live_segments(store: RemoteSegmentStore) -> dict[uuid.UUID, RemoteLogSegmentState]:
+    """Segment id → state of every live segment of every partition (worker thread)."""
+    live: dict[uuid.UUID, RemoteLogSegmentState] = {}
+    for tp in store.partitions():
+        for segment in store.segments(tp):
+            live[segment.segment_id.id] = segment.state
+    return live
+
+
+class OrphanScrubber:
+    """Compares the bucket with the metadata store and removes what nothing references."""
+
+    def __init__(
+        self,
+        *,
+        objects: ObjectStore,
+        store: RemoteSegmentStore,
+        layout: KeyLayout,
+        object_grace_s: float,
+        upload_grace_s: float,
+        in_scope: Callable[[TopicIdPartition], bool] = lambda tp: True,
+        delete_concurrency: int = 4,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._objects = objects
+        self._store = store
+        self._layout = layout
+        self._object_grace_s = object_grace_s
+        self._upload_grace_s = upload_grace_s
+        self._in_scope = in_scope
+        self._concurrency = delete_concurrency
+        self._now = now
+
+    async def scrub(self, *, dry_run: bool = False) -> ScrubReport:
+        """One full scrub of the layout's prefix."""
+        started = time.monotonic()
+        report = ScrubReport(dry_run=dry_run)
+        now = self._now()
+        live = await asyncio.to_thread(_live_segments, self._store)
+        scope: dict[tuple[uuid.UUID, str, int], bool] = {}
+        candidates: list[tuple[str, uuid.UUID]] = []
+        async for info in self._objects.list(self._layout.prefix):
+            report.objects_listed += 1
+            parsed = self._layout.parse(info.key)
+            if parsed is None:
+                report.foreign += 1
+                continue
+            if parsed.segment_id in live:
+                report.referenced += 1
+                continue
+            where = (parsed.topic_id, parsed.topic, parsed.partition)
+            ok = scope.get(where)
+            if ok is None:
+                ok = scope[where] = self._in_scope(
+                    TopicIdPartition(parsed.topic_id, parsed.topic, parsed.partition)
+                )
+            if not ok:
+                report.out_of_scope += 1
+                continue
+            modified = info.last_modified
+            if modified is None or (now - modified).total_seconds() < self._object_grace_s:
+                report.young_orphans += 1
+                continue
+            candidates.append((info.key, parsed.segment_id))
+        if candidates:
+            # a copy may have started while we listed: look at the store once more
+            again = await asyncio.to_thread(_live_segments, self._store)
+            for key, segment_id in candidates:
+                if segment_id in again:
+                    report.referenced += 1
+                else:
+                    report.orphans.append(key)
+        uploads = [u async for u in self._objects.list_multipart_uploads(self._layout.prefix)]
+        report.uploads_listed = len(uploads)
+        doomed: list[MultipartUpload] = []
+        for upload in uploads:
+            parsed = self._layout.parse(upload.key)
+            if parsed is not None and live.get(parsed.segment_id) is _STARTED:
+                report.uploads_in_flight += 1
+                continue
+            initiated = upload.initiated
+            if initiated is None or (now - initiated).total_seconds() < self._upload_grace_s:
+                report.young_uploads += 1
+                continue
+            doomed.append(upload)
+        report.aborted_uploads = [(u.key, u.upload_id) for u in doomed]
+        if not dry_run:
+            await self._delete(report.orphans)
+            for upload in doomed:
+                await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
+        report.seconds = time.monotonic() - started
+        log.info(
+            "scrub_finished",
+            dry_run=dry_run,
+            objects=report.objects_listed,
+            referenced=report.referenced,
+            orphans=len(report.orphans),
+            young_orphans=report.young_orphans,
+            out_of_scope=report.out_of_scope,
+            foreign=report.foreign,
+            uploads=report.uploads_listed,
+            aborted_uploads=len(report.aborted_uploads),
+            young_uploads=report.young_uploads,
+            seconds=round(report.seconds, 3),
+        )
+        return report
+
+    async def _delete(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        slots = asyncio.Semaphore(self._concurrency)
+
+        async def one(batch: list[str]) -> None:
+            async with slots:
+                await self._objects.delete(batch)
+
+        # gather, not a TaskGroup: the first StorageError reaches the caller as itself
+        await asyncio.gather(
+            *(one(keys[i : i + DELETE_BATCH_SIZE]) for i in range(0, len(keys), DELETE_BATCH_SIZE))
+        )
