@@ -18,7 +18,7 @@ check-python:
 $(STAMP): pyproject.toml | check-python
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev,deploy]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,deploy,spark]'
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 

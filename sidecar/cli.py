@@ -1,6 +1,7 @@
 """The ``sidecar`` command line: argument parsing and exit codes, nothing else.
 
-Subcommands: ``version``, ``run``, ``config check``, ``inspect``. Each maps a SidecarError to its
+Subcommands: ``version``, ``run``, ``config check``, ``inspect``, ``scrub``,
+``delete-partition`` (and more, see ``build_parser``). Each maps a SidecarError to its
 ``exit_code`` (ConfigError → 2) and prints one clear line on stderr. Heavy modules are imported
 inside the subcommand that needs them, so ``sidecar --help`` stays fast.
 """
@@ -128,6 +129,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--records", action="store_true", help="dump decoded records")
 
+    # --- the archive audit on Spark (issue 8; needs the `spark` extra)
+    spark = sub.add_parser("spark", help="Spark jobs over the tiered archive")
+    spark_sub = spark.add_subparsers(dest="spark_command", metavar="SUBCOMMAND", required=True)
+    from sidecar.spark.verify import add_arguments as add_verify_arguments
+
+    add_verify_arguments(
+        spark_sub.add_parser(
+            "verify", help="check every tiered segment's CRCs, checksums and offsets on Spark"
+        )
+    )
+
+    # --- orphan scrub and partition deletion (issue 6)
+    scrub = sub.add_parser(
+        "scrub", help="delete unreferenced objects and stale multipart uploads from the bucket"
+    )
+    _add_config_args(scrub)
+    scrub.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    scrub.add_argument("--json", action="store_true", help="print the report as JSON")
+    delete_partition = sub.add_parser(
+        "delete-partition",
+        help="mark a partition's tiered data for deletion (KIP-405 DELETE_PARTITION_MARKED)",
+    )
+    _add_config_args(delete_partition)
+    delete_partition.add_argument("--topic", required=True)
+    delete_partition.add_argument("--partition", type=int, required=True)
+    delete_partition.add_argument(
+        "--topic-id", default=None, help="the topic id, for a topic that no longer exists"
+    )
+
     read = sub.add_parser("read", help="print tiered records from the read socket (like kcat)")
     _add_config_args(read)
     where = read.add_mutually_exclusive_group()
@@ -138,10 +168,20 @@ def build_parser() -> argparse.ArgumentParser:
     start = read.add_mutually_exclusive_group(required=True)
     start.add_argument("--offset", type=int, default=None, help="first offset to print")
     start.add_argument(
-        "--timestamp", type=int, default=None, help="start at the first record at or after (ms)"
+        "--timestamp",
+        type=int,
+        default=None,
+        help="start at the first record at or after (ms); -2 earliest, -3 max timestamp",
     )
     read.add_argument("--count", type=int, default=None, help="stop after this many records")
     read.add_argument("--json", action="store_true", help="one JSON object per record (kcat -J)")
+    read.add_argument(
+        "--isolation",
+        choices=("read_uncommitted", "read_committed"),
+        default="read_uncommitted",
+        help="a consumer's isolation.level: read_committed leaves out aborted transactions"
+        " (default read_uncommitted, as Kafka's consumers)",
+    )
     return parser
 
 
@@ -204,11 +244,30 @@ def _dispatch(args: argparse.Namespace) -> int:
             max_messages=args.max_messages,
             out=sys.stdout,
         )
+    if args.command == "spark":
+        from sidecar.spark.verify import verify_command
+
+        return verify_command(args)
     if args.command == "inspect":
         from sidecar.kafka.inspect import run_inspect
 
         return run_inspect(
             args.path, as_json=args.json, verify=args.verify, records=args.records, out=sys.stdout
+        )
+    if args.command in ("scrub", "delete-partition"):  # issue 6
+        from sidecar.retention import _cli as retention_cli
+
+        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        if args.command == "scrub":
+            return retention_cli.scrub_command(
+                config, dry_run=args.dry_run, as_json=args.json, out=sys.stdout
+            )
+        return retention_cli.delete_partition_command(
+            config,
+            topic=args.topic,
+            partition=args.partition,
+            topic_id=args.topic_id,
+            out=sys.stdout,
         )
     if args.command == "read":
         from sidecar.readserver._cli import read_command
@@ -230,6 +289,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             as_json=args.json,
             out=sys.stdout,
             err=sys.stderr,
+            isolation=args.isolation,
         )
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
 

@@ -103,11 +103,13 @@ def s3(stack_root: Path, _containers: dict[str, Any] | None) -> Iterator[Any]:
     """SeaweedFS's S3 gateway on loopback with credentials enforced and the bucket created."""
     if _containers is not None:
         yield _containers["s3"]
+        _leak_check(_containers["s3"])
         return
     server = stack.SeaweedS3.create(stack_root / "s3")
     try:
         server.start()
         yield server
+        _leak_check(server)
     finally:
         server.stop()
 
@@ -123,9 +125,140 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def s3_prefix(request: pytest.FixtureRequest) -> str:
-    """A bucket key prefix unique to this test."""
-    return f"tests/{_slug(request.node.name)}-{secrets.token_hex(3)}/"
+def s3_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A bucket key prefix unique to this test; what the test leaves under it is removed after.
+
+    The choice (issue 6): tests whose subject is deletion (retention, topic and partition
+    deletion, scrub) assert themselves that the sidecar's own deletion paths emptied their
+    prefix before this teardown runs; for every other test this teardown is the cleanup, so
+    that the session's leak check (:func:`_leak_check`) finds an empty bucket.
+    """
+    prefix = f"tests/{_slug(request.node.name)}-{secrets.token_hex(3)}/"
+    yield prefix
+    if "s3" in request.fixturenames:
+        _clean_prefix(request.getfixturevalue("s3"), prefix)
+
+
+# --- the suite-wide leak check (issue 6) ---------------------------------------------------
+
+#: what the leak check saw at the end of the session: bucket → leaked keys / uploads
+LEAK_REPORT: dict[str, dict[str, list[str]]] = {}
+
+
+def _clean_prefix(s3: Any, prefix: str) -> None:
+    """Abort every incomplete multipart upload and delete every object under ``prefix``."""
+    client = s3.client()
+    try:
+        for upload in _uploads(client, s3.bucket, prefix):
+            client.abort_multipart_upload(
+                Bucket=s3.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+            )
+        keys = _keys(client, s3.bucket, prefix)
+        for i in range(0, len(keys), 1000):
+            client.delete_objects(
+                Bucket=s3.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True},
+            )
+    finally:
+        client.close()
+
+
+def _keys(client: Any, bucket: str, prefix: str = "") -> list[str]:
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+
+def _uploads(client: Any, bucket: str, prefix: str = "") -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        page = client.list_multipart_uploads(**params)
+        found += page.get("Uploads", [])
+        markers = {
+            name: page[f"Next{name}"]
+            for name in ("KeyMarker", "UploadIdMarker")
+            if page.get(f"Next{name}")
+        }
+        if not page.get("IsTruncated") or not markers:
+            return found
+        params.update(markers)
+
+
+def _leak_check(s3: Any) -> None:
+    """At the end of the session: every bucket of the session's S3 server must be empty, with
+    no incomplete multipart upload. Fails the run (a teardown error), naming what leaked."""
+    client = s3.client()
+    try:
+        buckets = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
+        leaks: list[str] = []
+        for bucket in buckets:
+            keys = _keys(client, bucket)
+            uploads = [f"{u['Key']} (upload {u['UploadId']})" for u in _uploads(client, bucket)]
+            LEAK_REPORT[bucket] = {"objects": keys, "uploads": uploads}
+            leaks += [f"s3://{bucket}/{k}" for k in keys]
+            leaks += [f"s3://{bucket}/{u}" for u in uploads]
+    finally:
+        client.close()
+    if leaks:
+        shown = "\n  ".join(leaks[:200])
+        more = f"\n  ... and {len(leaks) - 200} more" if len(leaks) > 200 else ""
+        pytest.fail(
+            f"leak check: {len(leaks)} objects/uploads left in the session's buckets"
+            f" {buckets}:\n  {shown}{more}",
+            pytrace=False,
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what the leak check listed (only when a test used S3)."""
+    for bucket, found in LEAK_REPORT.items():
+        terminalreporter.write_line(
+            f"S3 leak check: bucket {bucket}: {len(found['objects'])} objects,"
+            f" {len(found['uploads'])} incomplete multipart uploads left"
+        )
+
+
+# --- Spark (issue 8): one local[2] session per test session, with Spark's Kafka source on it
+
+
+@pytest.fixture(scope="session")
+def spark_kafka_jars() -> list[Path]:
+    """spark-sql-kafka-0-10 (matching the installed pyspark, or the newest published below it)
+    and the deps pyspark does not ship, fetched with Maven into the home cache on first use."""
+    return stack.spark_kafka_jars()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_kafka_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A SparkSession local[2] bound to 127.0.0.1 (UI off), with the `kafka-tiered` source
+    registered (filter pushdown on) and Spark's `kafka` source on the classpath."""
+    import os
+
+    from pyspark.sql import SparkSession
+
+    import sidecar.spark
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers need this venv (pyarrow, sidecar)
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("kafka-tiered-sidecar-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
+        .config("spark.jars", ",".join(str(p) for p in spark_kafka_jars))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    sidecar.spark.register(session)
+    try:
+        yield session
+    finally:
+        session.stop()
 
 
 __all__ = ["KafkaHandle", "stack"]

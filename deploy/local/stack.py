@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -155,6 +156,86 @@ def kafka_libs(version: str = KAFKA_VERSION) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
+
+
+# Spark's Kafka source (spark-sql-kafka-0-10): the peer of the PySpark source (issue 8)
+
+#: connector (and its spark-token-provider-kafka dependency) versions tried, newest first, when the
+#: one matching the installed pyspark is not published on the registry this machine reaches
+SPARK_KAFKA_FALLBACKS = ("4.2.0", "4.1.3", "4.1.2", "4.1.1", "4.1.0", "4.0.1", "4.0.0")
+TOKEN_PROVIDER_FALLBACKS = ("4.0.0",)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+
+
+def spark_kafka_jars(spark_version: str | None = None) -> list[Path]:
+    """Jars to add to ``spark.jars`` for ``format("kafka")``: the connector matching the
+    installed pyspark (or the newest published one below it) and its deps that the pyspark wheel
+    does not ship, copied from ``~/.m2`` into ``~/.cache/kafka-tiered-sidecar/spark-sql-kafka-
+    <pyspark version>/jars``. ``versions.json`` there records the versions actually used."""
+    if spark_version is None:
+        from importlib.metadata import version
+
+        spark_version = version("pyspark")
+    target = CACHE / f"spark-sql-kafka-{spark_version}" / "jars"
+    if not (target / ".complete").exists():
+        _fetch_spark_kafka(spark_version, target)
+    return sorted(target.glob("*.jar"))
+
+
+def _fetch_spark_kafka(spark_version: str, target: Path) -> None:
+    import pyspark
+
+    require_java()
+    mvn = require_maven()
+    shipped = {
+        re.sub(r"-\d[\w.\-]*\.jar$", "", p.name)
+        for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")
+    }
+    ceiling = _version_key(spark_version)
+    connectors = [spark_version] + [
+        v for v in SPARK_KAFKA_FALLBACKS if _version_key(v) <= ceiling and v != spark_version
+    ]
+    errors = []
+    for connector in connectors:
+        for token in (connector, *(t for t in TOKEN_PROVIDER_FALLBACKS if t != connector)):
+            tmp = target.with_name(f"jars.tmp-{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            cmd = [
+                mvn, "-B", "-q", "-f", str(HERE / "spark" / "pom.xml"),
+                f"-Dspark.version={connector}", f"-Dtoken-provider.version={token}",
+                "dependency:copy-dependencies", "-DincludeScope=runtime",
+                f"-DoutputDirectory={tmp}",
+            ]  # fmt: skip
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if result.returncode != 0 or not any(tmp.glob("spark-sql-kafka-0-10_*.jar")):
+                errors.append(f"{connector}/{token}: exit {result.returncode}")
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            for jar in tmp.glob("*.jar"):
+                if re.sub(r"-\d[\w.\-]*\.jar$", "", jar.name) in shipped:
+                    jar.unlink()
+            (tmp / "versions.json").write_text(
+                json.dumps({"pyspark": spark_version, "connector": connector, "token": token})
+            )
+            (tmp / ".complete").write_text(spark_version + "\n")
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            return
+    raise StackError(
+        f"fetching spark-sql-kafka-0-10 for pyspark {spark_version} with Maven failed: "
+        + "; ".join(errors)
+    )
+
+
+def spark_kafka_versions(spark_version: str | None = None) -> dict[str, str]:
+    """The versions :func:`spark_kafka_jars` resolved (pyspark, connector, token provider)."""
+    jars = spark_kafka_jars(spark_version)
+    data: dict[str, str] = json.loads((jars[0].parent / "versions.json").read_text())
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -936,6 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "fetch":
             print(kafka_libs())
+            if importlib.util.find_spec("pyspark") is not None:  # the `spark` extra
+                print(spark_kafka_jars()[0].parent)
             return 0
         if args.command == "up":
             overrides = dict(kv.split("=", 1) for kv in args.override)
