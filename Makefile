@@ -64,9 +64,14 @@ fuzz: $(STAMP)
 	SIDECAR_FUZZ_EXAMPLES=10000 $(BIN)/python -m pytest -p no:cacheprovider -q tests/unit/kafka/test_kafka_fuzz.py tests/unit/kafka/test_kafka_fuzz_codecs.py --hypothesis-show-statistics
 
 # benchmarks print ratios measured side by side in one run; results go to tests/bench/RESULTS.md
+# each script prints ratios against a baseline run side by side; results: tests/bench/RESULTS.md
 bench: $(STAMP)
 	$(BIN)/python tests/bench/bench_kafka_format.py
 	$(BIN)/python tests/bench/bench_metadata_store.py
+	$(BIN)/python tests/bench/bench_tiering.py
+	$(BIN)/python tests/bench/bench_read.py
+	$(BIN)/python tests/bench/bench_scrub.py
+	$(BIN)/python tests/bench/bench_spark.py
 
 demo: $(STAMP)
 	$(BIN)/python deploy/local/demo.py
