@@ -8,6 +8,7 @@ chunk cache.
 * ``cache``    the disk chunk cache and the memory cache of indexes (single flight)
 * ``client``   the async Python client
 * ``errors``   the read errors, one HTTP status and stable code each
+* ``_txn``     isolation levels, aborted-transaction lists, the read_committed filter
 
 Layering: this package sits beside ``tiering`` (``app > readserver > metadata | storage > kafka``);
 it never imports ``sidecar.app`` or ``sidecar.tiering``.
@@ -15,9 +16,10 @@ it never imports ``sidecar.app`` or ``sidecar.tiering``.
 
 from __future__ import annotations
 
+from sidecar.readserver._txn import AbortedTransaction, CommittedFilter, IsolationLevel
 from sidecar.readserver.app import ReadServer, build_app, socket_path_for
 from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
-from sidecar.readserver.client import ReadClient, RecordsPage
+from sidecar.readserver.client import ReadClient, RecordBatches, RecordsPage
 from sidecar.readserver.errors import (
     AmbiguousTopicError,
     BadRequestError,
@@ -39,10 +41,13 @@ from sidecar.readserver.routes import ReadLimits
 from sidecar.readserver.service import ReadService
 
 __all__ = [
+    "AbortedTransaction",
     "AmbiguousTopicError",
     "BadRequestError",
     "ChunkCache",
+    "CommittedFilter",
     "IndexNotFoundError",
+    "IsolationLevel",
     "MemoryCache",
     "MetadataUnavailableError",
     "ObjectRef",
@@ -53,6 +58,7 @@ __all__ = [
     "ReadLimits",
     "ReadServer",
     "ReadService",
+    "RecordBatches",
     "RecordsPage",
     "RemoteDataError",
     "ServerUnreachableError",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from sidecar.kafka.records import Record, TimestampType
+from sidecar.readserver._txn import IsolationLevel
 from sidecar.readserver.client import ReadClient
 
 __all__ = ["format_record", "read_command"]
@@ -63,8 +64,11 @@ def read_command(
     as_json: bool,
     out: TextIO,
     err: TextIO,
+    isolation: str = IsolationLevel.READ_UNCOMMITTED.value,
 ) -> int:
-    """Run ``sidecar read``; ReadErrors propagate (the CLI prints them and exits 1)."""
+    """Run ``sidecar read``; ReadErrors propagate (the CLI prints them and exits 1).
+    ``isolation`` is a Kafka consumer's ``isolation.level`` (read_uncommitted by default, as
+    Kafka's consumers: read_committed leaves out the records of aborted transactions)."""
     return asyncio.run(
         _read(
             socket_path=socket_path,
@@ -77,6 +81,7 @@ def read_command(
             as_json=as_json,
             out=out,
             err=err,
+            isolation=IsolationLevel(isolation),
         )
     )
 
@@ -93,6 +98,7 @@ async def _read(
     as_json: bool,
     out: TextIO,
     err: TextIO,
+    isolation: IsolationLevel,
 ) -> int:
     async with ReadClient(socket_path=socket_path, url=url) as client:
         if offset is None:
@@ -106,7 +112,11 @@ async def _read(
                 )
                 return 0
             offset = int(answer["offset"])
-        async for record in client.iter_records(topic, partition, offset, count=count):
+            tiered = answer.get("tiered")
+            if tiered is not None and offset > int(tiered["end_offset"]):
+                return 0  # LATEST (-1): the end of the tiered data, nothing after it
+        records = client.iter_records(topic, partition, offset, count=count, isolation=isolation)
+        async for record in records:
             line = format_record(record, topic=topic, partition=partition, as_json=as_json)
             print(line, file=out)
     return 0

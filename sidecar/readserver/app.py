@@ -152,6 +152,7 @@ class ReadServer:
             log_dirs=config.broker.log_dirs if log_dirs is None else log_dirs,
             fetch_timeout_s=read.fetch_timeout_s,
             indexes=MemoryCache(max_weight=read.index_cache_bytes, metrics=metrics),
+            plan_responses=read.sendfile,
         )
         limits = ReadLimits(
             default_response_bytes=min(read.default_response_bytes, read.max_response_bytes),

@@ -19,6 +19,11 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   renamed, so a file with the final name is complete. Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
   or is short is fetched again. One process per directory.
+* **copies**: each cached copy of a chunk has a number (:meth:`ChunkCache.copy_id`) that changes
+  when the chunk is evicted or invalidated and fetched again, so a caller that checked a copy's
+  bytes (the read service verifies CRCs) can tell later that it still holds those bytes, and
+  send them without reading them (:meth:`ChunkCache.open_chunk`: the chunk in memory, or an
+  open file descriptor for ``sendfile``).
 
 :class:`MemoryCache` is the same single-flight, never-cache-a-failure rule for parsed objects,
 bounded by a weight (bytes).
@@ -150,6 +155,9 @@ class ChunkCache:
         #: evicted while still being written: counted until the writer removes the file
         self._doomed: dict[str, int] = {}
         self._writers: set[asyncio.Task[None]] = set()
+        #: the copy number of each cached chunk (assigned on first use)
+        self._copies: dict[str, int] = {}
+        self._next_copy = 0
         self._state = _State.NEW
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -217,6 +225,41 @@ class ChunkCache:
         """Wait until no GET is in flight (read-ahead included); for tests and benchmarks."""
         while self._inflight or self._writers:
             await asyncio.gather(*self._inflight.values(), *self._writers, return_exceptions=True)
+
+    def copy_id(self, obj: ObjectRef, index: int) -> int | None:
+        """The number of the cached copy of chunk ``index`` of ``obj`` (None: not cached); it
+        changes whenever the chunk is fetched again."""
+        name = self._name(obj.key, index)
+        if name not in self._lru:
+            return None
+        found = self._copies.get(name)
+        if found is None:
+            self._next_copy += 1
+            found = self._copies[name] = self._next_copy
+        return found
+
+    async def open_chunk(self, obj: ObjectRef, index: int, copy: int) -> bytes | int | None:
+        """Copy ``copy`` of chunk ``index`` of ``obj`` without reading it: its bytes when they
+        are in memory, else a file descriptor opened on its file (the caller closes it); None
+        when that copy is no longer cached. Refreshes the chunk's place in the LRU order."""
+        self._check_open()
+        name = self._name(obj.key, index)
+        if self.copy_id(obj, index) != copy:
+            return None
+        self._lru.move_to_end(name)
+        memory = self._writing.get(name) or self._recent.get(name)
+        if memory is not None:
+            return memory
+        try:
+            fd = await asyncio.to_thread(os.open, self._path(name), os.O_RDONLY)
+        except FileNotFoundError:
+            self._forget(name)
+            return None
+        if self._copies.get(name) != copy or name not in self._lru:
+            os.close(fd)  # evicted (and maybe fetched again) while it was being opened
+            return None
+        self._count("hit")
+        return fd
 
     def _name(self, key: str, index: int) -> str:
         digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
@@ -374,6 +417,7 @@ class ChunkCache:
                 while len(self._recent) > self._memory_chunks:
                     self._recent.popitem(last=False)
             self._make_room(len(data))
+            self._copies.pop(name, None)  # a new copy
             self._lru[name] = len(data)
             self._bytes += len(data)
             self._gauge()
@@ -406,6 +450,7 @@ class ChunkCache:
         while self._lru and self._bytes + incoming > self.max_bytes:
             name, size = self._lru.popitem(last=False)
             self._recent.pop(name, None)
+            self._copies.pop(name, None)
             evicted += 1
             if name in self._writing:
                 self._doomed[name] = size
@@ -417,6 +462,7 @@ class ChunkCache:
 
     def _forget(self, name: str) -> None:
         self._recent.pop(name, None)
+        self._copies.pop(name, None)
         size = self._lru.pop(name, None)
         if size is not None:
             self._bytes -= size

@@ -26,6 +26,13 @@ from typing import Any, Self
 import aiohttp
 
 from sidecar.kafka.records import Record, TimestampType, decode_batches
+from sidecar.readserver._txn import (
+    ABORTED_TRANSACTIONS_HEADER,
+    AbortedTransaction,
+    CommittedFilter,
+    IsolationLevel,
+    parse_aborted,
+)
 from sidecar.readserver.errors import (
     ReadError,
     ServerUnreachableError,
@@ -33,7 +40,7 @@ from sidecar.readserver.errors import (
     error_for,
 )
 
-__all__ = ["ReadClient", "RecordsPage"]
+__all__ = ["ReadClient", "RecordBatches", "RecordsPage"]
 
 _BASE_FOR_SOCKET = "http://localhost"
 
@@ -42,6 +49,17 @@ class _State(enum.Enum):
     UNOPENED = "unopened"
     OPENED = "opened"
     CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatches:
+    """One raw records response: the batches as the broker wrote them and, for read_committed,
+    the aborted transactions that overlap them (Kafka's FetchResponse; filter with
+    :class:`CommittedFilter`)."""
+
+    data: bytes
+    aborted: list[AbortedTransaction]
+    isolation: IsolationLevel
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +148,26 @@ class ReadClient:
         chunks = [piece async for piece in self._stream(path, params)]
         return b"".join(chunks)
 
+    async def _get_with_headers(
+        self, path: str, params: Mapping[str, Any] | None = None
+    ) -> tuple[bytes, Mapping[str, str]]:
+        headers: dict[str, str] = {}
+        chunks = [piece async for piece in self._stream(path, params, headers=headers)]
+        return b"".join(chunks), headers
+
     async def _get_json(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
         return json.loads(await self._get(path, params))
 
     async def _stream(
-        self, path: str, params: Mapping[str, Any] | None = None, *, piece_bytes: int = 1 << 20
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        piece_bytes: int = 1 << 20,
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[bytes]:
-        """The response body of a GET, piece by piece; errors raised as ``ReadError``s."""
+        """The response body of a GET, piece by piece (the response headers into ``headers``
+        when given); errors raised as ``ReadError``s."""
         session = self._open()
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
         where = f"{self._socket_path or self._base}{path}"
@@ -149,6 +180,8 @@ class ReadClient:
                     except ValueError:
                         document = {"message": body.decode(errors="replace")[:500]}
                     raise error_for(response.status, document)
+                if headers is not None:
+                    headers.update(response.headers)
                 async for piece in response.content.iter_chunked(piece_bytes):
                     yield piece
         except aiohttp.ClientConnectionError as exc:
@@ -163,6 +196,11 @@ class ReadClient:
         return f"/v1/topics/{topic}/partitions/{partition}"
 
     # -- the API -------------------------------------------------------------------------
+
+    #: ListOffsets' special timestamps
+    LATEST = -1
+    EARLIEST = -2
+    MAX_TIMESTAMP = -3
 
     async def version(self) -> dict[str, Any]:
         """The API version and the sidecar's version."""
@@ -193,7 +231,10 @@ class ReadClient:
         self, topic: str, partition: int, timestamp: int
     ) -> dict[str, Any]:
         """``{"offset", "timestamp", "leader_epoch", ...}`` of the first record at or after
-        ``timestamp``; the values are None when no tiered record is that late."""
+        ``timestamp``; the values are None when no tiered record is that late. As in Kafka's
+        ListOffsets, ``-2`` (:attr:`EARLIEST`) answers the first tiered offset, ``-1``
+        (:attr:`LATEST`) the last tiered offset + 1, ``-3`` (:attr:`MAX_TIMESTAMP`) the first
+        record with the largest timestamp."""
         found: dict[str, Any] = await self._get_json(
             self._partition(topic, partition) + "/offsets", {"timestamp": timestamp}
         )
@@ -208,6 +249,33 @@ class ReadClient:
             {"offset": offset, "max_bytes": max_bytes},
         )
 
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int | None = None,
+        isolation: IsolationLevel | str = IsolationLevel.READ_UNCOMMITTED,
+    ) -> RecordBatches:
+        """Raw record batches as :meth:`record_batches`, with the aborted transactions that
+        overlap them when ``isolation`` is read_committed (a Kafka fetch)."""
+        level = IsolationLevel(isolation)
+        data, headers = await self._get_with_headers(
+            self._partition(topic, partition) + "/records",
+            {"offset": offset, "max_bytes": max_bytes, "isolation": level.value},
+        )
+        aborted: list[AbortedTransaction] = []
+        if level is IsolationLevel.READ_COMMITTED:
+            listed = headers.get(ABORTED_TRANSACTIONS_HEADER)
+            if listed is None:
+                raise ReadError(
+                    f"the read server sent no {ABORTED_TRANSACTIONS_HEADER} header for a"
+                    " read_committed fetch (an older server?)"
+                )
+            aborted = parse_aborted(listed)
+        return RecordBatches(data, aborted, level)
+
     async def records_json(
         self,
         topic: str,
@@ -216,8 +284,10 @@ class ReadClient:
         *,
         max_bytes: int | None = None,
         max_records: int | None = None,
+        isolation: IsolationLevel | str = IsolationLevel.READ_UNCOMMITTED,
     ) -> RecordsPage:
-        """Records from ``offset`` decoded by the server (``format=json``)."""
+        """Records from ``offset`` decoded by the server (``format=json``); read_committed
+        leaves out the records of aborted transactions."""
         document = await self._get_json(
             self._partition(topic, partition) + "/records",
             {
@@ -225,6 +295,7 @@ class ReadClient:
                 "max_bytes": max_bytes,
                 "max_records": max_records,
                 "format": "json",
+                "isolation": IsolationLevel(isolation).value,
             },
         )
         return RecordsPage(
@@ -234,17 +305,33 @@ class ReadClient:
         )
 
     async def records(
-        self, topic: str, partition: int, offset: int, *, max_bytes: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int | None = None,
+        isolation: IsolationLevel | str = IsolationLevel.READ_UNCOMMITTED,
     ) -> RecordsPage:
         """Records from ``offset``, decoded here from raw batches (CRC-checked); control
-        records and records before ``offset`` are left out."""
-        data = await self.record_batches(topic, partition, offset, max_bytes=max_bytes)
+        records and records before ``offset`` are left out, and with read_committed the
+        records of aborted transactions (as a Kafka consumer filters a fetch)."""
+        fetched = await self.fetch(
+            topic, partition, offset, max_bytes=max_bytes, isolation=isolation
+        )
+        committed = None
+        if fetched.isolation is IsolationLevel.READ_COMMITTED:
+            committed = CommittedFilter(fetched.aborted)
         records: list[Record] = []
         next_offset = offset
-        for header, decoded in decode_batches(data):
+        for header, decoded in decode_batches(fetched.data):
+            next_offset = max(next_offset, header.next_offset)
+            if committed is not None:
+                control = decoded[0].control_type if header.is_control and decoded else None
+                if not committed.accept(header, control):
+                    continue
             if not header.is_control:
                 records.extend(r for r in decoded if r.offset >= offset)
-            next_offset = max(next_offset, header.next_offset)
         return RecordsPage(records, next_offset, None)
 
     async def iter_records(
@@ -255,12 +342,15 @@ class ReadClient:
         *,
         count: int | None = None,
         max_bytes: int | None = None,
+        isolation: IsolationLevel | str = IsolationLevel.READ_UNCOMMITTED,
     ) -> AsyncIterator[Record]:
         """Records from ``offset`` to the end of the tiered data (or ``count`` records)."""
         seen = 0
         while count is None or seen < count:
             try:
-                page = await self.records(topic, partition, offset, max_bytes=max_bytes)
+                page = await self.records(
+                    topic, partition, offset, max_bytes=max_bytes, isolation=isolation
+                )
             except ReadError as exc:
                 if exc.code == "offset_out_of_range" and seen:
                     return  # read to the end of the tiered range

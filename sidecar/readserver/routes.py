@@ -14,15 +14,23 @@ Responses stream: a handler writes batches or byte ranges as they come from the 
 with backpressure from the socket, so a response holds one cache window (1 MiB) at a time. The
 first piece is read before the status line goes out, so early failures are proper errors; a
 failure after that closes the connection without finishing the body (the client sees a
-truncated response, never a wrong one).
+truncated response, never a wrong one). Warm responses (raw records over verified batches, raw
+segment ranges, all in cached chunks) are planned instead: their length is known, and file
+pieces go out with ``os.sendfile`` in worker threads, never read into this process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
+import contextlib
 import json
+import os
 import re
+import select
+import socket
+import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -30,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.abc import AbstractStreamWriter
 
 from sidecar import __version__
 from sidecar.errors import (
@@ -48,6 +57,12 @@ from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata, Topi
 from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.readserver._txn import (
+    ABORTED_TRANSACTIONS_HEADER,
+    CommittedFilter,
+    IsolationLevel,
+    format_aborted,
+)
 from sidecar.readserver.errors import (
     BadRequestError,
     MetadataUnavailableError,
@@ -58,8 +73,11 @@ from sidecar.readserver.errors import (
     UnknownSegmentError,
 )
 from sidecar.readserver.service import (
+    MAX_TIMESTAMP,
     BatchStream,
     ByteStream,
+    FileRange,
+    Plan,
     ReadService,
     RunStream,
     decode_batch,
@@ -88,6 +106,14 @@ _INT: Final = re.compile(r"-?[0-9]{1,19}\Z")
 _MAX_INT64: Final = 2**63 - 1
 _MAX_INT32: Final = 2**31 - 1
 _WRITE_BYTES: Final = 256 * 1024
+#: file ranges smaller than this are read and written (a thread hop either way)
+_SENDFILE_MIN_BYTES: Final = 256 * 1024
+_SENDFILE_POLL_MS: Final = 50
+_SEND_BUFFER_BYTES: Final = 4 * 1024 * 1024
+#: the threads that run sendfile (each returns within _SENDFILE_POLL_MS of a full socket)
+_SENDFILE_THREADS: Final = concurrent.futures.ThreadPoolExecutor(
+    max_workers=8, thread_name_prefix="read-sendfile"
+)
 _INDEX_TYPES: Final = {
     "offset": IndexKind.OFFSET_INDEX,
     "timestamp": IndexKind.TIME_INDEX,
@@ -459,6 +485,8 @@ async def _segment_log(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
     )
     response.content_length = stream.length
+    if isinstance(stream, Plan):
+        return await _send_plan(request, response, stream, endpoint="segment_log")
     return await _send(request, response, _pieces(stream), endpoint="segment_log")
 
 
@@ -486,9 +514,9 @@ async def _offsets(request: web.Request) -> web.StreamResponse:
     tp = await _partition(request, query)
     if "timestamp" not in query:
         raise BadRequestError("timestamp (milliseconds since the epoch) is required")
-    timestamp = _int(query["timestamp"][0], "timestamp", 0, _MAX_INT64)
+    timestamp = _int(query["timestamp"][0], "timestamp", MAX_TIMESTAMP, _MAX_INT64)
     service = request.app[SERVICE_KEY]
-    found = await service.offset_for_timestamp(tp, timestamp)
+    found = await service.list_offset(tp, timestamp)
     return _json(
         200,
         {
@@ -501,7 +529,16 @@ async def _offsets(request: web.Request) -> web.StreamResponse:
     )
 
 
-_RECORD_PARAMS: Final = _PARTITION_PARAMS | {"offset", "max_bytes", "max_records", "format"}
+_RECORD_PARAMS: Final = _PARTITION_PARAMS | {
+    "offset",
+    "max_bytes",
+    "max_records",
+    "format",
+    "isolation",
+}
+#: aborted transactions a raw read_committed response lists at most (beyond those already
+#: open at ``offset``): the header stays a few KiB; the response stops before the next one
+MAX_LISTED_ABORTS: Final = 100
 
 
 async def _records(request: web.Request) -> web.StreamResponse:
@@ -523,25 +560,49 @@ async def _records(request: web.Request) -> web.StreamResponse:
         max_records = min(
             _int(query["max_records"][0], "max_records", 1, _MAX_INT32), limits.max_records
         )
+    isolation = IsolationLevel.READ_UNCOMMITTED
+    if "isolation" in query:
+        try:
+            isolation = IsolationLevel(query["isolation"][0])
+        except ValueError:
+            raise BadRequestError(
+                "isolation must be read_uncommitted or read_committed, got"
+                f" {query['isolation'][0][:64]!r}"
+            ) from None
     service = request.app[SERVICE_KEY]
     tiered = await service.tiered_range(tp)
     headers = {
         "X-Topic-Id": encode_kafka_uuid(tp.topic_id),
+        "X-Isolation-Level": isolation.value,
         "Cache-Control": "no-store",
     }
     if tiered is not None:
         headers["X-Tiered-Start-Offset"] = str(tiered[0])
         headers["X-Tiered-End-Offset"] = str(tiered[1])
+    committed: CommittedFilter | None = None
+    limit: int | None = None
+    if isolation is IsolationLevel.READ_COMMITTED:
+        aborted, limit = await service.aborted_transactions(
+            tp, offset, max_bytes, cap=MAX_LISTED_ABORTS if fmt == "raw" else None
+        )
+        if fmt == "raw":
+            headers[ABORTED_TRANSACTIONS_HEADER] = format_aborted(aborted)
+        else:
+            committed = CommittedFilter(aborted)
     if fmt == "raw":
-        runs = await service.runs(tp, offset, max_bytes)
         headers["Content-Type"] = RECORD_BATCHES_TYPE
         response = web.StreamResponse(headers=headers)
+        plan = await service.plan_records(tp, offset, max_bytes, limit_offset=limit)
+        if plan is not None:  # verified before, still cached: sent without reading it
+            response.content_length = plan.length
+            return await _send_plan(request, response, plan, endpoint="records")
+        runs = await service.runs(tp, offset, max_bytes, limit_offset=limit)
         return await _send(request, response, _raw_pieces(runs), endpoint="records")
-    stream = await service.batches(tp, offset, max_bytes)
+    stream = await service.batches(tp, offset, max_bytes, limit_offset=limit)
     headers["Content-Type"] = "application/json"
     response = web.StreamResponse(headers=headers)
     head = json.dumps({**_partition_json(tp), "tiered": _tiered(tiered)}, separators=(",", ":"))
-    pieces = _json_pieces(stream, head[:-1].encode(), offset, max_records)
+    pieces = _json_pieces(stream, head[:-1].encode(), offset, max_records, committed)
     return await _send(request, response, pieces, endpoint="records")
 
 
@@ -564,21 +625,35 @@ def _record_json(record: Record, leader_epoch: int) -> dict[str, Any]:
 
 
 async def _json_pieces(
-    stream: BatchStream, head: bytes, offset: int, max_records: int
+    stream: BatchStream,
+    head: bytes,
+    offset: int,
+    max_records: int,
+    committed: CommittedFilter | None = None,
 ) -> AsyncGenerator[memoryview, None]:
-    """``{...head, "records": [...], "next_offset": N}``, a batch's records at a time."""
+    """``{...head, "records": [...], "next_offset": N}``, a batch's records at a time; with
+    ``committed``, the batches of aborted transactions are left out (read_committed)."""
     yield memoryview(head + b',"records":[')
     next_offset = offset
     count = 0
     separator = b""
     async for batch in stream:
         header = batch.header
+        records = None
+        if committed is not None:
+            control = None
+            if header.is_control:
+                records = decode_batch(batch)
+                control = records[0].control_type if records else None
+            if not committed.accept(header, control):
+                next_offset = max(next_offset, header.next_offset)
+                continue
         if header.is_control:  # transaction markers are not data
             next_offset = max(next_offset, header.next_offset)
             continue
         out: list[bytes] = []
         full = False
-        for record in decode_batch(batch):
+        for record in records if records is not None else decode_batch(batch):
             if record.offset < next_offset:
                 continue
             out.append(
@@ -610,28 +685,40 @@ async def _send(
     endpoint: str,
 ) -> web.StreamResponse:
     """Stream ``pieces`` (coalesced into writes of about 256 KiB) with the socket's backpressure;
-    a failure after the status line closes the connection mid-body."""
+    a failure after the status line closes the connection mid-body. Chunked framing is written
+    around the pieces (aiohttp's writer would join each frame into a new buffer on Python
+    < 3.12.9), so the bytes are copied only into the socket."""
     metrics = request.app.get(METRICS_KEY)
     sent = 0
-    await response.prepare(request)
-    if request.method == "HEAD":
+    _large_send_buffer(request)
+    writer = await response.prepare(request)
+    if request.method == "HEAD" or writer is None:
         # headers only: a body written after a HEAD response would corrupt the next response
         # on a kept-alive connection
         await pieces.aclose()
         await response.write_eof()
         return response
+    chunked = response.headers.get(hdrs.TRANSFER_ENCODING, "").lower() == "chunked"
     pending: list[memoryview] = []
     pending_bytes = 0
+
+    async def flush() -> None:
+        transport = request.transport
+        if chunked and transport is not None:
+            await _write_chunk(transport, writer, pending, pending_bytes)
+        else:
+            await response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
     try:
         async for piece in pieces:
             pending.append(piece)
             pending_bytes += len(piece)
             if pending_bytes >= _WRITE_BYTES:
-                await response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+                await flush()
                 sent += pending_bytes
                 pending, pending_bytes = [], 0
         if pending:
-            await response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            await flush()
             sent += pending_bytes
         await response.write_eof()
     except (ConnectionError, asyncio.CancelledError):
@@ -655,6 +742,174 @@ async def _send(
         if metrics is not None:
             metrics.read_bytes.labels(endpoint).inc(sent)
     return response
+
+
+async def _send_plan(
+    request: web.Request, response: web.StreamResponse, plan: Plan, *, endpoint: str
+) -> web.StreamResponse:
+    """Send a planned response (its Content-Length set): pieces in memory are written, file
+    ranges go with ``sendfile`` (small ones are read and written); a failure after the status
+    line closes the connection mid-body, as in :func:`_send`."""
+    metrics = request.app.get(METRICS_KEY)
+    sent = 0
+    _large_send_buffer(request)
+    try:
+        writer = await response.prepare(request)
+        if request.method == "HEAD" or writer is None:
+            await response.write_eof()
+            return response
+        for piece in plan.pieces:
+            if not isinstance(piece, FileRange):
+                await response.write(piece)
+            elif piece.length < _SENDFILE_MIN_BYTES:
+                await response.write(await asyncio.to_thread(_pread_exact, piece))
+            else:
+                writer.send_headers()
+                await _sendfile(request, writer, piece)
+            sent += piece.length if isinstance(piece, FileRange) else len(piece)
+        await response.write_eof()
+    except (ConnectionError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure mid-body ends the connection
+        code = error_response(exc)
+        log.warning(
+            "read_response_aborted",
+            endpoint=endpoint,
+            sent=sent,
+            status=code.status,
+            error=str(exc) or type(exc).__name__,
+        )
+        if metrics is not None:
+            metrics.read_errors.labels(_error_code(code) or "internal_error").inc()
+        if request.transport is not None:
+            request.transport.close()
+    finally:
+        plan.close()
+        if metrics is not None:
+            metrics.read_bytes.labels(endpoint).inc(sent)
+    return response
+
+
+async def _write_chunk(
+    transport: asyncio.Transport,
+    writer: AbstractStreamWriter,
+    parts: list[memoryview],
+    size: int,
+) -> None:
+    """One chunk of a chunked body: its size line, ``parts`` and CRLF handed to the transport
+    as they are (it sends them with one writev, copying only what the socket does not take),
+    then the writer's backpressure."""
+    if transport.is_closing():
+        raise ConnectionResetError("the client went away")
+    writer.send_headers()
+    transport.writelines([f"{size:x}\r\n".encode(), *parts, b"\r\n"])
+    await writer.drain()
+
+
+def _large_send_buffer(request: web.Request) -> None:
+    """Ask for a socket send buffer of ``_SEND_BUFFER_BYTES`` (the kernel caps it at
+    ``net.core.wmem_max``): a large response then goes out in a few event-loop turns instead
+    of one per default-sized buffer (about 200 KiB), which on a busy host costs a wake-up
+    each."""
+    transport = request.transport
+    sock = None if transport is None else transport.get_extra_info("socket")
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < _SEND_BUFFER_BYTES:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
+
+
+async def _flushed(transport: asyncio.Transport, writer: AbstractStreamWriter) -> None:
+    """Wait until the transport has written everything it buffered (so bytes sent around it
+    come after): with a high-water mark of 0 the protocol is paused until its buffer is empty."""
+    if not transport.get_write_buffer_size():
+        return
+    low, high = transport.get_write_buffer_limits()
+    transport.set_write_buffer_limits(high=0, low=0)
+    try:
+        while transport.get_write_buffer_size():
+            if transport.is_closing():
+                raise ConnectionResetError("the client went away")
+            await writer.drain()
+    finally:
+        if not transport.is_closing():
+            transport.set_write_buffer_limits(high=high, low=low)
+
+
+def _pread_exact(piece: FileRange) -> bytes:
+    """(thread) The bytes of a file range."""
+    data = os.pread(piece.fd, piece.length, piece.offset)
+    if len(data) != piece.length:
+        raise RemoteDataError("a cached chunk file is shorter than it was")
+    return data
+
+
+def _sendfile_some(sock: int, fd: int, offset: int, length: int, stop: threading.Event) -> int:
+    """(thread) ``sendfile`` until ``length`` bytes are sent, ``stop`` is set, or the socket
+    stays full for ``_SENDFILE_POLL_MS``; returns the bytes sent."""
+    sent = 0
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    while sent < length and not stop.is_set():
+        try:
+            n = os.sendfile(sock, fd, offset + sent, length - sent)
+        except BlockingIOError:
+            if not poller.poll(_SENDFILE_POLL_MS):
+                break
+            continue
+        if n == 0:
+            raise RemoteDataError("a cached chunk file is shorter than it was")
+        sent += n
+    return sent
+
+
+async def _sendfile(
+    request: web.Request, writer: AbstractStreamWriter, piece: FileRange, *, stall_s: float = 60.0
+) -> None:
+    """Send a file range on the request's socket with ``os.sendfile`` in a worker thread (the
+    event loop, uvloop, has no native sendfile): after the transport's buffer is flushed, on
+    duplicated descriptors the thread closes itself. A client that reads nothing for
+    ``stall_s`` is a TimeoutError."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client went away")
+    await _flushed(transport, writer)
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        raise ConnectionResetError("the client went away")
+    loop = asyncio.get_running_loop()
+    sock_fd = os.dup(sock.fileno())
+    file_fd = os.dup(piece.fd)
+    stop = threading.Event()
+    busy: concurrent.futures.Future[int] | None = None
+    try:
+        offset, left = piece.offset, piece.length
+        while left:
+            busy = _SENDFILE_THREADS.submit(_sendfile_some, sock_fd, file_fd, offset, left, stop)
+            n = await asyncio.wrap_future(busy)
+            busy = None
+            offset += n
+            left -= n
+            if left and not n:  # the client is slow: wait for room without holding a thread
+                ready = loop.create_future()
+                loop.add_writer(sock_fd, ready.set_result, None)
+                try:
+                    async with asyncio.timeout(stall_s):
+                        await ready
+                finally:
+                    loop.remove_writer(sock_fd)
+    finally:
+        stop.set()
+        if busy is not None and not busy.done():
+            busy.add_done_callback(lambda _: _close(sock_fd, file_fd))
+        else:
+            _close(sock_fd, file_fd)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def add_routes(app: web.Application) -> None:

@@ -18,7 +18,16 @@ record batches, read through the disk chunk cache. Kafka's path is
   returns the bytes the broker wrote or an error (invariant 6).
 * **Timestamps**: Kafka's ``findOffsetByTimestamp`` over remote segments: the first segment of
   the lineage whose max timestamp reaches the target, its time index, then the first record at
-  or after the target.
+  or after the target; and ListOffsets' EARLIEST (-2), LATEST (-1) and MAX_TIMESTAMP (-3).
+* **Transactions** (read_committed): the aborted transactions a response must carry, from the
+  transaction indexes of the segments from the offset on and, when the remote ones do not
+  settle it, the broker's local ones (Kafka's ``collectAbortedTransactions``); the response is
+  cut below an upper bound estimated from the offset index, so the list covers every batch.
+* **Planned responses**: a walk that continues a segment's verified prefix (from byte 0)
+  records each CRC-checked batch (position, offsets) and the cached copy of each chunk it came
+  from. Later responses over that prefix are computed from the map alone and sent from the
+  chunk files (``sendfile``) with a Content-Length, as long as those very copies are cached: a
+  chunk fetched again is walked (and CRC-checked) again before it is trusted (invariant 6).
 
 Errors: the read errors of :mod:`sidecar.readserver.errors`, and the storage, format and metadata
 errors of the layers below, unchanged (the routes map them to HTTP in one table). No HTTP here.
@@ -28,8 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import os
 import time
 import uuid
+from array import array
 from collections import OrderedDict
 from collections.abc import (
     AsyncGenerator,
@@ -37,6 +48,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Collection,
+    Iterable,
     Iterator,
     Sequence,
 )
@@ -54,7 +66,7 @@ from sidecar.kafka.checkpoints import (
     read_leader_epoch_checkpoint,
     read_partition_metadata,
 )
-from sidecar.kafka.indexes import OffsetIndex, TimeIndex
+from sidecar.kafka.indexes import AbortedTxn, OffsetIndex, TimeIndex, TxnIndex
 from sidecar.kafka.records import (
     BATCH_HEADER,
     LOG_OVERHEAD,
@@ -72,6 +84,7 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
 from sidecar.observability.logging import get_logger
+from sidecar.readserver._txn import AbortedTransaction
 from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
 from sidecar.readserver.errors import (
     AmbiguousTopicError,
@@ -91,6 +104,8 @@ __all__ = [
     "Batch",
     "BatchStream",
     "ByteStream",
+    "FileRange",
+    "Plan",
     "ReadService",
     "Run",
     "RunStream",
@@ -113,6 +128,13 @@ _IO_BYTES: Final = 1024 * 1024
 #: manifests are small; this is their weight in the memory cache
 _MANIFEST_WEIGHT: Final = 2048
 _SEQUENTIAL_MEMORY: Final = 4096
+_NO_LIMIT: Final = 2**63
+#: ListOffsets' special timestamps (``ListOffsetsRequest``)
+LATEST_TIMESTAMP: Final = -1
+EARLIEST_TIMESTAMP: Final = -2
+MAX_TIMESTAMP: Final = -3
+_NO_TIMESTAMP: Final = -1
+_TXN_ENTRY: Final = 34
 
 
 class Batch(NamedTuple):
@@ -215,18 +237,22 @@ class ByteStream(Stream[memoryview]):
 
 
 class _Budget:
-    """Bytes a response may still take: whole batches, at least one (Kafka's minOneMessage)."""
+    """Bytes a response may still take: whole batches, at least one (Kafka's minOneMessage);
+    with ``limit_offset``, only batches that end below it (the first one excepted)."""
 
-    __slots__ = ("max_bytes", "sent", "stopped")
+    __slots__ = ("limit_offset", "max_bytes", "sent", "stopped")
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, limit_offset: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.limit_offset = _NO_LIMIT if limit_offset is None else limit_offset
         self.sent = 0
         #: the response is complete (budget spent, or the span ended where a gap follows)
         self.stopped = False
 
-    def allows(self, size: int) -> bool:
-        return self.sent == 0 or self.sent + size <= self.max_bytes
+    def allows(self, size: int, last_offset: int) -> bool:
+        return self.sent == 0 or (
+            self.sent + size <= self.max_bytes and last_offset < self.limit_offset
+        )
 
     @property
     def exhausted(self) -> bool:
@@ -251,6 +277,7 @@ class _ObjectReader:
         self._start = 0
         self._data = memoryview(b"")
         self._io = _FIRST_IO_BYTES
+        self.copies = {}
 
     async def pieces(self, position: int, length: int) -> list[memoryview]:
         """Views covering ``[position, position + length)``, clamped to the object's end."""
@@ -274,13 +301,121 @@ class _ObjectReader:
 
     async def _load(self, position: int) -> None:
         chunk_size = self._cache.chunk_size
-        chunk_end = min((position // chunk_size + 1) * chunk_size, self._obj.size)
+        index = position // chunk_size
+        chunk_end = min((index + 1) * chunk_size, self._obj.size)
         length = min(self._io, chunk_end - position)
         self._io = _IO_BYTES
+        before = self._cache.copy_id(self._obj, index)
         self._data = memoryview(
             await self._cache.read(self._obj, position, length, follow=self._follow)
         )
+        after = self._cache.copy_id(self._obj, index)
+        # the copy the bytes came from: None if the chunk changed copies meanwhile, or since
+        # an earlier window of it was read
+        seen = self.copies.get(index, after)
+        self.copies[index] = after if before in (None, after) and seen == after else None
+        self.copy = self.copies[index]
         self._start = position
+
+    #: chunk index -> the cached copy each window was read from
+    copies: dict[int, int | None]
+    #: the copy of the current window's chunk
+    copy: int | None = None
+
+
+class FileRange(NamedTuple):
+    """Bytes of an open chunk file: sent with ``sendfile``, never read into memory."""
+
+    fd: int
+    offset: int
+    length: int
+
+
+class Plan:
+    """A response whose bytes are known before it starts: verified batches (or a raw range) in
+    cached chunks, as in-memory pieces and open file ranges; :meth:`close` closes the files."""
+
+    def __init__(self, pieces: list[memoryview | FileRange], fds: list[int]) -> None:
+        self.pieces = pieces
+        self.length = sum(p.length if isinstance(p, FileRange) else len(p) for p in pieces)
+        self._fds = fds
+
+    def close(self) -> None:
+        """Close the chunk files (idempotent)."""
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)
+
+
+class _SegmentMap:
+    """The CRC-checked batches of a segment's ``.log`` prefix ``[0, end)``: where each starts
+    and ends, its base and last offsets, and the cached copy of every chunk they were read from
+    (a map is good only while those copies are cached)."""
+
+    __slots__ = ("bases", "copies", "ends", "lasts", "positions")
+
+    def __init__(self) -> None:
+        self.positions = array("q")
+        self.ends = array("q")
+        self.bases = array("q")
+        self.lasts = array("q")
+        self.copies: dict[int, int] = {}
+
+    @property
+    def end(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def add(
+        self, position: int, size: int, base: int, last: int, copies: dict[int, int | None]
+    ) -> bool:
+        """Append a batch at ``end`` read from ``copies`` (chunk -> copy); False (nothing
+        added) when a copy is unknown or differs from one the map already relies on."""
+        for index, copy in copies.items():
+            if copy is None or self.copies.setdefault(index, copy) != copy:
+                return False
+        self.positions.append(position)
+        self.ends.append(position + size)
+        self.bases.append(base)
+        self.lasts.append(last)
+        return True
+
+
+class _SegmentMaps:
+    """Segment maps by ``.log`` key, least recently used dropped beyond ``max_batches``."""
+
+    def __init__(self, max_batches: int) -> None:
+        self.max_batches = max_batches
+        self._maps: OrderedDict[str, _SegmentMap] = OrderedDict()
+        self._batches = 0
+
+    def get(self, key: str) -> _SegmentMap | None:
+        found = self._maps.get(key)
+        if found is not None:
+            self._maps.move_to_end(key)
+        return found
+
+    def recording(self, key: str, position: int) -> _SegmentMap | None:
+        """The map a walk from ``position`` can extend (a new one from byte 0)."""
+        if self.max_batches <= 0:
+            return None
+        found = self.get(key)
+        if found is None and position == 0:
+            found = self._maps[key] = _SegmentMap()
+        return found if found is not None and found.end >= position else None
+
+    def added(self, count: int) -> None:
+        self._batches += count
+        while self._batches > self.max_batches and len(self._maps) > 1:
+            _, dropped = self._maps.popitem(last=False)
+            self._batches -= len(dropped)
+
+    def drop(self, key: str) -> None:
+        found = self._maps.pop(key, None)
+        if found is not None:
+            self._batches -= len(found)
 
 
 def _join(pieces: list[memoryview]) -> memoryview:
@@ -318,6 +453,9 @@ class ReadService:
         fetch_timeout_s: float = 30.0,
         lineage_ttl_s: float = 1.0,
         indexes: MemoryCache[tuple[str, uuid.UUID], object] | None = None,
+        map_batches: int = 1_000_000,
+        plan_responses: bool = True,
+        plan_min_bytes: int = 256 * 1024,
     ) -> None:
         self._store = store
         self._objects = objects
@@ -332,6 +470,11 @@ class ReadService:
         self._lineages: dict[TopicIdPartition, _Lineage] = {}
         self._partitions: tuple[int, float, list[TopicIdPartition]] | None = None
         self._range_ends: OrderedDict[str, int] = OrderedDict()
+        #: verified batch maps of segments read from their start (32 bytes a batch)
+        self._maps = _SegmentMaps(map_batches if plan_responses else 0)
+        self._plan = plan_responses
+        #: smaller responses are streamed (one read of the cache beats opening files)
+        self._plan_min_bytes = plan_min_bytes
 
     async def aclose(self) -> None:
         """Cancel manifest and index loads in flight; idempotent."""
@@ -648,9 +791,10 @@ class ReadService:
 
     async def segment_range(
         self, tp: TopicIdPartition, segment_id: uuid.UUID, start: int, end_inclusive: int | None
-    ) -> ByteStream:
+    ) -> ByteStream | Plan:
         """Bytes ``start..end_inclusive`` of a segment's ``.log`` (``fetchLogSegment``: the end is
-        inclusive and clamped to the last byte; no end = to the end of the segment)."""
+        inclusive and clamped to the last byte; no end = to the end of the segment): a
+        :class:`Plan` when every chunk of them is cached, else a stream through the cache."""
         segment = await self.finished_segment(tp, segment_id)
         size = segment.segment_size_in_bytes
         if start < 0 or start >= size or (end_inclusive is not None and end_inclusive < start):
@@ -667,6 +811,14 @@ class ReadService:
         self._range_ends.move_to_end(obj.key)
         while len(self._range_ends) > _SEQUENTIAL_MEMORY:
             self._range_ends.popitem(last=False)
+        planned = self._plan and end - start + 1 >= self._plan_min_bytes
+        plan = await self._open_range(obj, start, end) if planned else None
+        if plan is not None:
+            if sequential:  # the reader goes on: fetch what follows while this is sent
+                after = end // self.chunks.chunk_size + 1
+                for index in range(after, after + self.chunks.readahead_chunks):
+                    self.chunks.prefetch(obj, index)
+            return plan
         pieces = self.read_range(obj, start, end, readahead_limit=None if sequential else end + 1)
         return await ByteStream.prime(pieces, length=end - start + 1)
 
@@ -685,22 +837,253 @@ class ReadService:
             raise self._out_of_range(tp, offset, lineage)
         return at
 
-    async def batches(self, tp: TopicIdPartition, offset: int, max_bytes: int) -> BatchStream:
+    async def batches(
+        self, tp: TopicIdPartition, offset: int, max_bytes: int, *, limit_offset: int | None = None
+    ) -> BatchStream:
         """Record batches from the one that holds ``offset``, whole batches up to ``max_bytes``
-        (at least one, as Kafka's ``minOneMessage``), across segments while they are contiguous.
+        (at least one, as Kafka's ``minOneMessage``), across segments while they are contiguous;
+        with ``limit_offset``, only batches ending below it after the first.
         :class:`OffsetOutOfRangeError` (with the tiered range) outside the tiered data."""
         lineage = await self._lineage(tp)
         at = self._start(tp, offset, lineage)
-        items = self._batches_from(lineage.spans, at, offset, _Budget(max_bytes))
+        items = self._batches_from(lineage.spans, at, offset, _Budget(max_bytes, limit_offset))
         return await BatchStream.prime(items, offset=offset)
 
-    async def runs(self, tp: TopicIdPartition, offset: int, max_bytes: int) -> RunStream:
+    async def runs(
+        self, tp: TopicIdPartition, offset: int, max_bytes: int, *, limit_offset: int | None = None
+    ) -> RunStream:
         """The batches of :meth:`batches`, as runs of consecutive batches: the fast path of raw
         responses (a header parse and a CRC per batch, no per-batch objects)."""
         lineage = await self._lineage(tp)
         at = self._start(tp, offset, lineage)
-        items = self._runs_from(lineage.spans, at, offset, _Budget(max_bytes))
+        items = self._runs_from(lineage.spans, at, offset, _Budget(max_bytes, limit_offset))
         return await RunStream.prime(items, offset=offset)
+
+    # -- planned responses ---------------------------------------------------------------
+
+    async def plan_records(
+        self, tp: TopicIdPartition, offset: int, max_bytes: int, *, limit_offset: int | None = None
+    ) -> Plan | None:
+        """The response :meth:`runs` would stream, when its batches were verified before and
+        their chunks are still cached: no read, no CRC walk, the length known up front (it may
+        end earlier than :meth:`runs`, where a verified prefix ends). None when the first batch
+        is not mapped. The same errors as :meth:`runs` for offsets outside the tiered range."""
+        lineage = await self._lineage(tp)
+        at = self._start(tp, offset, lineage)
+        if not self._plan:
+            return None
+        spans = lineage.spans
+        limit = _NO_LIMIT if limit_offset is None else limit_offset
+        ranges: list[tuple[ObjectRef, _SegmentMap, int, int]] = []
+        sent = 0
+        next_offset = offset
+        for i in range(at, len(spans)):
+            span = spans[i]
+            if i > at and span.start_offset != spans[i - 1].end_offset + 1:
+                break  # a gap in the lineage
+            obj = self.log_ref(span.segment)
+            smap = self._maps.get(obj.key)
+            if smap is None:
+                break
+            count = len(smap)
+            first = bisect.bisect_left(smap.lasts, max(next_offset, span.start_offset))
+            if first >= count:
+                break
+            if smap.bases[first] > span.end_offset:
+                continue  # nothing of this span left (a superseded tail follows)
+            in_span = bisect.bisect_right(smap.bases, span.end_offset)
+            start = smap.positions[first]
+            stop = min(
+                in_span,
+                bisect.bisect_left(smap.lasts, limit),
+                bisect.bisect_right(smap.ends, start + max_bytes - sent),
+            )
+            if sent == 0:
+                stop = max(stop, first + 1)  # at least one batch (minOneMessage)
+            if stop <= first:
+                break
+            ranges.append((obj, smap, start, smap.ends[stop - 1]))
+            sent += smap.ends[stop - 1] - start
+            next_offset = smap.lasts[stop - 1] + 1
+            if stop < in_span or (stop == count and smap.lasts[-1] < span.end_offset):
+                break  # budget or limit reached, or the map ends inside the span
+        if not ranges or sent < self._plan_min_bytes:
+            return None
+        return await self._open_plan(ranges)
+
+    async def _open_plan(
+        self, ranges: list[tuple[ObjectRef, _SegmentMap, int, int]]
+    ) -> Plan | None:
+        pieces: list[memoryview | FileRange] = []
+        fds: list[int] = []
+        size = self.chunks.chunk_size
+        try:
+            for obj, smap, start, end in ranges:
+                for index in range(start // size, (end - 1) // size + 1):
+                    copy = smap.copies.get(index)
+                    found = None if copy is None else await self.chunks.open_chunk(obj, index, copy)
+                    if found is None:
+                        self._maps.drop(obj.key)  # a chunk it relies on was fetched again
+                        return None
+                    low = max(start, index * size) - index * size
+                    high = min(end, (index + 1) * size) - index * size
+                    if isinstance(found, int):
+                        fds.append(found)
+                        pieces.append(FileRange(found, low, high - low))
+                    else:
+                        pieces.append(memoryview(found)[low:high])
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        plan = Plan(pieces, fds)
+        fds = []
+        return plan
+
+    async def _open_range(self, obj: ObjectRef, start: int, end_inclusive: int) -> Plan | None:
+        """Bytes ``start..end_inclusive`` of ``obj`` when every chunk of them is cached."""
+        size = self.chunks.chunk_size
+        pieces: list[memoryview | FileRange] = []
+        fds: list[int] = []
+        try:
+            for index in range(start // size, end_inclusive // size + 1):
+                copy = self.chunks.copy_id(obj, index)
+                found = None if copy is None else await self.chunks.open_chunk(obj, index, copy)
+                if found is None:
+                    return None
+                low = max(start, index * size) - index * size
+                high = min(end_inclusive + 1, (index + 1) * size) - index * size
+                if isinstance(found, int):
+                    fds.append(found)
+                    pieces.append(FileRange(found, low, high - low))
+                else:
+                    pieces.append(memoryview(found)[low:high])
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        plan = Plan(pieces, fds)
+        fds = []
+        return plan
+
+    # -- transactions --------------------------------------------------------------------
+
+    async def aborted_transactions(
+        self, tp: TopicIdPartition, offset: int, max_bytes: int, *, cap: int | None = None
+    ) -> tuple[list[AbortedTransaction], int]:
+        """The aborted transactions a read_committed response from ``offset`` of ``max_bytes``
+        must carry, and the offset the response must stop below (``limit_offset`` of
+        :meth:`runs` and :meth:`batches`).
+
+        Kafka's ``collectAbortedTransactions``: an upper bound of the response's offsets from the
+        remote offset index (``fetchUpperBoundOffset``), then the transaction indexes of this
+        segment and the following ones, keeping entries with ``last >= offset`` and
+        ``first < bound``, until one entry's last stable offset reaches the bound; if none
+        does, the broker's local transaction indexes (when this host has the partition). With
+        ``cap``, at most ``cap`` transactions that start after ``offset`` are kept and the
+        bound moves down to the first one left out.
+        """
+        lineage = await self._lineage(tp)
+        at = self._start(tp, offset, lineage)
+        spans = lineage.spans
+        bound = max(offset + 1, await self._upper_bound(spans, at, offset, max_bytes))
+        found: set[AbortedTransaction] = set()
+        complete = False
+        seen: set[uuid.UUID] = set()
+        for span in spans[at:]:
+            segment = span.segment
+            if segment.txn_index_empty or segment.segment_id.id in seen:
+                continue
+            seen.add(segment.segment_id.id)
+            complete = _collect(await self._txn_entries(segment), offset, bound, found)
+            if complete:
+                break
+        if not complete and self._log_dirs:
+            local = await asyncio.to_thread(self._local_txn_entries, tp, offset)
+            _collect(local, offset, bound, found)
+        ordered = sorted(found, key=lambda a: (a.first_offset, a.producer_id))
+        if cap is not None:
+            later = [a for a in ordered if a.first_offset > offset]
+            if len(later) > cap:
+                # no transaction starts within the batch holding ``offset`` after it (that
+                # batch is one producer's), so the first batch is always fully covered
+                bound = later[cap].first_offset
+                ordered = [a for a in ordered if a.first_offset < bound]
+        return ordered, bound
+
+    async def _upper_bound(
+        self, spans: list[SegmentSpan], at: int, offset: int, max_bytes: int
+    ) -> int:
+        """An offset above every offset a response of ``max_bytes`` from ``offset`` can hold
+        (the response is also cut there, so an estimate too low only shortens it)."""
+        remaining = max_bytes
+        for i in range(at, len(spans)):
+            span = spans[i]
+            if i > at and span.start_offset != spans[i - 1].end_offset + 1:
+                return spans[i - 1].end_offset + 1
+            segment = span.segment
+            position = await self.position_for(segment, offset if i == at else span.start_offset)
+            target = position + remaining
+            size = segment.segment_size_in_bytes
+            if target < size:
+                index = await self._offset_index(segment)
+                if index is not None:
+                    found = _first_entry_at_or_after(index, target)
+                    if found is not None and found <= span.end_offset:
+                        return found
+                return span.end_offset + 1
+            remaining = target - size
+        return spans[-1].end_offset + 1
+
+    async def _txn_entries(self, segment: SegmentMetadata) -> list[AbortedTxn]:
+        async def load() -> list[AbortedTxn]:
+            data = await self.index_bytes(segment, IndexKind.TXN_INDEX)
+            if not data:
+                return []
+            try:
+                return list(TxnIndex.parse(data, base_offset=segment.start_offset))
+            except FormatError as exc:
+                raise RemoteDataError(f"transaction index: {exc}") from exc
+
+        found = await self._indexes.get(("txn", segment.segment_id.id), load, _txn_weight)
+        return found if isinstance(found, list) else []
+
+    def _local_txn_entries(self, tp: TopicIdPartition, offset: int) -> list[AbortedTxn]:
+        """(thread) The aborted transactions of the broker's local segments of ``tp`` (this
+        incarnation) that can hold markers at or after ``offset``, in offset order; read only,
+        a file being appended to is read up to its last whole entry."""
+        for log_dir in self._log_dirs:
+            directory = log_dir / f"{tp.topic}-{tp.partition}"
+            try:
+                if read_partition_metadata(directory / "partition.metadata").topic_uuid != (
+                    tp.topic_id
+                ):
+                    continue
+                bases = sorted(
+                    int(path.stem)
+                    for path in directory.iterdir()
+                    if path.suffix == ".log" and path.stem.isdigit()
+                )
+            except (OSError, FormatError, CheckpointFormatError, ValueError):
+                continue
+            entries: list[AbortedTxn] = []
+            for i, base in enumerate(bases):
+                if i + 1 < len(bases) and bases[i + 1] <= offset:
+                    continue  # its markers all lie below ``offset``
+                try:
+                    data = (directory / f"{base:020d}.txnindex").read_bytes()
+                except OSError:
+                    continue  # no aborts in that segment, or deleted meanwhile
+                try:
+                    index = TxnIndex.parse(
+                        data[: len(data) - len(data) % _TXN_ENTRY], base_offset=base
+                    )
+                except FormatError as exc:
+                    log.warning("local_txn_index_unusable", topic=tp.topic, error=str(exc))
+                    continue
+                entries.extend(index)
+            return entries
+        return []
 
     def _walk(
         self, spans: list[SegmentSpan], at: int, offset: int
@@ -718,7 +1101,7 @@ class ReadService:
         for span, follow in self._walk(spans, at, offset):
             target = max(next_offset, span.start_offset)
             async for batch in self._span_batches(span, target, follow=follow):
-                if not budget.allows(batch.header.size):
+                if not budget.allows(batch.header.size, batch.header.last_offset):
                     return
                 yield batch
                 budget.sent += batch.header.size
@@ -751,12 +1134,17 @@ class ReadService:
         end_offset = span.end_offset
         unpack = BATCH_HEADER.unpack_from
         overhead = RECORD_BATCH_OVERHEAD
+        chunk_size = self.chunks.chunk_size
+        # a walk that reaches the end of the segment's verified prefix extends its map
+        smap = self._maps.recording(obj.key, position)
         while position < obj.size:
             data = await reader.window_at(position)
             n = len(data)
             off = run_start = 0
             run_base = next_offset = -1
             span_done = False
+            copies = {position // chunk_size: reader.copy}
+            recorded = 0
             while off + overhead <= n:
                 fields = unpack(data, off)
                 size = fields[1] + LOG_OVERHEAD
@@ -773,7 +1161,7 @@ class ReadService:
                     off += size
                     run_start = off
                     continue
-                if not budget.allows(size):
+                if not budget.allows(size, last):
                     budget.stopped = True
                     break
                 if crc32c.crc32c(data[off + _CRC_START : off + size]) != fields[4]:
@@ -784,12 +1172,21 @@ class ReadService:
                     )
                 if run_base < 0:
                     run_base = base
+                if smap is not None:
+                    if position + off == smap.end and smap.add(
+                        position + off, size, base, last, copies
+                    ):
+                        recorded += 1
+                    else:
+                        smap = None
                 budget.sent += size
                 next_offset = last + 1
                 off += size
                 if budget.exhausted:
                     budget.stopped = True
                     break
+            if recorded:
+                self._maps.added(recorded)
             if off > run_start:
                 yield Run([data[run_start:off]], run_base, next_offset)
             if budget.stopped or span_done:
@@ -799,16 +1196,28 @@ class ReadService:
                 continue
             # no progress at a window's start: one batch the careful way (it spans windows,
             # is larger than one, or is malformed, which raises)
-            careful = self._span_batches(span, target, follow=follow, start=position, limit=1)
+            read_copies: dict[int, int | None] = {}
+            careful = self._span_batches(
+                span, target, follow=follow, start=position, limit=1, copies=read_copies
+            )
             async with aclosing(careful) as batches:
                 found = [batch async for batch in batches]
             if not found:
                 return
             header = found[0].header
             if header.last_offset >= target:
-                if not budget.allows(header.size):
+                if not budget.allows(header.size, header.last_offset):
                     budget.stopped = True
                     return
+                if smap is not None:
+                    spanned = range(position // chunk_size, (header.end_position - 1) // chunk_size)
+                    needed = {i: read_copies.get(i) for i in (*spanned, spanned.stop)}
+                    if position == smap.end and smap.add(
+                        position, header.size, header.base_offset, header.last_offset, needed
+                    ):
+                        self._maps.added(1)
+                    else:
+                        smap = None
                 budget.sent += header.size
                 yield Run(found[0].pieces, header.base_offset, header.next_offset)
                 if budget.exhausted:
@@ -824,14 +1233,18 @@ class ReadService:
         follow: ObjectRef | None,
         start: int | None = None,
         limit: int | None = None,
+        copies: dict[int, int | None] | None = None,
     ) -> AsyncGenerator[Batch, None]:
         """Batches of ``span``'s segment that end at or after ``target`` and start within the
         span, CRC-checked; from byte ``start`` (else the offset index's position) and at most
-        ``limit`` batches looked at (skipped ones included)."""
+        ``limit`` batches looked at (skipped ones included). ``copies`` receives the cached
+        copy each chunk was read from."""
         segment = span.segment
         obj = self.log_ref(segment)
         position = await self.position_for(segment, target) if start is None else start
         reader = _ObjectReader(self.chunks, obj, follow=follow)
+        if copies is not None:
+            reader.copies = copies
         seen = 0
         while position < obj.size and (limit is None or seen < limit):
             seen += 1
@@ -855,6 +1268,31 @@ class ReadService:
                     )
                 yield Batch(header, pieces)
             position = header.end_position
+
+    async def list_offset(self, tp: TopicIdPartition, timestamp: int) -> TimestampAnswer | None:
+        """Kafka's ListOffsets over the tiered data: a timestamp (:meth:`offset_for_timestamp`),
+        or ``-2`` (EARLIEST: the first tiered offset), ``-1`` (LATEST: the last tiered offset
+        + 1, the remote log's end) with timestamp -1, or ``-3`` (MAX_TIMESTAMP: the first
+        record with the largest timestamp). None when nothing tiered answers."""
+        if timestamp >= 0:
+            return await self.offset_for_timestamp(tp, timestamp)
+        spans = await self.spans(tp)
+        if not spans:
+            return None
+        if timestamp == EARLIEST_TIMESTAMP:
+            first = spans[0]
+            epoch = _epoch_at(first.segment, first.start_offset)
+            return TimestampAnswer(first.start_offset, _NO_TIMESTAMP, epoch)
+        if timestamp == LATEST_TIMESTAMP:
+            last = spans[-1]
+            epoch = _epoch_at(last.segment, last.end_offset)
+            return TimestampAnswer(last.end_offset + 1, _NO_TIMESTAMP, epoch)
+        if timestamp == MAX_TIMESTAMP:
+            # the segments' max timestamps are in the metadata: the first record reaching
+            # the largest one is the answer (a later tie is not the first)
+            largest = max(span.segment.max_timestamp_ms for span in spans)
+            return await self.offset_for_timestamp(tp, largest)
+        raise ValueError(f"timestamp {timestamp} is neither >= 0 nor -1, -2, -3")
 
     async def offset_for_timestamp(
         self, tp: TopicIdPartition, timestamp: int
@@ -893,6 +1331,40 @@ def _decode(batch: Batch) -> list[Record]:
 def decode_batch(batch: Batch) -> list[Record]:
     """The records of a batch (its CRC was checked when it was read)."""
     return _decode(batch)
+
+
+def _epoch_at(segment: SegmentMetadata, offset: int) -> int:
+    """The leader epoch of ``offset`` from the segment's epoch map (-1 when unknown)."""
+    found = -1
+    for epoch, start in segment.segment_leader_epochs:
+        if start > offset:
+            break
+        found = epoch
+    return found
+
+
+def _collect(
+    entries: Iterable[AbortedTxn], offset: int, bound: int, found: set[AbortedTransaction]
+) -> bool:
+    """``TransactionIndex.collectAbortedTxns``: add the entries overlapping ``[offset, bound)``;
+    True once an entry's last stable offset reaches ``bound`` (the search is complete)."""
+    for txn in entries:
+        if txn.last_offset >= offset and txn.first_offset < bound:
+            found.add(AbortedTransaction(txn.producer_id, txn.first_offset))
+        if txn.last_stable_offset >= bound:
+            return True
+    return False
+
+
+def _first_entry_at_or_after(index: OffsetIndex, position: int) -> int | None:
+    """``OffsetIndex.fetchUpperBoundOffset``: the offset of the first entry at or after
+    ``position``, or None."""
+    at = bisect.bisect_left(range(len(index)), position, key=lambda i: index[i].position)
+    return index[at].offset if at < len(index) else None
+
+
+def _txn_weight(value: object) -> int:
+    return 64 + (len(value) * 64 if isinstance(value, list) else 0)
 
 
 def _manifest_weight(_value: object) -> int:

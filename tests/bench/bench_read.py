@@ -10,7 +10,10 @@
 2. Warm read: the same read again with every chunk in the disk cache (records, and raw
    ``segments/{id}/log`` ranges), in GiB/s, and one 64 MiB records response read by ``curl``
    (when installed: the server without this script's Python client); and the time to first
-   byte of one-batch requests at random offsets (a new connection each), p50/p99.
+   byte of one-batch requests at random offsets (a new connection each), p50/p99. Side by
+   side: the default server (planned responses sent from the chunk files with ``sendfile``)
+   and one with ``read_server.sendfile=false`` (every response read through memory, CRC
+   walk included: the path before planned responses).
 3. 64 concurrent readers, each on its own partition, cold: errors (must be none), aggregate
    throughput and the slowest reader.
 
@@ -109,7 +112,7 @@ async def tier(
 
 
 @contextlib.asynccontextmanager
-async def read_server(root: Path, config: Path, env: dict[str, str], name: str):
+async def read_server(root: Path, config: Path, env: dict[str, str], name: str, *settings: str):
     socket = root / f"{name}.sock"
     cache = root / f"cache-{name}"
     shutil.rmtree(cache, ignore_errors=True)
@@ -123,6 +126,7 @@ async def read_server(root: Path, config: Path, env: dict[str, str], name: str):
         f"read_server.socket_path={socket}",
         "--set",
         f"read_server.cache_dir={cache}",
+        *[arg for setting in settings for arg in ("--set", setting)],
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env=env,
@@ -250,10 +254,11 @@ async def ttfb(socket: Path, topic: str, offsets: list[int]) -> list[float]:
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200"), head[:100]
-        size_line = await reader.readuntil(b"\r\n")  # chunked: the first chunk's size
-        first = await reader.read(1)
+        if b"chunked" in head.lower():
+            await reader.readuntil(b"\r\n")  # the first chunk's size
+        first = await reader.read(1)  # planned responses have a Content-Length
         found.append(time.perf_counter() - started)
-        assert first, size_line
+        assert first, head
         await reader.read()
         writer.close()
         await writer.wait_closed()
@@ -420,34 +425,50 @@ async def run_bench(
     ratio = ranged / statistics.median(cold)
     say(f"    ratio socket / ranged GETs               {ratio:7.2f} x   (goal >= 0.8)")
 
-    async with read_server(root, config, env, "warm") as (socket, _pid):
-        async with session(socket) as http:
-            await read_partition(http, "bench", 0)  # fills the cache
-            async with http.get(f"{BASE}/v1/topics/bench/partitions/0/segments") as response:
-                listing = await response.json()
-            segments = listing["segments"]
-            warm, ranges = [], []
-            for _ in range(args.runs):
-                t0 = time.perf_counter()
-                assert await read_partition(http, "bench", 0) == size
-                warm.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                assert await read_ranges(http, "bench", 0, segments) == size
-                ranges.append(time.perf_counter() - t0)
-        curl = await curl_records(socket, "bench", args.runs) if shutil.which("curl") else None
-        end = listing["tiered"]["end_offset"]
-        rng = random.Random(5)
-        offsets = [rng.randrange(0, end + 1) for _ in range(args.ttfb)]
-        await ttfb(socket, "bench", offsets[:50])  # the indexes into memory
-        times = await ttfb(socket, "bench", offsets)
-    p50, p99 = percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000
+    # warm: the default server (planned responses, sendfile) and, side by side, one with
+    # read_server.sendfile=false (every response read through memory: the earlier path)
+    found: dict[str, dict[str, Any]] = {}
+    for name, settings in (("warm", ()), ("memory", ("read_server.sendfile=false",))):
+        async with read_server(root, config, env, name, *settings) as (socket, _pid):
+            async with session(socket) as http:
+                await read_partition(http, "bench", 0)  # fills the cache
+                async with http.get(f"{BASE}/v1/topics/bench/partitions/0/segments") as response:
+                    listing = await response.json()
+                segments = listing["segments"]
+                warm, ranges = [], []
+                for _ in range(args.runs):
+                    t0 = time.perf_counter()
+                    assert await read_partition(http, "bench", 0) == size
+                    warm.append(time.perf_counter() - t0)
+                    t0 = time.perf_counter()
+                    assert await read_ranges(http, "bench", 0, segments) == size
+                    ranges.append(time.perf_counter() - t0)
+            curl = await curl_records(socket, "bench", args.runs) if shutil.which("curl") else None
+            end = listing["tiered"]["end_offset"]
+            rng = random.Random(5)
+            offsets = [rng.randrange(0, end + 1) for _ in range(args.ttfb)]
+            await ttfb(socket, "bench", offsets[:50])  # the indexes into memory
+            times = await ttfb(socket, "bench", offsets)
+        found[name] = {"warm": warm, "ranges": ranges, "curl": curl, "times": times}
     say(f"(2) warm cache ({size / MiB:.0f} MiB on disk), best of {args.runs}")
-    say(f"    socket records                           {gib_s(size, min(warm))}   (goal >= 1)")
-    say(f"    socket segment log ranges                {gib_s(size, min(ranges))}")
-    if curl is not None:
-        say(f"    socket records, curl, one 64 MiB response {gib_s(*curl)}")
-    say(f"    time to first byte, {len(times)} one-batch requests, new connection each:")
-    say(f"        p50 {p50:.2f} ms, p99 {p99:.2f} ms   (goal p99 <= 5 ms)")
+    fast, slow = found["warm"], found["memory"]
+
+    def row(label: str, a: str, b: str, goal: str = "") -> None:
+        say(f"    {label:<37}{a:>14}   {b:>14}   {goal}".rstrip())
+
+    row("", "sendfile", "sendfile=false")
+
+    row("socket records", gib_s(size, min(fast["warm"])), gib_s(size, min(slow["warm"])),
+        "(goal >= 1)")  # fmt: skip
+    row("socket segment log ranges", gib_s(size, min(fast["ranges"])),
+        gib_s(size, min(slow["ranges"])))  # fmt: skip
+    if fast["curl"] is not None:
+        row("socket records, curl, 64 MiB", gib_s(*fast["curl"]), gib_s(*slow["curl"]))
+    say(f"    time to first byte, {args.ttfb} one-batch requests, new connection each:")
+    for name, label in (("warm", "sendfile"), ("memory", "sendfile=false")):
+        times = found[name]["times"]
+        p50, p99 = percentile(times, 0.5) * 1000, percentile(times, 0.99) * 1000
+        say(f"        {label:<15} p50 {p50:.2f} ms, p99 {p99:.2f} ms   (goal p99 <= 5 ms)")
 
     async with (
         read_server(root, config, env, "readers") as (socket, _pid),

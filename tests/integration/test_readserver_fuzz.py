@@ -94,7 +94,13 @@ def requests(segment_ids: list[str]) -> st.SearchStrategy[dict[str, Any]]:
         near.map(lambda n: f"/records?offset={n}"),
         st.tuples(near, near).map(lambda t: f"/records?offset={t[0]}&max_bytes={t[1]}"),
         near.map(lambda n: f"/records?format=json&max_records=3&offset={n}"),
+        st.tuples(near, near, st.sampled_from(["raw", "json"])).map(
+            lambda t: (
+                f"/records?isolation=read_committed&offset={t[0]}&max_bytes={t[1]}&format={t[2]}"
+            )
+        ),
         st.integers(1_699_999_999_000, 1_700_000_002_000).map(lambda n: f"/offsets?timestamp={n}"),
+        st.integers(-5, 0).map(lambda n: f"/offsets?timestamp={n}"),
         st.tuples(st.sampled_from(segment_ids), near, near).map(
             lambda t: f"/segments/{t[0]}/log?start={t[1]}&end={t[2]}"
         ),
@@ -111,13 +117,25 @@ def requests(segment_ids: list[str]) -> st.SearchStrategy[dict[str, Any]]:
                 "start",
                 "end",
                 "topic_id",
+                "isolation",
             ]
         ),
         texts,
     )
     values = st.one_of(
         numbers,
-        st.sampled_from(["raw", "json", "COPY_SEGMENT_FINISHED", "GONE", *segment_ids]),
+        st.sampled_from(
+            [
+                "raw",
+                "json",
+                "COPY_SEGMENT_FINISHED",
+                "GONE",
+                "read_committed",
+                "read_uncommitted",
+                "READ_COMMITTED",
+                *segment_ids,
+            ]
+        ),
         texts,
     )
     plausible = st.lists(

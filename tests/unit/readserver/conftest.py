@@ -40,7 +40,8 @@ async def chunks(remote: Remote, tmp_path: Path) -> AsyncIterator[ChunkCache]:
 
 @pytest.fixture
 async def service(remote: Remote, chunks: ChunkCache) -> AsyncIterator[ReadService]:
-    """The read engine over ``remote`` (no broker log dirs: the lineage is derived)."""
+    """The read engine over ``remote`` (no broker log dirs: the lineage is derived; responses
+    of any size planned once verified, as the data here is small)."""
     read = ReadService(
         store=remote.store,
         objects=remote.objects,
@@ -48,6 +49,7 @@ async def service(remote: Remote, chunks: ChunkCache) -> AsyncIterator[ReadServi
         chunks=chunks,
         indexes=MemoryCache(max_weight=1024 * 1024),
         lineage_ttl_s=0.0,
+        plan_min_bytes=0,
     )
     try:
         yield read

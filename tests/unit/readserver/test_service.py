@@ -4,6 +4,7 @@ indexes, and the errors of each."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -28,7 +29,14 @@ from sidecar.readserver.errors import (
     UnknownSegmentError,
     UnknownTopicError,
 )
-from sidecar.readserver.service import Batch, ReadService, decode_batch
+from sidecar.readserver.service import (
+    Batch,
+    ByteStream,
+    FileRange,
+    Plan,
+    ReadService,
+    decode_batch,
+)
 from sidecar.storage.keys import ObjectSuffix
 from sidecar.storage.manifest import IndexKind
 from tests.unit.readserver._tiered import (
@@ -43,6 +51,19 @@ from tests.unit.readserver._tiered import (
 async def _collect(service: ReadService, tp: TopicIdPartition, offset: int, max_bytes: int):
     stream = await service.batches(tp, offset, max_bytes)
     return [batch async for batch in stream]
+
+
+async def _range_bytes(stream: ByteStream | Plan) -> bytes:
+    """The bytes of a streamed or planned range (the plan's files closed)."""
+    if isinstance(stream, ByteStream):
+        return b"".join([bytes(p) async for p in stream])
+    try:
+        return b"".join(
+            os.pread(p.fd, p.length, p.offset) if isinstance(p, FileRange) else bytes(p)
+            for p in stream.pieces
+        )
+    finally:
+        stream.close()
 
 
 def _data(batches: list[Batch], offset: int) -> list[Record]:
@@ -243,16 +264,23 @@ class TestSegmentsAndIndexes:
     """fetchLogSegment and fetchIndex semantics."""
 
     async def test_byte_ranges_are_inclusive_and_clamped(self, remote, service):
-        """start..end is inclusive, an end past the object is clamped, no end = to the end."""
+        """start..end is inclusive, an end past the object is clamped, no end = to the end;
+        streamed through the cache first, then planned from the cached chunks."""
         segment = await remote.upload(0, data_batches(0, 40))
         log = remote.logs[segment.segment_id.id]
         sid = segment.segment_id.id
-        for start, end in ((0, 0), (10, 99_999), (1000, None), (len(log) - 1, None)):
-            stream = await service.segment_range(TP, sid, start, end)
-            data = b"".join([bytes(p) async for p in stream])
-            stop = len(log) if end is None else min(end + 1, len(log))
-            assert data == log[start:stop]
-            assert stream.length == len(data)
+        kinds = []
+        for _ in range(2):
+            for start, end in ((0, 0), (10, 99_999), (1000, None), (len(log) - 1, None)):
+                stream = await service.segment_range(TP, sid, start, end)
+                kinds.append(type(stream))
+                data = await _range_bytes(stream)
+                stop = len(log) if end is None else min(end + 1, len(log))
+                assert data == log[start:stop]
+                assert stream.length == len(data)
+            await service.chunks.idle()
+        assert kinds[0] is ByteStream
+        assert kinds[-4:] == [Plan] * 4
 
     async def test_ranges_outside_the_segment_are_416(self, remote, service):
         """A start at or past the end, or an end before the start, is not satisfiable."""

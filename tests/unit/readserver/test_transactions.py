@@ -1,0 +1,332 @@
+"""read_committed on the read path (aborted transactions from the segments' transaction indexes,
+Kafka's consumer filter, on raw and JSON responses, in the client and ``sidecar read``) and
+ListOffsets' special timestamps, over fake tiered data."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from sidecar.kafka.checkpoints import format_partition_metadata
+from sidecar.kafka.indexes import AbortedTxn
+from sidecar.kafka.records import ControlRecordType, decode_batches, parse_batch_header
+from sidecar.readserver import (
+    AbortedTransaction,
+    ChunkCache,
+    CommittedFilter,
+    IsolationLevel,
+    OffsetOutOfRangeError,
+    ReadClient,
+    ReadServer,
+    ReadService,
+)
+from sidecar.readserver._cli import read_command
+from sidecar.readserver._txn import format_aborted, parse_aborted
+from sidecar.readserver.routes import MAX_LISTED_ABORTS
+from sidecar.testing import TestRecord, build_batch, build_control_batch
+from tests.unit.readserver._tiered import BASE_TS, LAYOUT, TP, Remote, data_batches
+
+BASE = "http://localhost"
+
+
+def _txn(pid: int, first: int, count: int) -> bytes:
+    records = [
+        TestRecord(f"p{pid}".encode(), f"txn-{pid}-{first + i}".encode(), timestamp=BASE_TS + i)
+        for i in range(count)
+    ]
+    return build_batch(
+        records, producer_id=pid, producer_epoch=0, base_sequence=0, transactional=True
+    )
+
+
+def _plain(first: int, count: int) -> bytes:
+    return data_batches(first, 1, per_batch=count, value_size=16)[0]
+
+
+def _marker(kind: ControlRecordType, pid: int) -> bytes:
+    return build_control_batch(kind, producer_id=pid, timestamp=BASE_TS + 50)
+
+
+async def _interleaved(remote: Remote) -> tuple[set[int], set[int]]:
+    """Three segments, producers 1 and 3 abort, 2 commits; producer 1's transaction spans two
+    segments and its marker sits in the second, producer 3's marker in the third. Returns the
+    data offsets a read_committed and a read_uncommitted consumer read."""
+    # segment 1: 0-4 plain, 5-6 pid 1, 7-8 pid 2, 9-13 plain
+    await remote.upload(0, [_plain(0, 5), _txn(1, 5, 2), _txn(2, 7, 2), _plain(9, 5)])
+    # segment 2: 14 pid 1, 15 ABORT 1 (pid 2 still open: LSO 7), 16 pid 2, 17 COMMIT 2,
+    # 18-19 pid 3
+    await remote.upload(
+        14,
+        [
+            _txn(1, 14, 1),
+            _marker(ControlRecordType.ABORT, 1),
+            _txn(2, 16, 1),
+            _marker(ControlRecordType.COMMIT, 2),
+            _txn(3, 18, 2),
+        ],
+        aborted=[AbortedTxn(0, 1, 5, 15, 7)],
+    )
+    # segment 3: 20 ABORT 3 (nothing open: LSO 21), 21-25 plain
+    await remote.upload(
+        20,
+        [_marker(ControlRecordType.ABORT, 3), _plain(21, 5)],
+        aborted=[AbortedTxn(0, 3, 18, 20, 21)],
+    )
+    uncommitted = set(range(15)) | {16, 18, 19} | set(range(21, 26))
+    committed = set(range(5)) | {7, 8} | set(range(9, 14)) | {16} | set(range(21, 26))
+    return committed, uncommitted
+
+
+async def _committed_offsets(service: ReadService, offset: int, max_bytes: int) -> list[int]:
+    """Data offsets of one read_committed response, filtered as a consumer filters it."""
+    aborted, limit = await service.aborted_transactions(TP, offset, max_bytes)
+    stream = await service.batches(TP, offset, max_bytes, limit_offset=limit)
+    keep = CommittedFilter(aborted)
+    found = []
+    async for batch in stream:
+        data = batch.tobytes()
+        for header, records in decode_batches(data):
+            control = records[0].control_type if header.is_control else None
+            if keep.accept(header, control):
+                found += [r.offset for r in records if r.offset >= offset]
+    return found
+
+
+class TestCommittedFilter:
+    """Kafka's consumer loop over batches and an aborted-transaction list."""
+
+    def test_header_round_trip(self) -> None:
+        """The header lists pairs by first offset, without duplicates, and parses back."""
+        aborted = [AbortedTransaction(9, 40), AbortedTransaction(1, 5), AbortedTransaction(9, 40)]
+        text = format_aborted(aborted)
+        assert text == "1:5,9:40"
+        assert parse_aborted(text) == [AbortedTransaction(1, 5), AbortedTransaction(9, 40)]
+        assert parse_aborted("") == []
+        with pytest.raises(ValueError, match="producer_id:first_offset"):
+            parse_aborted("12")
+
+    def test_an_aborted_producer_is_dropped_until_its_abort_marker(self) -> None:
+        """Batches of the producer after its aborted transaction started are dropped, its ABORT
+        marker ends that, and its next transaction is kept; other producers are untouched."""
+        keep = CommittedFilter([AbortedTransaction(1, 10)])
+        early = parse_batch_header(build_batch([TestRecord(b"k", b"v")], base_offset=5,
+                                               producer_id=1, producer_epoch=0,
+                                               base_sequence=0, transactional=True))  # fmt: skip
+        assert keep.accept(early)  # before the aborted transaction started
+        aborted = parse_batch_header(_rebased(_txn(1, 10, 2), 10))
+        other = parse_batch_header(_rebased(_txn(2, 12, 1), 12))
+        marker = parse_batch_header(_rebased(_marker(ControlRecordType.ABORT, 1), 13))
+        later = parse_batch_header(_rebased(_txn(1, 14, 1), 14))
+        assert not keep.accept(aborted)
+        assert keep.accept(other)
+        assert not keep.accept(marker, ControlRecordType.ABORT)  # a marker is never data
+        assert keep.accept(later)
+
+
+def _rebased(batch: bytes, base: int) -> bytes:
+    return base.to_bytes(8, "big", signed=True) + batch[8:]
+
+
+class TestServiceReadCommitted:
+    """The aborted-transaction list and the limit the service computes."""
+
+    async def test_every_offset_and_size_reads_what_a_committed_consumer_reads(
+        self, remote, service
+    ):
+        """From every offset and for several sizes, following next offsets to the end: the
+        data offsets are exactly the committed ones, even where a marker sits two segments on."""
+        committed, _ = await _interleaved(remote)
+        for max_bytes in (1, 200, 10_000):
+            for start in range(26):
+                offset, seen = start, []
+                while offset <= 25:
+                    got = await _committed_offsets(service, offset, max_bytes)
+                    seen += got
+                    _, limit = await service.aborted_transactions(TP, offset, max_bytes)
+                    stream = await service.runs(TP, offset, max_bytes, limit_offset=limit)
+                    offset = max([r.next_offset async for r in stream])
+                assert seen == sorted(o for o in committed if o >= start), (max_bytes, start)
+
+    async def test_the_list_holds_overlapping_transactions_only(self, remote, service):
+        """A transaction that ended before the offset, or starts past the bound, is not listed."""
+        await _interleaved(remote)
+        aborted, _ = await service.aborted_transactions(TP, 0, 1 << 20)
+        assert aborted == [AbortedTransaction(1, 5), AbortedTransaction(3, 18)]
+        aborted, _ = await service.aborted_transactions(TP, 16, 1 << 20)
+        assert aborted == [AbortedTransaction(3, 18)]
+        aborted, limit = await service.aborted_transactions(TP, 0, 1)
+        assert limit < 14  # from the offset index: a bound well inside the first segment
+        assert aborted == [AbortedTransaction(1, 5)][: 1 if limit > 5 else 0]
+
+    async def test_cap_moves_the_limit_down(self, remote, service):
+        """With a cap, the response stops before the first transaction left out."""
+        await _interleaved(remote)
+        aborted, limit = await service.aborted_transactions(TP, 0, 1 << 20, cap=1)
+        assert aborted == [AbortedTransaction(1, 5)]
+        assert limit == 18
+        stream = await service.runs(TP, 0, 1 << 20, limit_offset=limit)
+        assert max([r.next_offset async for r in stream]) <= 18
+
+    async def test_local_txn_indexes_complete_the_list(self, remote, chunks, tmp_path):
+        """A marker not tiered yet: the broker's local .txnindex (same topic id) supplies it."""
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
+        partition = tmp_path / "logs" / f"{TP.topic}-{TP.partition}"
+        partition.mkdir(parents=True)
+        (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
+        (partition / f"{7:020d}.log").write_bytes(b"")
+        entry = AbortedTxn(0, 4, 5, 7, 8)
+        (partition / f"{7:020d}.txnindex").write_bytes(
+            b"".join(f.to_bytes(8 if i else 2, "big") for i, f in enumerate(entry))[:34] + b"\0"
+        )  # a whole entry and a partial one being appended
+        for log_dirs, expected in (((), []), ((tmp_path / "logs",), [AbortedTransaction(4, 5)])):
+            service = ReadService(
+                store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
+                log_dirs=log_dirs, lineage_ttl_s=0,
+            )  # fmt: skip
+            try:
+                aborted, _ = await service.aborted_transactions(TP, 0, 1 << 20)
+                assert aborted == expected
+            finally:
+                await service.aclose()
+
+
+class TestListOffsets:
+    """ListOffsets' special timestamps over the tiered range."""
+
+    async def test_earliest_latest_and_max_timestamp(self, remote, service):
+        """-2 is the first tiered offset, -1 the last + 1, -3 the first record with the largest
+        timestamp; an unknown negative timestamp is an error."""
+        await remote.upload(10, data_batches(10, 4, epoch=3))
+        records = [
+            TestRecord(b"a", b"1", timestamp=BASE_TS + 5000),
+            TestRecord(b"b", b"2", timestamp=BASE_TS + 9000),
+            TestRecord(b"c", b"3", timestamp=BASE_TS + 9000),
+        ]
+        last = await remote.upload(
+            30, [build_batch(records, leader_epoch=4), *data_batches(33, 1, epoch=4)]
+        )
+        earliest = await service.list_offset(TP, -2)
+        assert earliest == (10, -1, 3)
+        latest = await service.list_offset(TP, -1)
+        assert latest == (last.end_offset + 1, -1, 4)
+        largest = await service.list_offset(TP, -3)
+        assert largest == (31, BASE_TS + 9000, 4)
+        with pytest.raises(ValueError, match="-4"):
+            await service.list_offset(TP, -4)
+
+
+@pytest.fixture
+async def socket_path(remote: Remote, tmp_path: Path) -> AsyncIterator[Path]:
+    chunks = ChunkCache(
+        objects=remote.objects, directory=tmp_path / "cache", max_bytes=1 << 20,
+        chunk_size=16 * 1024, fetch_timeout_s=5.0,
+    )  # fmt: skip
+    service = ReadService(
+        store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks, lineage_ttl_s=0
+    )
+    server = ReadServer(service=service, socket_path=tmp_path / "t.sock")
+    stopping = asyncio.Event()
+    task = asyncio.create_task(server.run(stopping))
+    await server.started.wait()
+    try:
+        yield tmp_path / "t.sock"
+    finally:
+        stopping.set()
+        await task
+
+
+class TestHttp:
+    """The isolation parameter on the socket, the client and ``sidecar read``."""
+
+    async def test_raw_read_committed_carries_the_aborted_list(self, remote, socket_path):
+        """Raw responses are whole batches either way; read_committed adds the list header."""
+        await _interleaved(remote)
+        connector = aiohttp.UnixConnector(path=str(socket_path))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            url = f"{BASE}/v1/topics/orders/partitions/0/records"
+            async with http.get(url, params={"offset": "0"}) as response:
+                plain = await response.read()
+                assert response.headers["X-Isolation-Level"] == "read_uncommitted"
+                assert "X-Aborted-Transactions" not in response.headers
+            params = {"offset": "0", "isolation": "read_committed"}
+            async with http.get(url, params=params) as response:
+                assert await response.read() == plain
+                assert response.headers["X-Aborted-Transactions"] == "1:5,3:18"
+            params["isolation"] = "committed"
+            async with http.get(url, params=params) as response:
+                assert response.status == 400
+                assert (await response.json())["code"] == "bad_request"
+            params = {"timestamp": "-2"}
+            async with http.get(url.replace("records", "offsets"), params=params) as response:
+                assert (await response.json())["offset"] == 0
+            params = {"timestamp": "-4"}
+            async with http.get(url.replace("records", "offsets"), params=params) as response:
+                assert response.status == 400
+
+    async def test_client_json_and_cli_agree_with_the_consumer(self, remote, socket_path):
+        """Client (raw, filtered here), JSON (filtered by the server) and ``sidecar read``
+        return the committed records under read_committed, everything otherwise."""
+        committed, uncommitted = await _interleaved(remote)
+        async with ReadClient(socket_path=socket_path) as client:
+            for level, expected in (
+                (IsolationLevel.READ_COMMITTED, committed),
+                (IsolationLevel.READ_UNCOMMITTED, uncommitted),
+            ):
+                got = [r.offset async for r in client.iter_records(
+                    "orders", 0, 0, max_bytes=150, isolation=level)]  # fmt: skip
+                assert got == sorted(expected)
+                page = await client.records_json("orders", 0, 0, isolation=level)
+                assert [r.offset for r in page.records] == sorted(expected)
+                assert page.next_offset == 26
+            fetched = await client.fetch("orders", 0, 14, isolation="read_committed")
+            assert fetched.aborted == [AbortedTransaction(1, 5), AbortedTransaction(3, 18)]
+            latest = await client.offset_for_timestamp("orders", 0, client.LATEST)
+            assert latest["offset"] == 26
+            with pytest.raises(OffsetOutOfRangeError):
+                await client.records("orders", 0, 26)
+        out, err = io.StringIO(), io.StringIO()
+        code = await asyncio.to_thread(
+            read_command,
+            socket_path=socket_path, url=None, topic="orders", partition=0, offset=0,
+            timestamp=None, count=None, as_json=True, out=out, err=err,
+            isolation="read_committed",
+        )  # fmt: skip
+        assert code == 0
+        printed = [json.loads(line)["offset"] for line in out.getvalue().splitlines()]
+        assert printed == sorted(committed)
+        out = io.StringIO()
+        code = await asyncio.to_thread(
+            read_command,
+            socket_path=socket_path, url=None, topic="orders", partition=0, offset=None,
+            timestamp=-1, count=None, as_json=True, out=out, err=err,
+        )  # fmt: skip
+        assert code == 0
+        assert out.getvalue() == ""
+
+    async def test_many_aborts_are_capped_in_the_header(self, remote, socket_path):
+        """More aborted transactions than a header lists: the response stops before the first
+        one left out, and reading on from there gets the rest (the committed data is whole)."""
+        batches, aborted, offset = [], [], 0
+        for pid in range(MAX_LISTED_ABORTS + 20):
+            batches += [_txn(pid + 100, offset, 1), _marker(ControlRecordType.ABORT, pid + 100)]
+            aborted.append(AbortedTxn(0, pid + 100, offset, offset + 1, offset + 2))
+            batches.append(_plain(offset + 2, 1))
+            offset += 3
+        await remote.upload(0, batches, aborted=aborted)
+        async with ReadClient(socket_path=socket_path) as client:
+            first = await client.fetch("orders", 0, 0, max_bytes=1 << 20,
+                                       isolation="read_committed")  # fmt: skip
+            # the one that starts at offset 0, and 100 after it
+            assert len(first.aborted) == MAX_LISTED_ABORTS + 1
+            last = list(decode_batches(first.data))[-1][0]
+            assert last.next_offset <= first.aborted[-1].first_offset + 3
+            got = [r.value async for r in client.iter_records(
+                "orders", 0, 0, isolation="read_committed")]  # fmt: skip
+            assert len(got) == MAX_LISTED_ABORTS + 20
+            assert all(v is not None and not v.startswith(b"txn") for v in got)
