@@ -42,6 +42,7 @@ __all__ = [
     "ReadServerConfig",
     "RemoteLogMetadataConfig",
     "RetentionConfig",
+    "RetentionOverride",
     "S3Config",
     "SidecarConfig",
     "TieringConfig",
@@ -292,9 +293,54 @@ class TieringConfig(_Section):
 
 
 # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+class RetentionOverride(_Section):
+    """A remote retention of the sidecar's own for some topics (``[[retention.overrides]]``).
+
+    The broker (without KIP-405) deletes its local segments by the topic's retention.ms/bytes;
+    an override lets the bucket keep more (or less) than the broker's disks. For a topic with an
+    override, the broker's log start offset deletes remote segments only when it lies strictly
+    inside the first local segment (a DeleteRecords; local retention always leaves it on a
+    segment's base offset). README: "Remote retention"."""
+
+    topics: list[str] = Field(
+        min_length=1,
+        description="regexes of topics (full match, as tiering.include_topics); first entry wins",
+    )
+    retention_ms: int = Field(
+        -2, ge=-2, description="remote retention.ms: -1 = forever, -2 (unset) = the broker's"
+    )
+    retention_bytes: int = Field(
+        -2, ge=-2, description="remote retention.bytes: -1 = unlimited, -2 (unset) = the broker's"
+    )
+
+    @field_validator("topics")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        import re
+
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regex: {exc}") from None
+        return value
+
+
 class RetentionConfig(_Section):
-    """Remote retention (Kafka's retention.ms/bytes per topic), deletion of the tiered data of
-    deleted topics and partitions, the orphan scrub and the local-retention safety warnings."""
+    """Remote retention (Kafka's retention.ms/bytes per topic, or a sidecar override), deletion
+    of the tiered data of deleted topics and partitions, the orphan scrub and the
+    local-retention safety warnings."""
+
+    overrides: list[RetentionOverride] = Field(
+        default_factory=list,
+        description=(
+            "per-topic remote retention, [[retention.overrides]] with topics (regexes, full"
+            " match, first entry wins), retention_ms and retention_bytes (-1 = unlimited,"
+            " unset or -2 = the broker's value); on such a topic the broker's log start"
+            " offset deletes remote data only after a DeleteRecords inside a local segment"
+            " (see Remote retention)"
+        ),
+    )
 
     enabled: bool = Field(
         True, description="apply remote retention and topic/partition deletion in the daemon"
@@ -327,6 +373,15 @@ class RetentionConfig(_Section):
         le=1,
         description="warn when an untiered segment has used this much of the local retention",
     )
+
+    def override_for(self, topic: str) -> RetentionOverride | None:
+        """The first override whose patterns fully match ``topic``, if any."""
+        import re
+
+        for override in self.overrides:
+            if any(re.fullmatch(p, topic) for p in override.topics):
+                return override
+        return None
 
 
 class ReadServerConfig(_Section):

@@ -1,9 +1,12 @@
 """The daemon's status document (``GET /v1/status`` on the metrics port, ``sidecar status``).
 
 Per partition in the broker's log dirs: local segments, tiered segments (COPY_SEGMENT_FINISHED in
-the metadata store), copy lag (segments, bytes, seconds), leadership, quarantined segments and the
-last tiering error. Built on the event loop from in-memory views plus a few indexed store queries
-(run in a thread); it changes nothing.
+the metadata store) with their bytes (``tiered_bytes``, the remote bytes that remote retention
+counts) and offset range (``remote_start_offset`` is the remote log start offset: remote
+retention deletes from the oldest segment on, so it moves up as segments are deleted), copy lag
+(segments, bytes, seconds), leadership, quarantined segments and the last tiering error. Built
+on the event loop from in-memory views plus a few indexed store queries (run in a thread); it
+changes nothing.
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ def partition_status(
 def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -> str:
     """A table for people: selected partitions (or all of them with ``all_partitions``)."""
     header = (
-        f"{'PARTITION':<40} {'LEADER':<6} {'LOCAL':>5} {'TIERED':>6} {'REMOTE RANGE':>21} "
-        f"{'LAG SEG':>7} {'LAG BYTES':>10} {'LAG S':>7}  LAST ERROR"
+        f"{'PARTITION':<40} {'LEADER':<6} {'LOCAL':>5} {'TIERED':>6} {'REMOTE BYTES':>12} "
+        f"{'REMOTE RANGE':>21} {'LAG SEG':>7} {'LAG BYTES':>10} {'LAG S':>7}  LAST ERROR"
     )
     lines = [header]
     for row in rows:
@@ -104,7 +107,8 @@ def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -
         name = f"{row['topic']}-{row['partition']}"
         lines.append(
             f"{name:<40} {'yes' if row['leader'] else 'no':<6} {row['local_segments']:>5} "
-            f"{row['tiered_segments']:>6} {remote:>21} {row['lag_segments']:>7} "
+            f"{row['tiered_segments']:>6} {row.get('tiered_bytes', 0):>12} {remote:>21} "
+            f"{row['lag_segments']:>7} "
             f"{row['lag_bytes']:>10} {row['lag_seconds']:>7.1f}  {error}"
         )
     if len(lines) == 1:

@@ -408,7 +408,9 @@ class Metrics:
         )
         self.scrub_runs = Counter(
             "scrub_runs",
-            "Orphan scrubs, by outcome (ok, failed, skipped = metadata not fully read).",
+            "Orphan scrubs, by outcome (ok, failed, skipped = metadata or topic configs not"
+            " read yet, refused = the metadata topic's retention.ms/bytes is not -1, so deleting"
+            " could remove referenced objects).",
             ["outcome"],
             namespace=NAMESPACE,
             registry=r,

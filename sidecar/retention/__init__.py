@@ -13,13 +13,20 @@ from sidecar.retention.policy import (
     Expiry,
     PartitionFacts,
     RetentionPlan,
+    delete_records_offset,
+    extended_lineage,
     filtered_lineage,
     is_within_lineage,
     only_local_bytes,
     plan_expiry,
 )
 from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segments
-from sidecar.retention.scrub import OrphanScrubber, ScrubReport
+from sidecar.retention.scrub import (
+    OrphanScrubber,
+    ScrubReport,
+    UnsafeScrubError,
+    metadata_retention_problem,
+)
 
 __all__ = [
     "DeleteReason",
@@ -29,10 +36,14 @@ __all__ = [
     "PartitionFacts",
     "RetentionPlan",
     "ScrubReport",
+    "UnsafeScrubError",
     "at_risk_segments",
+    "delete_records_offset",
+    "extended_lineage",
     "filtered_lineage",
     "is_within_lineage",
     "lost_segments",
+    "metadata_retention_problem",
     "only_local_bytes",
     "plan_expiry",
 ]

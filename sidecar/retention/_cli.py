@@ -3,7 +3,9 @@
 * ``scrub`` reads the *whole* metadata topic into a fresh store in a temporary directory (the
   daemon's store belongs to the daemon), so every partition of the cluster is known, then runs
   the orphan scrub over the configured prefix with the configured grace periods. ``--dry-run``
-  prints what it would delete. The daemon runs the same scrub periodically.
+  prints what it would delete. The daemon runs the same scrub periodically. Unless the
+  metadata topic's ``retention.ms`` and ``retention.bytes`` are -1 (DescribeConfigs), a real
+  scrub is refused (exit 1, nothing deleted); a dry run warns and still reports.
 * ``delete-partition`` publishes DELETE_PARTITION_MARKED for one partition (the topic id comes
   from the cluster, or ``--topic-id`` for a topic that no longer exists). The running sidecar of
   the broker that leads the partition's metadata partition then deletes every remote segment
@@ -31,7 +33,7 @@ from sidecar.metadata.events import (
     TopicIdPartition,
 )
 from sidecar.metadata.partitioner import metadata_partition
-from sidecar.retention.scrub import OrphanScrubber, ScrubReport
+from sidecar.retention.scrub import OrphanScrubber, ScrubReport, metadata_retention_problem
 
 __all__ = ["delete_partition_command", "scrub_command"]
 
@@ -58,11 +60,22 @@ def _client_options(config: SidecarConfig) -> dict[str, object]:
 async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> ScrubReport:
     from sidecar.metadata.store import RemoteSegmentStore
     from sidecar.metadata.tailer import MetadataTailer
+    from sidecar.retention._kafka import RetentionKafka
     from sidecar.storage import open_store
     from sidecar.storage.keys import KeyLayout
 
     meta = config.remote_log_metadata
     options = _client_options(config)
+    kafka = RetentionKafka(
+        bootstrap_servers=config.kafka.bootstrap_servers,
+        request_timeout_ms=config.kafka.request_timeout_ms,
+        client_options=options,
+    )
+    try:
+        configs = await kafka.topic_configs([meta.topic])
+    finally:
+        await kafka.aclose()
+    unsafe = metadata_retention_problem(meta.topic, configs.get(meta.topic))
     async with AsyncExitStack() as stack:
         store = RemoteSegmentStore(state_dir)
         stack.callback(store.close)
@@ -91,7 +104,7 @@ async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> Sc
                 upload_grace_s=config.retention.multipart_grace_s,
                 in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
             )
-            report = await scrubber.scrub(dry_run=dry_run)
+            report = await scrubber.scrub(dry_run=dry_run, unsafe=unsafe)
         finally:
             stopping.set()
             await reader
@@ -107,6 +120,8 @@ def scrub_command(config: SidecarConfig, *, dry_run: bool, as_json: bool, out: T
         print(json.dumps(report.to_json(), indent=2), file=out)
         return 0
     verb = "would delete" if dry_run else "deleted"
+    if report.refused is not None:
+        print(f"WARNING: a real scrub would be refused: {report.refused}", file=out)
     for key in report.orphans:
         print(f"{verb} {key}", file=out)
     for key, _upload_id in report.aborted_uploads:

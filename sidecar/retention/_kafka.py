@@ -6,6 +6,8 @@
   Schema: ``clients/src/main/resources/common/message/Metadata{Request,Response}.json``.
 * Log start offsets: ListOffsets with the EARLIEST timestamp (-2), which is the broker's
   ``logStartOffset`` (moved by DeleteRecords and by the broker's own retention).
+* Topic configs: DescribeConfigs of named topics, the keys the cluster watcher reads (the
+  ``sidecar scrub`` command checks the metadata topic's retention with it).
 
 A failed call raises :class:`~sidecar.tiering.cluster.ClusterUnavailableError`; the retention
 loop skips what needs the answer and tries again next pass.
@@ -31,7 +33,7 @@ from aiokafka.protocol.types import (
 )
 
 from sidecar.observability.logging import get_logger
-from sidecar.tiering.cluster import ClusterUnavailableError
+from sidecar.tiering.cluster import _CONFIG_KEYS, ClusterUnavailableError, TopicConfig
 
 __all__ = ["RetentionKafka"]
 
@@ -199,6 +201,33 @@ class RetentionKafka:
         except (KafkaError, OSError, TimeoutError, ValueError) as exc:
             await self.aclose()
             raise ClusterUnavailableError(f"Metadata v12 (topic ids) failed: {exc!r}") from exc
+
+    async def topic_configs(self, topics: Collection[str]) -> dict[str, TopicConfig]:
+        """DescribeConfigs of ``topics``; a topic that does not exist is left out."""
+        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+        from aiokafka.errors import KafkaError
+
+        configs: dict[str, TopicConfig] = {}
+        if not topics:
+            return configs
+        try:
+            admin, _ = await self._clients()
+            responses = await admin.describe_configs(
+                [
+                    ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(_CONFIG_KEYS))
+                    for t in sorted(topics)
+                ]
+            )
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await self.aclose()
+            raise ClusterUnavailableError(f"DescribeConfigs failed: {exc!r}") from exc
+        for response in responses:
+            for resource in response.to_object()["resources"]:
+                if resource["error_code"] != 0:
+                    continue
+                entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+                configs[resource["resource_name"]] = TopicConfig.from_entries(entries)
+        return configs
 
     async def log_start_offsets(
         self, partitions: Collection[tuple[str, int]]

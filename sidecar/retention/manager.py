@@ -15,11 +15,15 @@ Every ``interval_s`` (Kafka's ``remote.log.manager.task.interval.ms``, 30 s by d
 3. **Remote retention** of the partitions this broker leads (fresh cluster view), with Kafka's
    rules (:mod:`sidecar.retention.policy`): the lineage is the broker's leader-epoch
    checkpoint, the log start offset comes from ListOffsets EARLIEST, ``retention.*`` from
-   DescribeConfigs.
+   DescribeConfigs, or from a ``[[retention.overrides]]`` entry. For an overridden topic the log
+   start offset counts only when it lies strictly inside a local segment (a DeleteRecords),
+   checked against a listing of the partition dir made after ListOffsets answered.
 4. **Local-retention safety** (:mod:`sidecar.retention.safety`): at-risk gauge and warnings;
    segments the broker deleted before they were tiered are counted as lost (``note_change`` is
    the log-dir detector's callback; the check itself runs in the pass).
-5. **Orphan scrub** every ``scrub_interval_s``, once every metadata partition is read.
+5. **Orphan scrub** every ``scrub_interval_s``, once every metadata partition is read, and
+   only while the metadata topic keeps every record (``retention.ms`` and ``retention.bytes``
+   -1 in DescribeConfigs): otherwise it is refused (``scrub_runs_total{outcome="refused"}``).
 
 So that the store knows every partition (for deletion and scrub), the manager makes the tailer
 read *all* metadata partitions, not only those of this broker's partitions (a deviation from
@@ -42,7 +46,7 @@ from sidecar._aio import wait_any
 from sidecar.config import RetentionConfig
 from sidecar.errors import SidecarError
 from sidecar.kafka.checkpoints import decode_kafka_uuid
-from sidecar.kafka.logdir import PartitionScan
+from sidecar.kafka.logdir import FileKind, PartitionScan, parse_segment_file_name
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
     RemoteLogSegmentState,
@@ -58,9 +62,15 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.retention._kafka import RetentionKafka
-from sidecar.retention.policy import DeleteReason, Expiry, PartitionFacts, plan_expiry
+from sidecar.retention.policy import (
+    DeleteReason,
+    Expiry,
+    PartitionFacts,
+    delete_records_offset,
+    plan_expiry,
+)
 from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segments
-from sidecar.retention.scrub import OrphanScrubber
+from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError, metadata_retention_problem
 from sidecar.storage.base import ObjectStore
 from sidecar.tiering.cluster import ClusterWatcher, TopicConfig
 from sidecar.tiering.planner import find_highest_remote_offset
@@ -345,14 +355,27 @@ class RetentionManager:
         segments = await asyncio.to_thread(self._store.segments, tp)
         if not segments:
             return
+        retention_ms, retention_bytes = config.retention_ms, config.retention_bytes
+        override = self._config.override_for(scan.topic)
+        delete_records: int | None = None
+        if override is not None:
+            if override.retention_ms != -2:
+                retention_ms = override.retention_ms
+            if override.retention_bytes != -2:
+                retention_bytes = override.retention_bytes
+            # listed after ListOffsets answered (see delete_records_offset)
+            bases = await asyncio.to_thread(_local_base_offsets, scan.path)
+            delete_records = delete_records_offset(log_start_offset, bases)
         facts = PartitionFacts(
             lineage=[(e.epoch, e.start_offset) for e in scan.leader_epochs],
             log_start_offset=log_start_offset,
             log_end_offset=lso,
             only_local_bytes=sum(s.size for s in scan.segments if s.base_offset >= highest),
-            retention_ms=config.retention_ms,
-            retention_bytes=config.retention_bytes,
+            retention_ms=retention_ms,
+            retention_bytes=retention_bytes,
             now_ms=now_ms,
+            override=override is not None,
+            delete_records_offset=delete_records,
         )
         plan = plan_expiry(segments, facts)
         if plan.deletions:
@@ -502,12 +525,23 @@ class RetentionManager:
     # --- scrub
 
     async def _scrub(self) -> None:
-        if not all(self._tailer.caught_up(p) for p in range(self._num_mp)):
+        view = self._cluster.view
+        meta_config = view.configs.get(self._metadata_topic)
+        if (
+            not all(self._tailer.caught_up(p) for p in range(self._num_mp))
+            or not view.fresh
+            or meta_config is None
+        ):
             self._metrics.scrub_runs.labels("skipped").inc()
             return
         self._next_scrub_at = time.monotonic() + self._config.scrub_interval_s
+        unsafe = metadata_retention_problem(self._metadata_topic, meta_config)
         try:
-            report = await self._scrubber.scrub(dry_run=self._config.dry_run)
+            report = await self._scrubber.scrub(dry_run=self._config.dry_run, unsafe=unsafe)
+        except UnsafeScrubError as exc:
+            self._metrics.scrub_runs.labels("refused").inc()
+            self._metrics.retention_errors.labels(type(exc).__name__).inc()
+            return  # the scrubber logged scrub_refused
         except SidecarError as exc:
             self._metrics.scrub_runs.labels("failed").inc()
             self._metrics.retention_errors.labels(type(exc).__name__).inc()
@@ -517,3 +551,18 @@ class RetentionManager:
         if not report.dry_run:
             self._metrics.scrub_deleted_objects.inc(len(report.orphans))
             self._metrics.scrub_aborted_uploads.inc(len(report.aborted_uploads))
+
+
+def _local_base_offsets(path: Path) -> list[int]:
+    """Base offsets of the ``.log`` files in a partition dir now (worker thread; read only).
+    Files being deleted (``.deleted``) are left out; a vanished dir lists nothing."""
+    try:
+        names = [entry.name for entry in path.iterdir()]
+    except OSError:
+        return []
+    offsets = []
+    for name in names:
+        parsed = parse_segment_file_name(name)
+        if parsed is not None and parsed.kind is FileKind.LOG and not parsed.suffix:
+            offsets.append(parsed.offset)
+    return offsets

@@ -21,6 +21,17 @@ Pure functions over the facts of one partition (kafka-kip405-internals.md §3.5;
 4. segments whose epochs are all below the lineage's earliest epoch are deleted too
    (unreferenced epochs: unclean leader election, truncated lineage).
 
+**Sidecar overrides** (``[[retention.overrides]]``, ``PartitionFacts.override``): the broker runs
+without KIP-405, so its log start offset is its *local* log start, moved by its own retention,
+and its leader-epoch cache is truncated there too. For such a topic
+
+* the log-start rule applies only when ``delete_records_offset`` is set: the caller sets it when
+  the log start offset lies strictly inside a local segment (a DeleteRecords; local retention
+  always leaves it on a segment's base offset, see :func:`delete_records_offset`);
+* the lineage is extended below the local one with the epochs of the remote segments
+  (:func:`extended_lineage`), so remote data older than the local log is not taken for
+  unreferenced epochs; it goes by the override's time and size rules.
+
 No I/O, no clock, no store: the caller passes every fact. Must not await.
 """
 
@@ -37,6 +48,8 @@ __all__ = [
     "Expiry",
     "PartitionFacts",
     "RetentionPlan",
+    "delete_records_offset",
+    "extended_lineage",
     "filtered_lineage",
     "is_within_lineage",
     "only_local_bytes",
@@ -85,6 +98,12 @@ class PartitionFacts:
     retention_bytes: int
     #: the time of the pass, epoch milliseconds
     now_ms: int
+    #: the topic has a sidecar retention override: ``retention_*`` are the override's, the
+    #: lineage is extended with remote epochs and the log-start rule uses
+    #: ``delete_records_offset`` only
+    override: bool = False
+    #: with ``override``: a log start offset a DeleteRecords set (None = none detectable)
+    delete_records_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +178,52 @@ def is_within_lineage(
     return segment.end_offset < log_end_offset
 
 
+def extended_lineage(
+    lineage: Sequence[tuple[int, int]], segments: Iterable[SegmentMetadata]
+) -> list[tuple[int, int]]:
+    """The filtered local lineage preceded by the epochs of the tiered segments below it.
+
+    The broker truncates its leader-epoch cache at its (local) log start offset; the tiered
+    segments' own epoch maps still say where each older epoch began. Each epoch below the local
+    lineage's first one starts at the lowest offset a COPY_SEGMENT_FINISHED segment gives it (the
+    first local epoch too, when a segment saw it start earlier); an older epoch is kept only if
+    it starts below the next kept one (a diverged copy cannot reorder the lineage)."""
+    local = filtered_lineage(lineage)
+    if not local:
+        return local
+    first_epoch, first_start = local[0]
+    starts: dict[int, int] = {}
+    for segment in segments:
+        if segment.state is not _FINISHED:
+            continue
+        for epoch, offset in segment.segment_leader_epochs:
+            if epoch <= first_epoch and offset < first_start:
+                starts[epoch] = min(starts.get(epoch, offset), offset)
+    head = min(first_start, starts.pop(first_epoch, first_start))
+    older: list[tuple[int, int]] = []
+    ceiling = head
+    for epoch in sorted(starts, reverse=True):
+        if starts[epoch] < ceiling:
+            older.append((epoch, starts[epoch]))
+            ceiling = starts[epoch]
+    return [*reversed(older), (first_epoch, head), *local[1:]]
+
+
+def delete_records_offset(log_start_offset: int, local_base_offsets: Iterable[int]) -> int | None:
+    """``log_start_offset`` if it lies strictly inside a local segment, else None.
+
+    Kafka's own retention (time, size) deletes whole segments and sets the log start offset to
+    the next segment's base offset; only DeleteRecords (or a follower's truncation to the
+    leader's start, itself from DeleteRecords) leaves it past the base offset of the segment
+    that holds it. ``local_base_offsets`` must be listed *after* the log start offset was read,
+    so that a segment the broker deleted meanwhile cannot make a base offset look like an inner
+    one. A DeleteRecords exactly at a segment boundary is not told apart from local retention."""
+    below = [b for b in local_base_offsets if b <= log_start_offset]
+    if not below:
+        return None
+    return log_start_offset if max(below) < log_start_offset else None
+
+
 def only_local_bytes(local_segments: Iterable[tuple[int, int]], highest_remote_offset: int) -> int:
     """``onlyLocalLogSegmentsSize``: bytes of the local ``(base offset, size)`` segments whose
     base offset is at or past the highest offset in remote storage."""
@@ -177,7 +242,12 @@ def plan_expiry(
     ``copying``: segment ids being copied right now; any COPY_SEGMENT_STARTED segment is taken
     as being copied too (the tiering engine owns it).
     """
-    lineage = filtered_lineage(facts.lineage)
+    if facts.override:
+        lineage = extended_lineage(facts.lineage, segments)
+        log_start = -1 if facts.delete_records_offset is None else facts.delete_records_offset
+    else:
+        lineage = filtered_lineage(facts.lineage)
+        log_start = facts.log_start_offset
     in_copy = set(copying)
     by_epoch: dict[int, list[SegmentMetadata]] = {}
     for segment in sorted(segments, key=lambda s: (s.start_offset, s.end_offset)):
@@ -203,7 +273,9 @@ def plan_expiry(
 
     chosen: dict[object, Expiry] = {}
     new_start: int | None = None
-    first_epoch = lineage[0][0] if lineage else None
+    # the epoch at the broker's log start: the first of its own (truncated) leader-epoch cache
+    local = filtered_lineage(facts.lineage)
+    first_epoch = local[0][0] if local else None
     can_process = True
     for epoch, _ in lineage:
         if not can_process:
@@ -222,7 +294,7 @@ def plan_expiry(
             if (
                 first_epoch is not None
                 and all(e <= first_epoch for e, _ in segment.segment_leader_epochs)
-                and segment.end_offset < facts.log_start_offset
+                and segment.end_offset < log_start
             ):
                 reason = DeleteReason.LOG_START_OFFSET
             else:
@@ -242,8 +314,8 @@ def plan_expiry(
                 break
 
     # unreferenced epochs: segments whose epochs all lie below the lineage's earliest epoch
-    if facts.lineage:
-        earliest = min(e for e, _ in facts.lineage)
+    if lineage:
+        earliest = min(e for e, _ in (lineage if facts.override else facts.lineage))
         for segment in sorted(segments, key=lambda s: (s.start_offset, s.end_offset)):
             if segment.segment_id in chosen or segment.segment_id in in_copy:
                 continue

@@ -16,6 +16,13 @@ with the metadata store:
 
 ``dry_run`` reports the same decisions without deleting. Deletes go out 1000 keys a request,
 a few requests at a time. The store is read in a worker thread.
+
+The scrub trusts that the metadata topic keeps every record: were an old COPY_SEGMENT_FINISHED
+record deleted by the topic's retention, its (live) segment's objects would look unreferenced.
+The caller checks the topic's ``retention.ms`` and ``retention.bytes`` (DescribeConfigs; both
+must be -1, :func:`metadata_retention_problem`) and passes what is wrong as ``unsafe``: a real
+scrub then raises :class:`UnsafeScrubError` before listing anything; a dry run reports it
+(``refused``) and still lists what it would delete.
 """
 
 from __future__ import annotations
@@ -26,16 +33,47 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
+from sidecar.errors import SidecarError
 from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
 from sidecar.storage.base import DELETE_BATCH_SIZE, MultipartUpload, ObjectStore
 from sidecar.storage.keys import KeyLayout
 
-__all__ = ["OrphanScrubber", "ScrubReport"]
+if TYPE_CHECKING:
+    from sidecar.tiering.cluster import TopicConfig
+
+__all__ = ["OrphanScrubber", "ScrubReport", "UnsafeScrubError", "metadata_retention_problem"]
 
 log = get_logger(__name__)
+
+
+class UnsafeScrubError(SidecarError):
+    """The metadata topic may have lost records: a scrub could delete referenced objects."""
+
+
+def metadata_retention_problem(topic: str, config: TopicConfig | None) -> str | None:
+    """Why the metadata topic cannot be trusted to hold every record, or None when it can
+    (``retention.ms`` and ``retention.bytes`` both -1, per DescribeConfigs)."""
+    if config is None:
+        return f"the configs of the metadata topic {topic!r} are unknown (DescribeConfigs)"
+    wrong = [
+        f"{name}={value}"
+        for name, value in (
+            ("retention.ms", config.retention_ms),
+            ("retention.bytes", config.retention_bytes),
+        )
+        if value != -1
+    ]
+    if not wrong:
+        return None
+    return (
+        f"the metadata topic {topic!r} has {', '.join(wrong)}: it may have dropped records that"
+        " reference live objects; set both to -1 to allow the scrub to delete"
+    )
+
 
 _STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
 
@@ -62,6 +100,8 @@ class ScrubReport:
     #: uploads of copies in flight
     uploads_in_flight: int = 0
     seconds: float = 0.0
+    #: why deleting is refused (metadata topic retention), None when it is not
+    refused: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary (keys included)."""
@@ -79,6 +119,7 @@ class ScrubReport:
             "young_uploads": self.young_uploads,
             "uploads_in_flight": self.uploads_in_flight,
             "seconds": round(self.seconds, 3),
+            "refused": self.refused,
         }
 
 
@@ -115,10 +156,16 @@ class OrphanScrubber:
         self._concurrency = delete_concurrency
         self._now = now
 
-    async def scrub(self, *, dry_run: bool = False) -> ScrubReport:
-        """One full scrub of the layout's prefix."""
+    async def scrub(self, *, dry_run: bool = False, unsafe: str | None = None) -> ScrubReport:
+        """One full scrub of the layout's prefix. ``unsafe``: why the metadata topic cannot be
+        trusted (:func:`metadata_retention_problem`); a real scrub then raises
+        :class:`UnsafeScrubError` and deletes nothing, a dry run reports it."""
+        if unsafe is not None:
+            log.error("scrub_refused", dry_run=dry_run, reason=unsafe)
+            if not dry_run:
+                raise UnsafeScrubError(f"orphan scrub refused: {unsafe}")
         started = time.monotonic()
-        report = ScrubReport(dry_run=dry_run)
+        report = ScrubReport(dry_run=dry_run, refused=unsafe)
         now = self._now()
         live = await asyncio.to_thread(_live_segments, self._store)
         scope: dict[tuple[uuid.UUID, str, int], bool] = {}

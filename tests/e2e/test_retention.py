@@ -419,15 +419,15 @@ class TestScrubCommand:
             tip = topic_id_partition(kafka.log_dir, topic_name, 0)
             planted = _plant(s3, s3_prefix, tip)
 
-            async def scrub(*args: str) -> dict[str, Any]:
+            async def scrub(*args: str, rc: int = 0) -> dict[str, Any]:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json",
                     *args, env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE,
                 )  # fmt: skip
                 out, err = await process.communicate()
-                assert process.returncode == 0, err.decode()
-                return json.loads(out)
+                assert process.returncode == rc, err.decode()
+                return json.loads(out) if rc == 0 else {"stderr": err.decode()}
 
             young = await scrub()  # default grace: a day
             assert young["orphans"] == 0
@@ -443,6 +443,18 @@ class TestScrubCommand:
             assert sorted(dry["orphan_keys"]) == sorted(planted["objects"])
             assert [u["key"] for u in dry["aborted_uploads"]] == [planted["upload"]]
             assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
+            assert dry["refused"] is None
+            # the metadata topic may drop records: deleting is refused, a dry run still reports
+            metadata_topic = f"__rlm_{topic_name}"
+            await _alter(bootstrap, metadata_topic, {"retention.ms": str(7 * 24 * HOUR_MS)})
+            refused = await scrub(*graceless, rc=1)
+            assert "orphan scrub refused" in refused["stderr"]
+            assert "retention.ms=604800000" in refused["stderr"]
+            assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
+            warned = await scrub("--dry-run", *graceless)
+            assert "retention.ms=604800000" in warned["refused"]
+            assert sorted(warned["orphan_keys"]) == sorted(planted["objects"])
+            await _alter(bootstrap, metadata_topic, {"retention.ms": "-1"})
             done = await scrub(*graceless)
             assert sorted(done["orphan_keys"]) == sorted(planted["objects"])
             assert set(bucket_keys(s3, s3_prefix)) == referenced

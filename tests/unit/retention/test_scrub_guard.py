@@ -1,0 +1,155 @@
+"""The orphan scrub deletes only while the metadata topic keeps every record (retention.ms and
+retention.bytes -1): otherwise a real scrub is refused with a typed error, a metric and a log
+line, and a dry run still reports. In-memory bucket, real metadata store."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from sidecar.config import RetentionConfig
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.observability.metrics import Metrics
+from sidecar.retention.manager import RetentionManager
+from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError, metadata_retention_problem
+from sidecar.storage.memory import MemoryObjectStore
+from sidecar.tiering.cluster import ClusterView, TopicConfig
+from tests.unit.retention.test_safety_and_scrub import LAYOUT, _keys, _metadata
+
+META = "__remote_log_metadata"
+FOREVER = TopicConfig(retention_ms=-1, retention_bytes=-1)
+
+
+class TestProblem:
+    def test_forever_is_fine(self):
+        assert metadata_retention_problem(META, FOREVER) is None
+
+    @pytest.mark.parametrize(
+        ("config", "named"),
+        [
+            (TopicConfig(retention_ms=604_800_000, retention_bytes=-1), "retention.ms=604800000"),
+            (TopicConfig(retention_ms=-1, retention_bytes=10**9), "retention.bytes=1000000000"),
+            (None, "unknown"),
+        ],
+    )
+    def test_anything_else_is_named(self, config, named):
+        problem = metadata_retention_problem(META, config)
+        assert problem is not None
+        assert named in problem
+        assert META in problem
+
+
+async def _orphaned(tmp_path) -> tuple[RemoteSegmentStore, MemoryObjectStore, list[str]]:
+    store = RemoteSegmentStore(tmp_path / "state")
+    objects = MemoryObjectStore()
+    keys = _keys(_metadata(0))  # never published: an orphan
+    for key in keys:
+        await objects.put(key, b"x")
+    return store, objects, keys
+
+
+def _scrubber(store: RemoteSegmentStore, objects: MemoryObjectStore) -> OrphanScrubber:
+    return OrphanScrubber(
+        objects=objects,
+        store=store,
+        layout=LAYOUT,
+        object_grace_s=0,
+        upload_grace_s=0,
+        now=lambda: datetime.now(UTC) + timedelta(days=1),
+    )
+
+
+class TestScrubber:
+    async def test_a_real_scrub_is_refused_and_deletes_nothing(self, tmp_path):
+        store, objects, keys = await _orphaned(tmp_path)
+        try:
+            problem = metadata_retention_problem(META, TopicConfig())
+            with capture_logs() as logs, pytest.raises(UnsafeScrubError, match=r"retention\.ms"):
+                await _scrubber(store, objects).scrub(unsafe=problem)
+            assert sorted(objects.objects) == sorted(keys)
+            refused = [e for e in logs if e["event"] == "scrub_refused"]
+            assert [e["reason"] for e in refused] == [problem]
+        finally:
+            store.close()
+
+    async def test_a_dry_run_still_reports(self, tmp_path):
+        store, objects, keys = await _orphaned(tmp_path)
+        try:
+            problem = metadata_retention_problem(META, TopicConfig())
+            report = await _scrubber(store, objects).scrub(dry_run=True, unsafe=problem)
+            assert sorted(report.orphans) == sorted(keys)
+            assert report.refused == problem
+            assert report.to_json()["refused"] == problem
+            assert sorted(objects.objects) == sorted(keys)
+        finally:
+            store.close()
+
+
+def _manager(store, objects, scrubber, metrics, config: TopicConfig | None) -> RetentionManager:
+    configs = {} if config is None else {META: config}
+    view = ClusterView(
+        broker_id=1,
+        leaders={},
+        configs=configs,
+        last_stable_offsets={},
+        refreshed_at=time.monotonic(),
+        stale_after_s=60,
+    )
+    stub: Any = SimpleNamespace
+    return RetentionManager(
+        config=RetentionConfig(),
+        views=dict,
+        cluster=stub(view=view),
+        kafka=stub(),
+        store=store,
+        tailer=stub(caught_up=lambda p: True),
+        publisher=stub(),
+        uploader=stub(broker_id=1),
+        objects=objects,
+        scrubber=scrubber,
+        metrics=metrics,
+        metadata_topic=META,
+        num_metadata_partitions=2,
+    )
+
+
+class TestManager:
+    """The daemon's periodic scrub reads the metadata topic's configs from the cluster view."""
+
+    def _value(self, metrics: Metrics, name: str, **labels: str) -> float:
+        value = metrics.registry.get_sample_value(f"kafka_tiered_sidecar_{name}", labels)
+        return 0.0 if value is None else value
+
+    async def test_refused_with_a_metric(self, tmp_path):
+        store, objects, keys = await _orphaned(tmp_path)
+        metrics = Metrics()
+        try:
+            manager = _manager(store, objects, _scrubber(store, objects), metrics, TopicConfig())
+            await manager._scrub()
+            assert self._value(metrics, "scrub_runs_total", outcome="refused") == 1
+            kind = {"kind": "UnsafeScrubError"}
+            assert self._value(metrics, "retention_errors_total", **kind) == 1
+            assert self._value(metrics, "scrub_deleted_objects_total") == 0
+            assert sorted(objects.objects) == sorted(keys)
+        finally:
+            store.close()
+
+    async def test_skipped_until_the_configs_are_known_then_deletes(self, tmp_path):
+        store, objects, _ = await _orphaned(tmp_path)
+        metrics = Metrics()
+        try:
+            scrubber = _scrubber(store, objects)
+            await _manager(store, objects, scrubber, metrics, None)._scrub()
+            assert self._value(metrics, "scrub_runs_total", outcome="skipped") == 1
+            assert objects.objects
+            await _manager(store, objects, scrubber, metrics, FOREVER)._scrub()
+            assert self._value(metrics, "scrub_runs_total", outcome="ok") == 1
+            assert self._value(metrics, "scrub_deleted_objects_total") == 3
+            assert not objects.objects
+        finally:
+            store.close()
