@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -478,3 +479,50 @@ def sample(
     samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
 ) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+#: one partition per codec in the e2e topics, in this order
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def _random_value(_i: int) -> bytes | None:
+    return os.urandom(1024)  # random values do not compress, so segments roll
+
+
+def _key(i: int) -> bytes | None:
+    return f"k{i}".encode()
+
+
+async def produce_per_codec(
+    bootstrap: str,
+    topic: str,
+    indices: range,
+    *,
+    codecs: Iterable[str] = CODECS,
+    value: Callable[[int], bytes | None] = _random_value,
+    key: Callable[[int], bytes | None] = _key,
+    headers: Callable[[int, str], list[tuple[str, bytes]]] | None = None,
+) -> None:
+    """Partition ``n`` gets the ``n``-th codec and a record for each of ``indices`` (acks=all,
+    64 KiB batches), with the given value, key and headers per record index."""
+    for partition, codec in enumerate(codecs):
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            compression_type=None if codec == "none" else codec,
+            linger_ms=5,
+            max_batch_size=64 * 1024,
+        )
+        await producer.start()
+        try:
+            for i in indices:
+                await producer.send(
+                    topic,
+                    value=value(i),
+                    key=key(i),
+                    partition=partition,
+                    headers=headers(i, codec) if headers is not None else [],
+                )
+            await producer.flush()
+        finally:
+            await producer.stop()

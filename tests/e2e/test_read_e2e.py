@@ -22,12 +22,12 @@ from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.kafka.records import Record, decode_batches
 from sidecar.readserver import ReadClient
 from tests.conftest import stack
+from tests.e2e._support import CODECS, produce_per_codec
 from tests.helpers import create_topic, wait_for
 from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
-CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 TXN_PARTITION = len(CODECS)  # the partition written by a transactional producer
 MIB_PER_PARTITION = 2.3  # 1 MiB segments: two roll, the third stays active
 
@@ -50,27 +50,14 @@ async def _produce(bootstrap: str, topic: str, *, mib: float = MIB_PER_PARTITION
     """Partitions 0-4: one codec each, random 1 KiB values (they do not compress, so segments
     roll), a null key now and then. The last partition: lz4 transactions, every third aborted."""
     count = int(mib * 1024)
-    for partition, codec in enumerate(CODECS):
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            acks="all",
-            compression_type=None if codec == "none" else codec,
-            linger_ms=5,
-            max_batch_size=64 * 1024,
-        )
-        await producer.start()
-        try:
-            for i in range(count):
-                await producer.send(
-                    topic,
-                    value=os.urandom(1024),
-                    key=None if i % 50 == 0 else f"k{i}".encode(),
-                    partition=partition,
-                    headers=_headers(i, codec),
-                )
-            await producer.flush()
-        finally:
-            await producer.stop()
+    await produce_per_codec(
+        bootstrap,
+        topic,
+        range(count),
+        codecs=CODECS,
+        key=lambda i: None if i % 50 == 0 else f"k{i}".encode(),
+        headers=_headers,
+    )
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=f"{topic}-txn",

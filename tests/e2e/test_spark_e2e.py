@@ -36,13 +36,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from sidecar.kafka.checkpoints import read_leader_epoch_checkpoint
 from sidecar.kafka.logdir import scan_partition_dir
 from tests.conftest import stack
-from tests.e2e._support import clean_prefix
+from tests.e2e._support import CODECS, clean_prefix, produce_per_codec
 from tests.helpers import create_topic
 from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
-CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 TXN_PARTITION = len(CODECS)
 PARTITIONS = range(len(CODECS) + 1)
 RECORDS_PER_HALF = 1200  # x 1 KiB random values, twice: two or three 1 MiB segments roll
@@ -85,28 +84,15 @@ def _headers(i: int, tag: str) -> list[tuple[str, bytes | None]]:
 
 
 async def _produce_half(bootstrap: str, topic: str, half: int) -> None:
-    for partition, codec in enumerate(CODECS):
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            acks="all",
-            compression_type=None if codec == "none" else codec,
-            linger_ms=5,
-            max_batch_size=64 * 1024,
-        )
-        await producer.start()
-        try:
-            for j in range(RECORDS_PER_HALF):
-                i = half * RECORDS_PER_HALF + j
-                await producer.send(
-                    topic,
-                    value=None if i % 50 == 25 else os.urandom(1024),
-                    key=None if i % 50 == 0 else f"k{i}".encode(),
-                    partition=partition,
-                    headers=_headers(i, codec),
-                )
-            await producer.flush()
-        finally:
-            await producer.stop()
+    await produce_per_codec(
+        bootstrap,
+        topic,
+        range(half * RECORDS_PER_HALF, (half + 1) * RECORDS_PER_HALF),
+        codecs=CODECS,
+        value=lambda i: None if i % 50 == 25 else os.urandom(1024),
+        key=lambda i: None if i % 50 == 0 else f"k{i}".encode(),
+        headers=_headers,
+    )
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=f"{topic}-txn",

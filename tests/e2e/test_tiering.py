@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
 from collections import defaultdict
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sidecar.kafka.checkpoints import leader_epoch_checkpoint_for_segment
 from sidecar.kafka.logdir import scan_partition_dir
@@ -26,41 +25,22 @@ from sidecar.metadata.events import (
 from sidecar.metadata.serde import decode
 from sidecar.storage.manifest import IndexKind, SegmentManifest
 from tests.conftest import stack
-from tests.e2e._support import MetadataTopic, topic_id_partition
+from tests.e2e._support import CODECS, MetadataTopic, produce_per_codec, topic_id_partition
 from tests.helpers import create_topic
 from tests.kafka_serde import fields
 from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
-CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-
 
 async def _produce_codecs(bootstrap: str, topic: str, *, mib_per_partition: float) -> None:
     """Each partition gets its own codec; random values do not compress, so segments roll."""
-    count = int(mib_per_partition * 1024 * 1024 / 1024)
-    for partition, codec in enumerate(CODECS):
-        producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            acks="all",
-            compression_type=None if codec == "none" else codec,
-            linger_ms=5,
-            max_batch_size=64 * 1024,
-        )
-        await producer.start()
-        try:
-            for i in range(count):
-                value = os.urandom(1024)
-                await producer.send(
-                    topic,
-                    value=value,
-                    key=f"k{i}".encode(),
-                    partition=partition,
-                    headers=[("codec", codec.encode())],
-                )
-            await producer.flush()
-        finally:
-            await producer.stop()
+    await produce_per_codec(
+        bootstrap,
+        topic,
+        range(int(mib_per_partition * 1024)),
+        headers=lambda _i, codec: [("codec", codec.encode())],
+    )
 
 
 def _rolled(log_dir: Path, topic: str) -> dict[int, list[Any]]:
