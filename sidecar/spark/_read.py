@@ -2,10 +2,13 @@
 schema of Spark's Kafka source.
 
 The task's bytes come from ``_segments.SegmentFiles`` (ranged GETs bounded by the offset index,
-a time-index seek for a pushed-down lower timestamp bound); batches are CRC-checked and decoded
-by ``sidecar.kafka.records`` (aiokafka's compiled decoder). Control batches are never returned;
-under read_committed, transactional batches of aborted transactions (from the uploaded
-``.txnindex`` files, collected by the planner) are dropped, as Kafka's consumer drops them.
+a time-index seek for a pushed-down lower timestamp bound, windows with the next GET prefetched);
+batches are CRC-checked there. Control batches are skipped from their header; under
+read_committed, transactional batches of aborted transactions (from the uploaded ``.txnindex``
+files, collected by the planner) are dropped, as Kafka's consumer drops them. The rest are decoded
+by aiokafka's compiled ``DefaultRecordBatch`` straight into per-column lists (the hot path: no
+per-record tuples, a headers list kept only for records that have headers); the edge batches of
+a range and anything the fast path rejects go through ``sidecar.kafka.records``' checked decoder.
 
 Imports pyarrow and the sidecar's pure modules only: no Spark classes, no asyncio, no Kafka
 client. The S3 client is created here, in the worker, never pickled.
@@ -13,21 +16,34 @@ client. The S3 client is created here, in the worker, never pickled.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sidecar.errors import FormatError
+from sidecar.kafka._codecs import inflate
+from sidecar.kafka.records import (
+    MAX_DECOMPRESSED_BATCH_BYTES,
+    RECORD_BATCH_OVERHEAD,
+    BatchHeader,
+    Buffer,
+    Record,
+    decode_records,
+)
 from sidecar.spark._options import S3Location
 from sidecar.spark._s3 import S3Reader
-from sidecar.spark._segments import SegmentFiles, SegmentRef
+from sidecar.spark._segments import RemoteDataError, SegmentFiles, SegmentRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 __all__ = ["ARROW_ROWS_PER_BATCH", "ReadTask", "arrow_schema", "read_task"]
 
-#: rows per Arrow batch handed to Spark
-ARROW_ROWS_PER_BATCH = 32_768
+#: rows per Arrow batch handed to Spark (at least; whole Kafka batches are added)
+ARROW_ROWS_PER_BATCH = 65_536
+_CODEC_MASK = 0x07
+_ATTRIBUTES_LOW_BYTE = 22  # attributes are bytes 21-22 of a batch, big-endian
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,20 +89,82 @@ def _headers_type() -> pa.DataType:
 
 
 class _Columns:
-    """Column lists for the rows of one Arrow batch."""
+    """Column lists for the rows of one Arrow batch, filled batch by batch."""
 
-    __slots__ = ("headers", "keys", "offsets", "timestamp_types", "timestamps", "values")
+    __slots__ = (
+        "headers",
+        "keys",
+        "no_timestamp",
+        "offsets",
+        "timestamp_types",
+        "timestamps",
+        "values",
+    )
 
     def __init__(self) -> None:
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
-        self.timestamps: list[int] = []
+        self.timestamps: list[int | None] = []
         self.timestamp_types: list[int] = []
         self.headers: list[Any] = []
+        self.no_timestamp = False
+        """A batch with Kafka's NO_TIMESTAMP (-1), which the decoder reports as None."""
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def add(self, header: BatchHeader, batch: Buffer, include_headers: bool) -> None:
+        """Decode ``batch`` (one whole data batch, CRC already checked) into the columns, with
+        aiokafka's compiled decoder and no intermediate objects."""
+        count = len(self.offsets)
+        try:
+            records = _decoder()(_bounded(batch, header))
+            offsets = self.offsets.append
+            timestamps = self.timestamps.append
+            keys = self.keys.append
+            values = self.values.append
+            if include_headers:
+                headers = self.headers.append
+                for r in records:
+                    offsets(r.offset)
+                    timestamps(r.timestamp)
+                    keys(r.key)
+                    values(r.value)
+                    headers(r.headers or None)  # no list kept for a record without headers
+            else:
+                for r in records:
+                    offsets(r.offset)
+                    timestamps(r.timestamp)
+                    keys(r.key)
+                    values(r.value)
+        except Exception:  # noqa: BLE001 - the checked decoder below raises the typed error
+            # anything odd: undo, and let the checked decoder name it
+            self.truncate(count)
+            self.extend(header, _checked(batch, header), include_headers)
+            return
+        if header.base_timestamp < 0 or header.max_timestamp < 0:
+            self.no_timestamp = True
+        self.timestamp_types += [int(header.timestamp_type)] * (len(self.offsets) - count)
+
+    def extend(self, header: BatchHeader, records: list[Record], include_headers: bool) -> None:
+        """Append already decoded records (the slow path: the edges of a range, errors)."""
+        for r in records:
+            self.offsets.append(r.offset)
+            self.timestamps.append(r.timestamp)
+            self.keys.append(r.key)
+            self.values.append(r.value)
+            if include_headers:
+                self.headers.append(r.headers or None)
+        self.timestamp_types += [int(header.timestamp_type)] * len(records)
+
+    def truncate(self, count: int) -> None:
+        del self.offsets[count:]
+        del self.timestamps[count:]
+        del self.keys[count:]
+        del self.values[count:]
+        del self.headers[count:]
+        del self.timestamp_types[count:]
 
     def to_batch(self, task: ReadTask, schema: pa.Schema) -> pa.RecordBatch:
         import pyarrow as pa
@@ -94,9 +172,10 @@ class _Columns:
 
         n = len(self.offsets)
         seg = task.segment
-        timestamps = pc.multiply(pa.array(self.timestamps, pa.int64()), 1000).cast(
-            pa.timestamp("us", tz="UTC")
-        )
+        millis = pa.array(self.timestamps, pa.int64())
+        if self.no_timestamp:
+            millis = millis.fill_null(-1)
+        timestamps = pc.multiply(millis, 1000).cast(pa.timestamp("us", tz="UTC"))
         arrays = [
             pa.array(self.keys, pa.binary()),
             pa.array(self.values, pa.binary()),
@@ -112,30 +191,43 @@ class _Columns:
 
 
 def _headers_array(rows: list[Any]) -> pa.Array:
-    """NULL for a record without headers (as Spark's Kafka source), else (key, value) pairs."""
+    """NULL for a record without headers (as Spark's Kafka source), else (key, value) pairs.
+    ``rows`` holds None or each record's (key, value) tuples; pyarrow converts them in C."""
     import pyarrow as pa
 
-    keys: list[str] = []
-    values: list[bytes | None] = []
-    offsets = [0]
-    nulls: list[bool] = []
-    for headers in rows:
-        if headers:
-            for k, v in headers:
-                keys.append(k)
-                values.append(v)
-            nulls.append(False)
-        else:
-            nulls.append(True)
-        offsets.append(len(keys))
-    kind = _headers_type()
-    struct = pa.StructArray.from_arrays(
-        [pa.array(keys, pa.string()), pa.array(values, pa.binary())],
-        fields=list(kind.value_type),
-    )
-    return pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()), struct, type=kind, mask=pa.array(nulls, pa.bool_())
-    )
+    return pa.array(rows, _headers_type())
+
+
+@functools.cache
+def _decoder() -> Callable[[Buffer], Iterable[Any]]:
+    from aiokafka.record.default_records import DefaultRecordBatch
+
+    return DefaultRecordBatch  # type: ignore[no-any-return]
+
+
+def _bounded(batch: Buffer, header: BatchHeader) -> Buffer:
+    """The batch as the compiled decoder may take it: as is when its payload provably expands
+    to at most the sidecar's batch limit, else inflated here (bounded) with the codec cleared.
+    Raises on a decompression bomb; the caller then lets ``decode_records`` name the error."""
+    codec = header.attributes & _CODEC_MASK
+    if not codec:
+        return batch
+    view = memoryview(batch)
+    inflated = inflate(codec, view[RECORD_BATCH_OVERHEAD:], MAX_DECOMPRESSED_BATCH_BYTES)
+    if inflated is None:
+        return batch
+    plain = bytearray(view[:RECORD_BATCH_OVERHEAD])
+    plain[_ATTRIBUTES_LOW_BYTE] &= ~_CODEC_MASK & 0xFF
+    plain += inflated
+    return plain
+
+
+def _checked(batch: Buffer, header: BatchHeader) -> list[Record]:
+    """``sidecar.kafka.records``' decoder: typed errors (as RemoteDataError) for bad bytes."""
+    try:
+        return decode_records(batch, verify_crc=False, position=header.position)
+    except FormatError as exc:
+        raise RemoteDataError(str(exc)) from exc
 
 
 def _aborted_lookup(task: ReadTask) -> dict[int, list[tuple[int, int]]]:
@@ -164,8 +256,9 @@ def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.Rec
         if index is not None:
             lo = max(lo, index.lookup(min_ts - 1).offset)
     aborted = _aborted_lookup(task) if task.read_committed else {}
+    include_headers = task.include_headers
     columns = _Columns()
-    for header, records in files.batches(lo, hi, verify_crc=task.verify_crc):
+    for header, batch in files.raw_batches(lo, hi, verify_crc=task.verify_crc):
         if header.is_control:
             continue
         if min_ts is not None and header.max_timestamp < min_ts:
@@ -174,20 +267,12 @@ def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.Rec
             ranges = aborted.get(header.producer_id)
             if ranges and any(f <= header.base_offset <= last for f, last in ranges):
                 continue
-        first_offset = records[0].offset if records else lo
-        last_offset = records[-1].offset if records else lo
-        if first_offset < lo or last_offset >= hi:
-            records = [r for r in records if lo <= r.offset < hi]
-            if not records:
-                continue
-        offsets, timestamps, _types, keys, values, headers, _control = zip(*records, strict=True)
-        columns.offsets += offsets
-        columns.timestamps += timestamps
-        columns.keys += keys
-        columns.values += values
-        columns.timestamp_types += [int(header.timestamp_type)] * len(offsets)
-        if task.include_headers:
-            columns.headers += headers
+        if header.base_offset < lo or header.last_offset >= hi:
+            # an edge of the range: only some of the batch's records are wanted
+            records = [r for r in _checked(batch, header) if lo <= r.offset < hi]
+            columns.extend(header, records, include_headers)
+        else:
+            columns.add(header, batch, include_headers)
         if len(columns) >= ARROW_ROWS_PER_BATCH:
             yield columns.to_batch(task, schema)
             columns = _Columns()

@@ -198,6 +198,7 @@ def main() -> int:
             .option("endingOffsets", ending)
             .load()
         )
+        load_before = os.getloadavg()
         _, warm_theirs = _measure(theirs)
         _, warm_ours = _measure(ours)
         assert warm_ours == warm_theirs, (warm_ours, warm_theirs)
@@ -206,6 +207,7 @@ def main() -> int:
         for _ in range(args.runs):
             times["kafka"].append(_measure(theirs)[0])
             times["ours"].append(_measure(ours)[0])
+        load_after = os.getloadavg()
         med = {k: statistics.median(v) for k, v in times.items()}
         rate = {k: rows / v for k, v in med.items()}
         print(
@@ -213,6 +215,12 @@ def main() -> int:
             f" Python {platform.python_version()}, {os.cpu_count()} CPUs, local[2]"
         )
         print(f"{rows:,} rows ({args.partitions} partitions, {args.value_bytes} B values, lz4)")
+        print(
+            "load average (1/5/15 min) before the timed queries "
+            + "/".join(f"{x:.2f}" for x in load_before)
+            + ", after "
+            + "/".join(f"{x:.2f}" for x in load_after)
+        )
         for name, label in (
             ("kafka", "Spark Kafka source (broker)"),
             ("ours", "kafka-tiered (S3)"),
