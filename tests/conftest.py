@@ -21,7 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.kafka_serde import kafka_serde  # noqa: F401 - registers the fixture
+from tests.kafka_serde import (
+    SERDE_REPORT,
+    check_metadata_topics,
+    close_shared_kafka_serde,
+    kafka_serde,  # noqa: F401 - registers the fixture
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -78,11 +83,13 @@ def kafka(stack_root: Path, _containers: dict[str, Any] | None) -> Iterator[Kafk
     """A single-node KRaft broker on loopback with small segments (1 MiB, 10 s roll)."""
     if _containers is not None:
         yield KafkaHandle(_containers["bootstrap_servers"], _containers["log_dirs"], None)
+        _serde_check("kafka", _containers["bootstrap_servers"])
         return
     cluster = stack.KafkaCluster.create(stack_root / "kafka", nodes=1)
     try:
         cluster.start()
         yield KafkaHandle(cluster.bootstrap_servers, cluster.log_dirs, cluster)
+        _serde_check("kafka", cluster.bootstrap_servers)
     finally:
         cluster.stop()
 
@@ -94,8 +101,27 @@ def kafka_cluster3(stack_root: Path) -> Iterator[KafkaHandle]:
     try:
         cluster.start(timeout=180.0)
         yield KafkaHandle(cluster.bootstrap_servers, cluster.log_dirs, cluster)
+        _serde_check("kafka_cluster3", cluster.bootstrap_servers)
     finally:
         cluster.stop()
+
+
+# --- the suite-wide metadata check (issue 4): Kafka's serde reads every record we produced ---
+# Tests delete their metadata topics through tests.e2e._support.delete_topic, which checks each
+# one first; what is left on a cluster at the end of the session is checked here.
+
+
+def _serde_check(name: str, bootstrap: str) -> None:
+    """Decode every record of every metadata topic left on the cluster with Kafka's own
+    RemoteLogMetadataSerde; fail the run (a teardown error), naming each record it refuses or
+    reads differently from our decoder."""
+    try:
+        problems = check_metadata_topics(bootstrap)
+    finally:
+        close_shared_kafka_serde()
+    if problems:
+        shown = "\n  ".join(problems[:50])
+        pytest.fail(f"{name}: Kafka's serde disagrees on {len(problems)} records:\n  {shown}")
 
 
 @pytest.fixture(scope="session")
@@ -210,11 +236,17 @@ def _leak_check(s3: Any) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what the leak check listed (only when a test used S3)."""
+    """Print what the leak check and the metadata check saw (when a test used S3 or Kafka)."""
     for bucket, found in LEAK_REPORT.items():
         terminalreporter.write_line(
             f"S3 leak check: bucket {bucket}: {len(found['objects'])} objects,"
             f" {len(found['uploads'])} incomplete multipart uploads left"
+        )
+    if SERDE_REPORT["topics"]:
+        terminalreporter.write_line(
+            f"metadata check: {SERDE_REPORT['records']} records of {SERDE_REPORT['topics']}"
+            " metadata topics decoded by Kafka's RemoteLogMetadataSerde,"
+            f" {len(SERDE_REPORT['problems'])} read differently or refused"
         )
 
 

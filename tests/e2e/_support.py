@@ -39,6 +39,7 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.serde import decode
 from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
+from tests.kafka_serde import check_metadata_topic
 
 # --- configuration
 
@@ -383,6 +384,8 @@ async def delete_topic(bootstrap: str, topic: str) -> None:
     try:
         existing = set(await admin.list_topics())
         doomed = [t for t in (topic, f"__rlm_{topic}") if t in existing]
+        if f"__rlm_{topic}" in existing:  # every record we produced must decode with Kafka's serde
+            await check_metadata_topic(bootstrap, f"__rlm_{topic}")
         if doomed:
             await admin.delete_topics(doomed)
     finally:

@@ -12,6 +12,7 @@ and that on mutated bytes we never accept a value Kafka rejects.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from hypothesis import strategies as st
 
 from sidecar.metadata import (
     MetadataFormatError,
+    PartitionDeleteMetadata,
     RemoteLogMetadata,
+    RemotePartitionDeleteState,
     TopicIdPartition,
     decode,
     encode,
@@ -34,7 +37,7 @@ from sidecar.metadata.strategies import (
     remote_log_metadata,
     topic_id_partitions,
 )
-from tests.kafka_serde import KafkaSerde, fields
+from tests.kafka_serde import KafkaSerde, check_values, fields
 
 pytestmark = pytest.mark.integration
 
@@ -92,6 +95,28 @@ class TestKafkaReadsWhatWeWrite:
         kafka_fields, error = kafka_serde.decode(value)
         assert kafka_fields == fields(event), error
         assert kafka_serde.encode(event) == value
+
+
+class TestTheSuiteWideCheck:
+    """The check every test's metadata topic goes through before deletion flags what Kafka
+    refuses or reads differently, and passes what it reads as we do."""
+
+    def test_flags_a_record_kafka_refuses_and_passes_a_good_one(
+        self, kafka_serde: KafkaSerde
+    ) -> None:
+        good = encode(
+            PartitionDeleteMetadata(
+                topic_id_partition=TopicIdPartition(uuid.UUID(int=7), "orders", 3),
+                state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                event_timestamp_ms=1_700_000_000_000,
+                broker_id=1,
+            )
+        )
+        assert check_values("t", [good], kafka_serde, report=False) == []
+        bad = good[:-3]  # cut short: Kafka's serde throws
+        problems = check_values("t", [good, bad], kafka_serde, report=False)
+        assert len(problems) == 1
+        assert problems[0].startswith("t record 1: Kafka cannot decode it")
 
 
 class TestWeReadWhatKafkaWrites:
