@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata
 from tests.conftest import stack
@@ -73,6 +74,55 @@ async def _produce_until(stop: asyncio.Event, bootstrap: str, topic: str) -> int
     return sent
 
 
+_Row = tuple[int, int, bytes | None, bytes | None]
+
+
+async def _consumed(bootstrap: str, topic: str, ends: dict[int, int]) -> list[_Row]:
+    """(partition, offset, key, value) of offsets [0, ends[p]) read from the brokers."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    rows: list[_Row] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in ends]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp.partition]:
+                for records in (await consumer.getmany(tp, timeout_ms=2000)).values():
+                    rows += [
+                        (r.partition, r.offset, r.key, r.value)
+                        for r in records
+                        if r.offset < ends[tp.partition]
+                    ]
+    finally:
+        await consumer.stop()
+    return sorted(rows)
+
+
+def _read_with_spark(
+    spark: Any, s3: Any, prefix: str, bootstrap: str, topic: str, ends: dict[int, int]
+) -> list[_Row]:
+    """The same offsets through the kafka-tiered source, planned from the metadata topic."""
+    frame = (
+        spark.read.format("kafka-tiered")
+        .option("subscribe", topic)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("metadata.topic", f"__rlm_{topic}")
+        .option("s3.endpoint", s3.endpoint)
+        .option("s3.bucket", s3.bucket)
+        .option("s3.prefix", prefix)
+        .option("s3.accessKeyId", s3.access_key)
+        .option("s3.secretAccessKey", s3.secret_key)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", json.dumps({topic: {str(p): end for p, end in ends.items()}}))
+        .load()
+    )
+    return sorted(
+        (r.partition, r.offset, None if r.key is None else bytes(r.key), bytes(r.value))
+        for r in frame.select("partition", "offset", "key", "value").collect()
+    )
+
+
 def _overlaps(a: SegmentMetadata, b: SegmentMetadata) -> bool:
     return a.start_offset <= b.end_offset and b.start_offset <= a.end_offset
 
@@ -81,7 +131,7 @@ class TestLeaderFailover:
     """Tiering moves with partition leadership from one broker's sidecar to another's."""
 
     async def test_stopping_the_leader_hands_tiering_over_without_gaps_or_doubles(
-        self, kafka_cluster3, s3, topic_name, s3_prefix, tmp_path
+        self, kafka_cluster3, s3, topic_name, s3_prefix, tmp_path, spark
     ):
         """The stopped leader's partitions are tiered on by the new leaders' sidecars; every
         partition's FINISHED copies cover 0 up to the last committed rolled offset along the
@@ -210,6 +260,16 @@ class TestLeaderFailover:
                 )
             assert set(bucket_keys(s3, s3_prefix)) == expected_keys(s3_prefix, finished_all)
             assert multipart_uploads(s3, s3_prefix) == []
+
+            # the Spark source resolves the same copies by lineage: across the hand-over it
+            # returns every offset once, the records the brokers hold
+            ends = {p: targets[p][2] + 1 for p in range(PARTITIONS)}
+            expected = await _consumed(bootstrap, topic_name, ends)
+            read = await asyncio.to_thread(
+                _read_with_spark, spark, s3, s3_prefix, bootstrap, topic_name, ends
+            )
+            assert len(read) == sum(ends.values())  # no gap, no duplicate offset
+            assert read == expected
         finally:
             stop_producing.set()
             if producing is not None:
