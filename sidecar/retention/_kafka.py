@@ -32,12 +32,10 @@ from aiokafka.protocol.types import (
     TaggedFields,
 )
 
-from sidecar.observability.logging import get_logger
+from sidecar.tiering._clients import AdminAndConsumer
 from sidecar.tiering.cluster import _CONFIG_KEYS, ClusterUnavailableError, TopicConfig
 
 __all__ = ["RetentionKafka"]
-
-log = get_logger(__name__)
 
 
 class _Uuid(AbstractType[bytes]):  # type: ignore[misc]  # aiokafka is untyped here
@@ -147,47 +145,19 @@ class RetentionKafka:
         request_timeout_ms: int = 30_000,
         client_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self._bootstrap = list(bootstrap_servers)
-        self._timeout_ms = request_timeout_ms
-        self._options = dict(client_options or {})
-        self._admin: Any = None
-        self._consumer: Any = None
+        self._pair = AdminAndConsumer(
+            bootstrap_servers=bootstrap_servers,
+            client_id="kafka-tiered-sidecar-retention",
+            request_timeout_ms=request_timeout_ms,
+            client_options=client_options,
+        )
 
     async def _clients(self) -> tuple[Any, Any]:
-        if self._admin is None:
-            from aiokafka import AIOKafkaConsumer
-            from aiokafka.admin import AIOKafkaAdminClient
-
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap,
-                request_timeout_ms=self._timeout_ms,
-                client_id="kafka-tiered-sidecar-retention",
-                **self._options,
-            )
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                enable_auto_commit=False,
-                request_timeout_ms=self._timeout_ms,
-                client_id="kafka-tiered-sidecar-retention",
-                **self._options,
-            )
-            try:
-                await admin.start()
-                await consumer.start()
-            except BaseException:
-                await _quietly(admin.close())
-                await _quietly(consumer.stop())
-                raise
-            self._admin, self._consumer = admin, consumer
-        return self._admin, self._consumer
+        return await self._pair.get()
 
     async def aclose(self) -> None:
         """Close the clients; idempotent."""
-        admin, consumer = self._admin, self._consumer
-        self._admin = self._consumer = None
-        if admin is not None:
-            await _quietly(admin.close())
-            await _quietly(consumer.stop())
+        await self._pair.aclose()
 
     async def topic_ids(self) -> dict[str, uuid.UUID]:
         """Every topic of the cluster, name → id (Metadata v12)."""
@@ -246,10 +216,3 @@ class RetentionKafka:
             await self.aclose()
             raise ClusterUnavailableError(f"ListOffsets (earliest) failed: {exc!r}") from exc
         return {(tp.topic, tp.partition): int(offset) for tp, offset in starts.items()}
-
-
-async def _quietly(closer: Any) -> None:
-    try:
-        await closer
-    except Exception as exc:  # noqa: BLE001 - closing is best effort
-        log.debug("client_close_failed", error=str(exc))

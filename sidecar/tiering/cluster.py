@@ -23,6 +23,7 @@ from typing import Any
 from sidecar._aio import wait_any
 from sidecar.errors import SidecarError
 from sidecar.observability.logging import get_logger
+from sidecar.tiering._clients import AdminAndConsumer
 
 __all__ = [
     "ClusterUnavailableError",
@@ -161,20 +162,22 @@ class ClusterWatcher:
         on_refresh: Callable[[ClusterView], None] | None = None,
         on_error: Callable[[str], None] | None = None,
     ) -> None:
-        self._bootstrap = list(bootstrap_servers)
         self._on_refresh = on_refresh
         self._on_error = on_error
         self._selector = selector
         self._interval = refresh_interval_s
-        self._timeout_ms = request_timeout_ms
-        self._options = dict(client_options or {})
         self.view = ClusterView.empty(broker_id, stale_after_s)
         self._stale_after = stale_after_s
         self._wake = asyncio.Event()
         self.refreshed = asyncio.Event()  # set after every successful refresh
         self.last_error: str | None = None
-        self._admin: Any = None
-        self._consumer: Any = None
+        self._pair = AdminAndConsumer(
+            bootstrap_servers=bootstrap_servers,
+            client_id="kafka-tiered-sidecar",
+            request_timeout_ms=request_timeout_ms,
+            client_options=client_options,
+            consumer_options={"isolation_level": "read_committed"},  # the LSO
+        )
 
     @property
     def broker_id(self) -> int | None:
@@ -190,38 +193,10 @@ class ClusterWatcher:
         self._wake.set()
 
     async def _clients(self) -> tuple[Any, Any]:
-        if self._admin is None:
-            from aiokafka import AIOKafkaConsumer
-            from aiokafka.admin import AIOKafkaAdminClient
-
-            admin = AIOKafkaAdminClient(
-                bootstrap_servers=self._bootstrap,
-                request_timeout_ms=self._timeout_ms,
-                client_id="kafka-tiered-sidecar-admin",
-                **self._options,
-            )
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=self._bootstrap,
-                isolation_level="read_committed",
-                enable_auto_commit=False,
-                request_timeout_ms=self._timeout_ms,
-                client_id="kafka-tiered-sidecar-offsets",
-                **self._options,
-            )
-            try:
-                await admin.start()
-                await consumer.start()
-            except BaseException:
-                await _close(admin.close(), consumer.stop())
-                raise
-            self._admin, self._consumer = admin, consumer
-        return self._admin, self._consumer
+        return await self._pair.get()
 
     async def aclose(self) -> None:
-        admin, consumer = self._admin, self._consumer
-        self._admin = self._consumer = None
-        if admin is not None:
-            await _close(admin.close(), consumer.stop())
+        await self._pair.aclose()
 
     async def refresh(self) -> ClusterView:
         """Fetch leaders, configs and LSOs; raises ClusterUnavailableError on failure."""
@@ -328,11 +303,3 @@ class ClusterWatcher:
                 await wait_any(stopping, self._wake, within=delay)
         finally:
             await self.aclose()
-
-
-async def _close(*closers: Any) -> None:
-    for closer in closers:
-        try:
-            await closer
-        except Exception as exc:  # noqa: BLE001 - closing is best effort
-            log.debug("client_close_failed", error=str(exc))

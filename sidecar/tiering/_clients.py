@@ -1,0 +1,83 @@
+"""A Kafka admin client and a consumer, started together on first use and closed together.
+
+The cluster watcher and the retention manager each own one pair (their requests must not queue
+behind each other's); this is the one place that starts and closes such a pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sidecar.observability.logging import get_logger
+
+__all__ = ["AdminAndConsumer", "close_quietly"]
+
+log = get_logger(__name__)
+
+
+class AdminAndConsumer:
+    """``await pair.get()`` → (admin, consumer), started on the first call; ``aclose`` closes
+    both (idempotent) so that the next ``get`` starts fresh ones (after a connection error)."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: Sequence[str],
+        client_id: str,
+        request_timeout_ms: int,
+        client_options: Mapping[str, Any] | None = None,
+        consumer_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._bootstrap = list(bootstrap_servers)
+        self._client_id = client_id
+        self._timeout_ms = request_timeout_ms
+        self._options = dict(client_options or {})
+        self._consumer_options = dict(consumer_options or {})
+        self._admin: Any = None
+        self._consumer: Any = None
+
+    async def get(self) -> tuple[Any, Any]:
+        """The started admin client and consumer."""
+        if self._admin is None:
+            from aiokafka import AIOKafkaConsumer
+            from aiokafka.admin import AIOKafkaAdminClient
+
+            admin = AIOKafkaAdminClient(
+                bootstrap_servers=self._bootstrap,
+                request_timeout_ms=self._timeout_ms,
+                client_id=f"{self._client_id}-admin",
+                **self._options,
+            )
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                enable_auto_commit=False,
+                request_timeout_ms=self._timeout_ms,
+                client_id=f"{self._client_id}-offsets",
+                **self._consumer_options,
+                **self._options,
+            )
+            try:
+                await admin.start()
+                await consumer.start()
+            except BaseException:
+                await close_quietly(admin.close(), consumer.stop())
+                raise
+            self._admin, self._consumer = admin, consumer
+        return self._admin, self._consumer
+
+    async def aclose(self) -> None:
+        """Close both clients; idempotent."""
+        admin, consumer = self._admin, self._consumer
+        self._admin = self._consumer = None
+        if admin is not None:
+            await close_quietly(admin.close(), consumer.stop())
+
+
+async def close_quietly(*closers: Any) -> None:
+    """Await each closer; a failure is logged at debug level (closing is best effort)."""
+    for closer in closers:
+        try:
+            await closer
+        except Exception as exc:  # noqa: BLE001 - closing is best effort
+            log.debug("client_close_failed", error=str(exc))
