@@ -36,6 +36,7 @@ from typing import Any, Protocol, Self, TypeVar
 import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
+from botocore import handlers as botocore_handlers
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -122,6 +123,8 @@ _OPERATION_LABELS: dict[str, str] = {
     "list": "list_objects",
     "delete": "delete_objects",
 }
+#: operations whose ``key`` is a prefix (may be empty); every other one names an object
+_PREFIX_OPERATIONS = frozenset({"list", "list_multipart_uploads"})
 _THROTTLE_CODES = frozenset(
     {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 )
@@ -231,6 +234,31 @@ def _etag(response: dict[str, Any]) -> str | None:
     return str(etag).strip('"') if etag else None
 
 
+def _trim_per_request_hooks(client: Any) -> None:
+    """Remove two botocore handlers that cost CPU on every request and guard nothing here.
+
+    * ``add_expect_header`` sends ``Expect: 100-continue`` with every body that has ``read``
+      (our part bodies): each part then waits a round trip for ``100 Continue`` before its body
+      is written. It only saves bandwidth when a request is refused, which is rare and which
+      our retry policy handles either way.
+    * The user-agent rebuild re-renders the whole ``User-Agent`` string before every request
+      (to add feature ids for AWS's telemetry), and every call renders it once more: the string
+      rendered at client creation is kept and reused.
+
+    Signing, checksum headers and response parsing are untouched.
+    """
+    events = client.meta.events
+    events.unregister("before-call.s3", botocore_handlers.add_expect_header)
+    service_id = client.meta.service_model.service_id.hyphenize()
+    creator = getattr(client, "_user_agent_creator", None)
+    if creator is not None:
+        events.unregister(
+            f"request-created.{service_id}", creator.rebuild_and_replace_user_agent_handler
+        )
+        user_agent = creator.to_string()
+        creator.to_string = lambda: user_agent
+
+
 class S3ObjectStore:
     """An S3 bucket (AWS or compatible: SeaweedFS, MinIO) as an :class:`ObjectStore`.
 
@@ -292,6 +320,9 @@ class S3ObjectStore:
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 tcp_keepalive=True,
+                # our calls are fixed in code and the store validates what it receives:
+                # botocore's client-side schema walk is pure per-request CPU
+                parameter_validation=False,
             ),
         }
         self._session = get_session()
@@ -356,7 +387,9 @@ class S3ObjectStore:
                 self._check_open()  # closed while we waited for the lock
                 if self._client is None:
                     creator = self._session.create_client("s3", **self._client_args)
-                    self._client = await self._exit_stack.enter_async_context(creator)
+                    client = await self._exit_stack.enter_async_context(creator)
+                    _trim_per_request_hooks(client)
+                    self._client = client
                     self._state = _State.OPENED
         return self._client
 
@@ -364,6 +397,9 @@ class S3ObjectStore:
 
     async def _call(self, op: str, key: str | None, request: Callable[[Any], Awaitable[T]]) -> T:
         """One logical operation: attempts with a timeout each, errors mapped, retried."""
+        if not key and op not in _PREFIX_OPERATIONS:
+            # botocore's parameter validation is off: an empty key would address the bucket
+            raise StorageError(f"{self._where(op, key)}: the object key is empty")
         client = await self._ensure_client()
         operation = _OPERATION_LABELS[op]
 

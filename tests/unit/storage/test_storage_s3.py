@@ -233,3 +233,81 @@ class TestConfiguration:
         """A non-positive request timeout is refused."""
         with pytest.raises(ValueError, match="request_timeout_s"):
             _store(request_timeout_s=0)
+
+
+class _RecordingServer:
+    """A loopback HTTP/1.1 server that answers every request 200 with an ETag and records each
+    request's head (lower-cased header names) and body size."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], int]] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _RecordingServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                line, *fields = head.decode("latin-1").split("\r\n")
+                headers = {
+                    name.strip().lower(): value.strip()
+                    for name, _, value in (f.partition(":") for f in fields if f)
+                }
+                size = int(headers.get("content-length", "0"))
+                await reader.readexactly(size)
+                self.requests.append((line, headers, size))
+                writer.write(b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n')
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+class TestPerRequestWork:
+    async def test_part_bodies_go_without_expect_continue(self, tmp_path: Any) -> None:
+        """A file body is sent at once (no ``Expect: 100-continue`` round trip), signed, with
+        its CRC-32C, and every request carries the same User-Agent."""
+        path = tmp_path / "segment.log"
+        path.write_bytes(b"k" * 70_000)
+        async with (
+            _RecordingServer() as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}",
+                request_timeout_s=5.0,  # a request waiting for 100 Continue times out
+                max_attempts=1,
+            ) as store,
+        ):
+            info = await store.put_file("t/0.log", path)
+            await store.put("t/0.idx", b"index")
+        assert info.size == 70_000
+        assert [r[0].split()[0] for r in server.requests] == ["PUT", "PUT"]
+        assert [r[2] for r in server.requests] == [70_000, 5]
+        for _line, headers, _size in server.requests:
+            assert "expect" not in headers
+            assert headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
+            assert "x-amz-checksum-crc32c" in headers
+        assert server.requests[0][1]["user-agent"] == server.requests[1][1]["user-agent"]
+
+    async def test_empty_key_is_refused_before_any_request(self) -> None:
+        """Without botocore's parameter validation, an empty key still never reaches the
+        server (it would address the bucket itself)."""
+        async with (
+            _RecordingServer() as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}") as store,
+        ):
+            with pytest.raises(StorageError, match="key is empty"):
+                await store.put("", b"x")
+            with pytest.raises(StorageError, match="key is empty"):
+                await store.get("")
+            assert [i async for i in store.list("")] == []  # a prefix may be empty
+        assert [r[0].split()[0] for r in server.requests] == ["GET"]
