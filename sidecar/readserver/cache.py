@@ -10,11 +10,17 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   never cached: the next read starts a new GET.
 * **read-ahead**: a read of chunk *i* starts GETs of the next ``readahead_chunks`` chunks (going
   on into a ``follow`` object, the next segment, past the end of this one), so a sequential
-  reader finds them fetched or in flight.
+  reader finds them fetched or in flight. A reader seen to go on chunk after chunk of an object
+  (its reads went from chunk *i* to *i + 1*) is read ahead deeper, ``2 * group_chunks`` chunks
+  (by default 16 MiB of chunks, at most 16, a group), and consecutive missing chunks are fetched
+  ``group_chunks`` at a time with one ranged GET: each GET costs the S3 client (botocore)
+  milliseconds of CPU, so a sequential read makes fewer, larger GETs. The chunks of a group GET
+  are cached one by one, as if fetched alone; its failure reaches the waiters of every chunk.
 * **deadlines and bounds**: every GET has a deadline (``fetch_timeout_s``, retries included);
   at most ``max_concurrent_fetches`` GETs run at once, and read-ahead takes at most half of them.
-* **memory**: the last ``memory_chunks`` chunks fetched stay in memory too (a sequential
-  reader reads a chunk right after its GET), and a chunk being written is served from memory.
+* **memory**: the last ``memory_chunks`` chunks fetched (at least two groups) stay in memory
+  too (a sequential reader reads a chunk right after its GET), and a chunk being written is
+  served from memory.
 * **files**: ``<dir>/<ab>/<blake2b(key)>-<chunk size>-<index>.chunk``, written to ``.tmp`` and
   renamed, so a file with the final name is complete. Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
@@ -59,6 +65,20 @@ V = TypeVar("V")
 
 _SUFFIX = ".chunk"
 _TMP_SUFFIX = ".tmp"
+#: the bytes a sequential reader's read-ahead fetches with one GET, by default
+_GROUP_BYTES = 16 * 1024 * 1024
+#: ... and at most this many chunks (small chunks: read-ahead looks at 2 groups per read)
+_GROUP_CHUNKS = 16
+#: objects whose last chunk read is remembered (to tell sequential readers)
+_READERS_REMEMBERED = 4096
+#: a chunk in memory: its own bytes, or a view of a GET's body that held several chunks
+_Chunk = bytes | memoryview
+
+
+@functools.lru_cache(maxsize=65536)
+def _chunk_name(key: str, chunk_size: int, index: int) -> str:
+    digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
+    return f"{digest}-{chunk_size:x}-{index}"
 
 
 class ObjectRef(NamedTuple):
@@ -82,12 +102,14 @@ def _pread(path: Path, offset: int, length: int) -> bytes:
         os.close(fd)
 
 
-def _write_chunk(path: Path, data: bytes) -> None:
+def _write_tmp(path: Path, data: bytes | memoryview, tag: int) -> Path:
+    """Write ``data`` next to ``path`` under a name of its own (``tag``); the caller renames it
+    to ``path`` if it is still the chunk's current copy."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + _TMP_SUFFIX)
+    tmp = path.with_name(f"{path.name}.{tag}{_TMP_SUFFIX}")
     with tmp.open("wb") as out:
         out.write(data)
-    tmp.replace(path)
+    return tmp
 
 
 def _scan(directory: Path) -> list[tuple[float, str, int]]:
@@ -125,6 +147,7 @@ class ChunkCache:
         fetch_timeout_s: float = 30.0,
         max_concurrent_fetches: int = 16,
         memory_chunks: int = 4,
+        group_chunks: int | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         if chunk_size <= 0:
@@ -133,11 +156,17 @@ class ChunkCache:
             raise ValueError(f"max_bytes ({max_bytes}) must hold one chunk ({chunk_size})")
         if fetch_timeout_s <= 0 or max_concurrent_fetches < 1 or readahead_chunks < 0:
             raise ValueError("fetch_timeout_s > 0, max_concurrent_fetches >= 1, readahead >= 0")
+        if group_chunks is None:
+            group_chunks = max(1, min(_GROUP_CHUNKS, _GROUP_BYTES // chunk_size))
+        if group_chunks < 1:
+            raise ValueError(f"group_chunks must be >= 1, not {group_chunks}")
         self._objects = objects
         self.directory = directory
         self.max_bytes = max_bytes
         self.chunk_size = chunk_size
         self.readahead_chunks = readahead_chunks
+        #: chunks a sequential reader's read-ahead fetches with one GET (1: no groups)
+        self.group_chunks = group_chunks if readahead_chunks > 0 else 1
         self._timeout_s = fetch_timeout_s
         self._slots = asyncio.Semaphore(max_concurrent_fetches)
         self._max_prefetching = max(1, max_concurrent_fetches // 2)
@@ -145,16 +174,26 @@ class ChunkCache:
         self._metrics = metrics
         self._lru: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
-        self._inflight: dict[str, asyncio.Task[bytes]] = {}
+        #: the chunks being fetched: each resolves when the GET that fetches it ends
+        self._inflight: dict[str, asyncio.Future[_Chunk]] = {}
+        #: the GETs in flight (one may fetch several chunks)
+        self._gets: set[asyncio.Task[list[_Chunk]]] = set()
         #: chunks fetched and being written to disk, served from memory meanwhile
-        self._writing: dict[str, bytes] = {}
+        self._writing: dict[str, _Chunk] = {}
         #: the last chunks fetched, kept in memory too: a sequential reader reads them right
         #: after the GET, and need not wait for the disk (bounded: ``memory_chunks``)
-        self._recent: OrderedDict[str, bytes] = OrderedDict()
-        self._memory_chunks = memory_chunks
+        self._recent: OrderedDict[str, _Chunk] = OrderedDict()
+        #: object key -> (the last chunk read, whether the reads went on chunk after chunk)
+        self._last_read: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        #: a sequential reader's read-ahead fetches up to two groups ahead: those stay in memory
+        self._memory_chunks = max(memory_chunks, 2 * self.group_chunks) if memory_chunks else 0
         #: evicted while still being written: counted until the writer removes the file
         self._doomed: dict[str, int] = {}
         self._writers: set[asyncio.Task[None]] = set()
+        #: the write of each chunk's current copy (a forgotten or evicted copy's write never
+        #: becomes the chunk's file, whatever order the writes end in)
+        self._write_tags: dict[str, int] = {}
+        self._next_tag = 0
         #: the copy number of each cached chunk (assigned on first use)
         self._copies: dict[str, int] = {}
         self._next_copy = 0
@@ -180,10 +219,12 @@ class ChunkCache:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        tasks = list(self._inflight.values())
-        for task in tasks:
+        gets = list(self._gets)
+        for task in gets:
             task.cancel()
-        await asyncio.gather(*tasks, *self._writers, return_exceptions=True)
+        await asyncio.gather(*gets, *self._writers, return_exceptions=True)
+        for future in list(self._inflight.values()):
+            future.cancel()
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -221,10 +262,18 @@ class ChunkCache:
         """Whether chunk ``index`` of ``obj`` is on disk (or being written there)."""
         return self._name(obj.key, index) in self._lru
 
+    def resident(self, obj: ObjectRef, index: int) -> bool:
+        """Whether chunk ``index`` of ``obj`` is in memory or being fetched (a read of it then
+        returns a view of memory, whatever its length)."""
+        name = self._name(obj.key, index)
+        return name in self._writing or name in self._recent or name in self._inflight
+
     async def idle(self) -> None:
         """Wait until no GET is in flight (read-ahead included); for tests and benchmarks."""
-        while self._inflight or self._writers:
-            await asyncio.gather(*self._inflight.values(), *self._writers, return_exceptions=True)
+        while self._gets or self._inflight or self._writers:
+            await asyncio.gather(
+                *self._gets, *self._inflight.values(), *self._writers, return_exceptions=True
+            )
 
     def copy_id(self, obj: ObjectRef, index: int) -> int | None:
         """The number of the cached copy of chunk ``index`` of ``obj`` (None: not cached); it
@@ -238,7 +287,9 @@ class ChunkCache:
             found = self._copies[name] = self._next_copy
         return found
 
-    async def open_chunk(self, obj: ObjectRef, index: int, copy: int) -> bytes | int | None:
+    async def open_chunk(
+        self, obj: ObjectRef, index: int, copy: int
+    ) -> bytes | memoryview | int | None:
         """Copy ``copy`` of chunk ``index`` of ``obj`` without reading it: its bytes when they
         are in memory, else a file descriptor opened on its file (the caller closes it); None
         when that copy is no longer cached. Refreshes the chunk's place in the LRU order."""
@@ -262,8 +313,7 @@ class ChunkCache:
         return fd
 
     def _name(self, key: str, index: int) -> str:
-        digest = hashlib.blake2b(key.encode(), digest_size=16).hexdigest()
-        return f"{digest}-{self.chunk_size:x}-{index}"
+        return _chunk_name(key, self.chunk_size, index)
 
     def _path(self, name: str) -> Path:
         return self.directory / name[:2] / (name + _SUFFIX)
@@ -299,20 +349,21 @@ class ChunkCache:
                 f"range {start}+{length} is not within one chunk of {obj.key} ({obj.size} bytes)"
             )
         ahead = readahead and self.readahead_chunks > 0
+        sequential = ahead and self._note_read(obj.key, index)
         name = self._name(obj.key, index)
         written = self._writing.get(name) or self._recent.get(name)
         if written is not None:
             if name in self._lru:
                 self._lru.move_to_end(name)
             if ahead:
-                self._read_ahead(obj, index, follow, readahead_limit)
+                self._read_ahead(obj, index, follow, readahead_limit, sequential)
             self._count("hit")
             offset = start - chunk_start
             return memoryview(written)[offset : offset + length]
         if name in self._lru:
             self._lru.move_to_end(name)
             if ahead:
-                self._read_ahead(obj, index, follow, readahead_limit)
+                self._read_ahead(obj, index, follow, readahead_limit, sequential)
             try:
                 data = await asyncio.to_thread(
                     _pread, self._path(name), start - chunk_start, length
@@ -326,11 +377,11 @@ class ChunkCache:
         task = self._inflight.get(name)
         if task is None:
             self._count("miss")
-            task = self._spawn(obj, index, "demand")  # before read-ahead: it is needed first
+            task = self._spawn(obj, index, 1, "demand")  # before read-ahead: needed first
         else:
             self._count("joined")
         if ahead:
-            self._read_ahead(obj, index, follow, readahead_limit)
+            self._read_ahead(obj, index, follow, readahead_limit, sequential)
         chunk = await asyncio.shield(task)
         offset = start - chunk_start
         return memoryview(chunk)[offset : offset + length]
@@ -341,53 +392,119 @@ class ChunkCache:
         if 0 <= index < self.chunk_count(obj.size):
             self._start_prefetch(obj, index)
 
+    def _note_read(self, key: str, index: int) -> bool:
+        """Record a read of chunk ``index`` of ``key``; True when the reads of that object go
+        on chunk after chunk (this one follows the last one read, or is it again)."""
+        last = self._last_read.get(key)
+        sequential = last is not None and (last[0] + 1 == index or (last[0] == index and last[1]))
+        self._last_read[key] = (index, sequential)
+        self._last_read.move_to_end(key)
+        while len(self._last_read) > _READERS_REMEMBERED:
+            self._last_read.popitem(last=False)
+        return sequential
+
+    def _present(self, name: str) -> bool:
+        return name in self._lru or name in self._inflight or name in self._writing
+
     def _read_ahead(
-        self, obj: ObjectRef, index: int, follow: ObjectRef | None, limit: int | None
+        self,
+        obj: ObjectRef,
+        index: int,
+        follow: ObjectRef | None,
+        limit: int | None,
+        sequential: bool = False,
     ) -> None:
         count = self.chunk_count(obj.size)
         if limit is not None:
             count = min(count, self.chunk_count(limit))
             follow = None
-        for ahead in range(index + 1, index + 1 + self.readahead_chunks):
-            target, target_index = obj, ahead
+        depth, group = self.readahead_chunks, 1
+        if sequential and self.group_chunks > 1:
+            depth, group = max(depth, 2 * self.group_chunks), self.group_chunks
+        ahead = index + 1
+        while ahead < index + 1 + depth:
+            target, target_index, target_count = obj, ahead, count
             if ahead >= count:
-                if follow is None or ahead - count >= self.chunk_count(follow.size):
+                if follow is None:
                     return
                 target, target_index = follow, ahead - count
-            if not self._start_prefetch(target, target_index):
+                target_count = self.chunk_count(follow.size)
+                if target_index >= target_count:
+                    return
+                if target_index == 0 and sequential:
+                    # the reader goes on into the next object: it is sequential there too
+                    self._last_read.setdefault(follow.key, (-1, True))
+            # a run of up to ``group`` missing chunks, fetched with one GET
+            run = 0
+            while (
+                run < group
+                and target_index + run < target_count
+                and not self._present(self._name(target.key, target_index + run))
+            ):
+                run += 1
+            if run and not self._start_prefetch(target, target_index, run):
                 return
+            ahead += max(run, 1)
 
-    def _start_prefetch(self, obj: ObjectRef, index: int) -> bool:
-        """False when read-ahead has all the GETs it may have."""
-        name = self._name(obj.key, index)
-        if name in self._lru or name in self._inflight or name in self._writing:
+    def _start_prefetch(self, obj: ObjectRef, index: int, count: int = 1) -> bool:
+        """Fetch ``count`` chunks from ``index`` with one GET (the caller checked that they are
+        neither cached nor in flight; with ``count`` 1, that is checked here); False when
+        read-ahead has all the GETs it may have."""
+        if count == 1 and self._present(self._name(obj.key, index)):
             return True
         if self._prefetching >= self._max_prefetching:
             return False
         self._prefetching += 1
-        task = self._spawn(obj, index, "prefetch")
+        task = self._spawn(obj, index, count, "prefetch")
         task.add_done_callback(self._prefetch_done)
         return True
 
-    def _prefetch_done(self, _task: asyncio.Task[bytes]) -> None:
+    def _prefetch_done(self, _task: asyncio.Future[_Chunk]) -> None:
         self._prefetching -= 1
 
-    def _spawn(self, obj: ObjectRef, index: int, kind: str) -> asyncio.Task[bytes]:
-        name = self._name(obj.key, index)
-        task = asyncio.create_task(self._fetch(obj, index, name, kind), name=f"chunk {name}")
-        self._inflight[name] = task
-        task.add_done_callback(functools.partial(self._fetch_done, name))
-        return task
+    def _spawn(self, obj: ObjectRef, index: int, count: int, kind: str) -> asyncio.Future[_Chunk]:
+        """One GET of chunks ``index .. index + count - 1``; returns the first one's future (each
+        chunk's is in ``_inflight`` until the GET ends)."""
+        names = [self._name(obj.key, i) for i in range(index, index + count)]
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[_Chunk]] = []
+        for name in names:
+            future: asyncio.Future[_Chunk] = loop.create_future()
+            self._inflight[name] = future
+            future.add_done_callback(functools.partial(self._fetch_done, name))
+            futures.append(future)
+        task = asyncio.create_task(self._fetch(obj, index, names, kind), name=f"chunk {names[0]}")
+        self._gets.add(task)
+        task.add_done_callback(functools.partial(self._get_done, futures))
+        return futures[0]
 
-    def _fetch_done(self, name: str, task: asyncio.Task[bytes]) -> None:
-        if self._inflight.get(name) is task:
+    def _get_done(
+        self, futures: list[asyncio.Future[_Chunk]], task: asyncio.Task[list[_Chunk]]
+    ) -> None:
+        self._gets.discard(task)
+        if task.cancelled():
+            for future in futures:
+                future.cancel()
+            return
+        exc = task.exception()
+        for i, future in enumerate(futures):
+            if future.done():
+                continue
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(task.result()[i])
+
+    def _fetch_done(self, name: str, future: asyncio.Future[_Chunk]) -> None:
+        if self._inflight.get(name) is future:
             del self._inflight[name]  # ended either way: a failure is never cached
-        if not task.cancelled():
-            task.exception()  # retrieved here: waiters see it, read-ahead only counts it
+        if not future.cancelled():
+            future.exception()  # retrieved here: waiters see it, read-ahead only counts it
 
-    async def _fetch(self, obj: ObjectRef, index: int, name: str, kind: str) -> bytes:
-        start = index * self.chunk_size
-        end = min(start + self.chunk_size, obj.size) - 1
+    async def _fetch(self, obj: ObjectRef, index: int, names: list[str], kind: str) -> list[_Chunk]:
+        size = self.chunk_size
+        start = index * size
+        end = min(start + len(names) * size, obj.size) - 1
         async with self._slots:
             started = time.monotonic()
             try:
@@ -408,38 +525,61 @@ class ChunkCache:
                 f"{start}-{end} returned {len(data)}"
             )
         self._fetched(kind, "ok", seconds=time.monotonic() - started, size=len(data))
+        chunks: list[_Chunk] = (
+            [data]
+            if len(names) == 1
+            else [memoryview(data)[i * size : (i + 1) * size] for i in range(len(names))]
+        )
         if self._state is _State.OPEN:
-            # waiters get the bytes now; the disk write runs behind, served from memory
-            # in the LRU order from now (reads come from memory until the file is written)
-            self._writing[name] = data
-            if self._memory_chunks:
-                self._recent[name] = data
-                while len(self._recent) > self._memory_chunks:
-                    self._recent.popitem(last=False)
-            self._make_room(len(data))
-            self._copies.pop(name, None)  # a new copy
-            self._lru[name] = len(data)
-            self._bytes += len(data)
-            self._gauge()
-            writer = asyncio.create_task(self._store(name, data), name=f"write {name}")
-            self._writers.add(writer)
-            writer.add_done_callback(self._writers.discard)
-        return data
+            for name, chunk in zip(names, chunks, strict=True):
+                self._keep(name, chunk)
+        return chunks
 
-    async def _store(self, name: str, data: bytes) -> None:
+    def _keep(self, name: str, data: _Chunk) -> None:
+        """A chunk just fetched: served from memory at once, written to disk behind."""
+        # waiters get the bytes now; the disk write runs behind, served from memory
+        # in the LRU order from now (reads come from memory until the file is written)
+        self._writing[name] = data
+        if self._memory_chunks:
+            self._recent[name] = data
+            while len(self._recent) > self._memory_chunks:
+                self._recent.popitem(last=False)
+        self._make_room(len(data))
+        self._copies.pop(name, None)  # a new copy
+        self._lru[name] = len(data)
+        self._bytes += len(data)
+        self._gauge()
+        self._next_tag += 1
+        self._write_tags[name] = self._next_tag
+        writer = asyncio.create_task(self._store(name, data, self._next_tag), name=f"write {name}")
+        self._writers.add(writer)
+        writer.add_done_callback(self._writers.discard)
+
+    async def _store(self, name: str, data: _Chunk, tag: int) -> None:
+        path = self._path(name)
+        current = False
         try:
-            await asyncio.to_thread(_write_chunk, self._path(name), data)
+            tmp = await asyncio.to_thread(_write_tmp, path, data, tag)
+            current = self._write_tags.get(name) == tag and name in self._lru
+            if current:  # a rename: a metadata operation of microseconds
+                tmp.replace(path)
+            else:  # forgotten, evicted or fetched again meanwhile
+                tmp.unlink(missing_ok=True)
         except OSError as exc:
             log.warning("read_cache_write_failed", error=str(exc))
-            self._forget(name)
+            if self._write_tags.get(name) == tag:
+                self._forget(name)
             return
         finally:
-            self._writing.pop(name, None)
+            if self._writing.get(name) is data:
+                del self._writing[name]
+            if self._write_tags.get(name) == tag:
+                del self._write_tags[name]
             doomed = self._doomed.pop(name, None)
             if doomed is not None:
                 self._bytes -= doomed
-        if name not in self._lru:  # evicted (or the cache closed) while it was being written
-            self._path(name).unlink(missing_ok=True)
+        if not current and name not in self._lru:  # evicted (or closed) while being written
+            path.unlink(missing_ok=True)
             self._gauge()
 
     def _make_room(self, incoming: int) -> None:
@@ -461,6 +601,9 @@ class ChunkCache:
             self._metrics.read_cache_evictions.inc(evicted)
 
     def _forget(self, name: str) -> None:
+        # a copy being written is dropped too: no read serves it, its write never lands
+        self._writing.pop(name, None)
+        self._write_tags.pop(name, None)
         self._recent.pop(name, None)
         self._copies.pop(name, None)
         size = self._lru.pop(name, None)

@@ -128,6 +128,7 @@ _IO_BYTES: Final = 1024 * 1024
 #: manifests are small; this is their weight in the memory cache
 _MANIFEST_WEIGHT: Final = 2048
 _SEQUENTIAL_MEMORY: Final = 4096
+_KEYS_REMEMBERED: Final = 65536
 _NO_LIMIT: Final = 2**63
 #: ListOffsets' special timestamps (``ListOffsetsRequest``)
 LATEST_TIMESTAMP: Final = -1
@@ -303,8 +304,13 @@ class _ObjectReader:
         chunk_size = self._cache.chunk_size
         index = position // chunk_size
         chunk_end = min((index + 1) * chunk_size, self._obj.size)
-        length = min(self._io, chunk_end - position)
-        self._io = _IO_BYTES
+        length = chunk_end - position
+        if not self._cache.resident(self._obj, index):
+            # read from disk: a small first read for a quick first byte, then large ones
+            length = min(self._io, length)
+            self._io = _IO_BYTES
+        # else: in memory or being fetched (then in memory): the rest of the chunk at once,
+        # no copy, and fewer batches that cross a window's end (the careful path)
         before = self._cache.copy_id(self._obj, index)
         self._data = memoryview(
             await self._cache.read(self._obj, position, length, follow=self._follow)
@@ -473,6 +479,9 @@ class ReadService:
         #: verified batch maps of segments read from their start (32 bytes a batch)
         self._maps = _SegmentMaps(map_batches if plan_responses else 0)
         self._plan = plan_responses
+        #: object keys by (segment id, start offset, suffix): a key is rebuilt from the
+        #: metadata for every span of every request otherwise
+        self._keys: dict[tuple[uuid.UUID, int, ObjectSuffix], str] = {}
         #: smaller responses are streamed (one read of the cache beats opening files)
         self._plan_min_bytes = plan_min_bytes
 
@@ -620,6 +629,15 @@ class ReadService:
 
     def key(self, segment: SegmentMetadata, suffix: ObjectSuffix) -> str:
         """An object key of ``segment``, derived from its metadata alone."""
+        memo = (segment.segment_id.id, segment.start_offset, suffix)
+        found = self._keys.get(memo)
+        if found is None:
+            found = self._keys[memo] = self._segment_key(segment, suffix)
+            if len(self._keys) > _KEYS_REMEMBERED:
+                del self._keys[next(iter(self._keys))]
+        return found
+
+    def _segment_key(self, segment: SegmentMetadata, suffix: ObjectSuffix) -> str:
         tp = segment.segment_id.topic_id_partition
         return self._layout.segment_key(
             topic=tp.topic,
@@ -704,8 +722,10 @@ class ReadService:
         return found if isinstance(found, OffsetIndex) else None
 
     def _warm_next(self, spans: list[SegmentSpan], i: int) -> None:
-        """Load the next span's manifest and offset index while this span is read."""
-        if i + 1 < len(spans):
+        """Load the next span's manifest and offset index while this span is read; not when
+        walks record segment maps: a walk that goes on into the next segment starts there at
+        byte 0 and maps it, and a later request inside it finds its position in the map."""
+        if i + 1 < len(spans) and self._maps.max_batches <= 0:
             segment = spans[i + 1].segment
             key = ("offset", segment.segment_id.id)
             self._indexes.warm(key, self._offset_index_loader(segment), _index_weight)
@@ -724,7 +744,18 @@ class ReadService:
         return found if isinstance(found, TimeIndex) else None
 
     async def position_for(self, segment: SegmentMetadata, offset: int) -> int:
-        """Where to start scanning the ``.log`` for ``offset`` (``OffsetIndex.lookup``)."""
+        """Where to start scanning the ``.log`` for ``offset``: byte 0 for the segment's first
+        offset, the batch that holds it when the segment's map reaches it (batches a walk
+        verified) or the map's end when ``offset`` follows its last batch (a sequential reader's
+        next request), else ``OffsetIndex.lookup``. The walk from there checks every batch."""
+        if offset <= segment.start_offset:
+            return 0
+        smap = self._maps.get(self.key(segment, ObjectSuffix.LOG))
+        if smap is not None and len(smap):
+            if smap.lasts[-1] >= offset:
+                return smap.positions[bisect.bisect_left(smap.lasts, offset)]
+            if smap.lasts[-1] + 1 == offset and smap.end < segment.segment_size_in_bytes:
+                return smap.end  # the batch after the last one mapped: where a reader goes on
         index = await self._offset_index(segment)
         if index is None:
             return 0

@@ -6,7 +6,8 @@
    (warmed up on another partition first: S3 connections, imports), vs direct ranged GETs of
    the same ``.log`` objects from this process (the sidecar's own S3 client, one GET of
    ``chunk_size`` at a time, in order: what a client reading the bucket itself would do), and
-   whole-object GETs. Interleaved runs, medians.
+   whole-object GETs. Interleaved runs, medians; the ratio per run, and the CPU seconds per GiB
+   read of this process, the read server and SeaweedFS for each contender (from ``/proc``).
 2. Warm read: the same read again with every chunk in the disk cache (records, and raw
    ``segments/{id}/log`` ranges), in GiB/s, and one 64 MiB records response read by ``curl``
    (when installed: the server without this script's Python client); and the time to first
@@ -25,6 +26,8 @@ recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
 
     .venv/bin/python tests/bench/bench_read.py                 # 256 MiB + 64 x 2 MiB, 3 runs
     .venv/bin/python tests/bench/bench_read.py --mib 64 --runs 1 --readers-mib 1
+    .venv/bin/python tests/bench/bench_read.py --cold-only --runs 5 \
+        --server-set read_server.prefetch_chunks=4              # part 1, another setting
 
 Everything lives in a ``/tmp/bench-read-*`` directory, removed at the end unless ``--keep``;
 SeaweedFS and the read servers are stopped by PID in a ``finally``.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import platform
 import random
@@ -284,6 +288,21 @@ async def curl_records(socket: Path, topic: str, runs: int) -> tuple[int, float]
     return best
 
 
+def ratios(direct: list[float], cold: list[float]) -> str:
+    return " ".join(f"{d / c:.2f}" for d, c in zip(direct, cold, strict=True))
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -301,6 +320,7 @@ async def main_async(args: argparse.Namespace) -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-read-"))
     s3 = stack.SeaweedS3.create(root / "s3")
     s3.start()
+    args.weed_pid_file = s3.pid_file
     try:
         await bench(args, root, s3)
     finally:
@@ -340,6 +360,11 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
                 batches,
             )
         shutil.rmtree(root / "segments", ignore_errors=True)
+        # as the read server does once it serves (and the daemon once ready): the startup heap
+        # (botocore's S3 model) out of the cyclic GC's walks, so the direct GETs of this
+        # process do not pay full collections the server does not pay
+        gc.collect()
+        gc.freeze()
         del many
         say(
             f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
@@ -394,28 +419,37 @@ async def run_bench(
     cold: list[float] = []
     direct: list[float] = []
     whole: list[float] = []
+    weed = stack.read_pid(args.weed_pid_file)
+    #: CPU seconds per contender: (this process, the read server, SeaweedFS)
+    cpu: dict[str, list[tuple[float, float, float]]] = {"socket": [], "direct": [], "whole": []}
     for run in range(args.runs):
         order = ["socket", "direct", "whole"]
         order = order[run % 3 :] + order[: run % 3]
         for contender in order:
             t0 = time.perf_counter()
+            c0 = (time.process_time(), 0.0, cpu_seconds(weed))
             if contender == "socket":
                 async with (
-                    read_server(root, config, env, f"cold{run}") as (socket, _pid),
+                    read_server(root, config, env, f"cold{run}", *args.server_set) as (socket, pid),
                     session(socket) as http,
                 ):
                     # the process is warmed up on other data (S3 connections, imports): only
                     # the data read is cold
                     await read_partition(http, "readers", run % args.readers)
+                    c0 = (time.process_time(), cpu_seconds(pid), cpu_seconds(weed))
                     t0 = time.perf_counter()
                     got = await read_partition(http, "bench", 0)
                     cold.append(time.perf_counter() - t0)
+                    c1 = (time.process_time(), cpu_seconds(pid), cpu_seconds(weed))
             elif contender == "direct":
                 got = await direct_gets(objects, keys, CHUNK)
                 direct.append(time.perf_counter() - t0)
+                c1 = (time.process_time(), 0.0, cpu_seconds(weed))
             else:
                 got = sum([len(await objects.get(key)) for key, _ in keys])
                 whole.append(time.perf_counter() - t0)
+                c1 = (time.process_time(), 0.0, cpu_seconds(weed))
+            cpu[contender].append((c1[0] - c0[0], c1[1] - c0[1], c1[2] - c0[2]))
             assert got == size, (contender, got, size)
     ranged = statistics.median(direct)
     say(f"(1) cold sequential read of {size / MiB:.0f} MiB, medians of {args.runs} runs")
@@ -424,6 +458,16 @@ async def run_bench(
     say(f"    direct whole-object GETs, in order       {mib_s(size, statistics.median(whole))}")
     ratio = ranged / statistics.median(cold)
     say(f"    ratio socket / ranged GETs               {ratio:7.2f} x   (goal >= 0.8)")
+    say(f"    ratios per run                           {ratios(direct, cold)}")
+    wholes = statistics.median(whole) / statistics.median(cold)
+    say(f"    ratio socket / whole-object GETs         {wholes:7.2f} x   (the server's GETs of a")
+    say("        sequential reader are groups of 4 chunks: 16 MiB, here whole segments)")
+    say("    CPU seconds per GiB (client, read server, SeaweedFS), medians:")
+    for contender, label in (("socket", "socket"), ("direct", "ranged GETs"), ("whole", "whole")):
+        per = [statistics.median(c[i] for c in cpu[contender]) * GiB / size for i in range(3)]
+        say(f"        {label:<12} {per[0]:5.2f}  {per[1]:5.2f}  {per[2]:5.2f}")
+    if args.cold_only:
+        return
 
     # warm: the default server (planned responses, sendfile) and, side by side, one with
     # read_server.sendfile=false (every response read through memory: the earlier path)
@@ -504,6 +548,14 @@ def main() -> int:
     parser.add_argument("--readers-mib", type=float, default=2, help="MiB per reader partition")
     parser.add_argument("--ttfb", type=int, default=1000, help="requests for time to first byte")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--cold-only", action="store_true", help="part (1) only")
+    parser.add_argument(
+        "--server-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the cold read servers (e.g. read_server.prefetch_chunks=4)",
+    )
     args = parser.parse_args()
     asyncio.run(main_async(args))
     return 0

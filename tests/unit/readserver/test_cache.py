@@ -308,6 +308,62 @@ class TestChunkCacheReadAhead:
             assert body[CHUNK : CHUNK + 3] == await cache.read(obj, CHUNK, 3)
             assert store.calls["get_range"] == 3
 
+    async def test_a_sequential_reader_is_read_ahead_in_groups(self, tmp_path):
+        """Reads going from chunk 0 to chunk 1 make the reader sequential: read-ahead then
+        reaches 2 groups ahead and fetches missing chunks a group per GET; each chunk is cached
+        with its own bytes. A reader that jumps gets the plain read-ahead again."""
+        body = os.urandom(20 * CHUNK)
+        store = await _store(obj=body)
+        async with _cache(
+            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=32 * CHUNK
+        ) as cache:
+            obj = ObjectRef("obj", len(body))
+            assert body[:5] == await cache.read(obj, 0, 5)  # demand 0, read-ahead 1 and 2
+            await cache.idle()
+            assert store.calls["get_range"] == 3
+            assert body[CHUNK : CHUNK + 5] == await cache.read(obj, CHUNK, 5)
+            await cache.idle()
+            # chunks 3-6 and 7-10 with one GET each (the second group goes past 2 x 4 ahead)
+            assert store.calls["get_range"] == 5
+            assert [cache.is_cached(obj, i) for i in range(13)] == [True] * 11 + [False] * 2
+            for i in range(11):
+                got = await cache.read(obj, i * CHUNK + 7, 9, readahead=False)
+                assert bytes(got) == body[i * CHUNK + 7 : i * CHUNK + 16]
+            assert store.calls["get_range"] == 5
+            assert body[16 * CHUNK : 16 * CHUNK + 1] == await cache.read(obj, 16 * CHUNK, 1)
+            await cache.idle()  # a jump: chunk 16 and plain read-ahead of 17 and 18
+            assert store.calls["get_range"] == 8
+            assert not cache.is_cached(obj, 19)
+
+    async def test_a_failed_group_get_fails_its_chunks_and_is_not_cached(self, tmp_path):
+        """A group GET that fails reaches a reader waiting for any of its chunks; none of them
+        is cached, and the next read fetches them again."""
+        body = os.urandom(12 * CHUNK)
+        gate = _Gate(await _store(obj=body))
+        async with _cache(
+            gate, tmp_path, readahead_chunks=1, group_chunks=4, max_bytes=32 * CHUNK
+        ) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", len(body))
+            gate.release.set()
+            await cache.read(obj, 0, 1)
+            await cache.read(obj, CHUNK, 1)  # sequential: chunks 2-5 and 6-9, a GET each
+            await cache.idle()
+            assert gate.entered == 4
+            gate.release.clear()
+            gate.waiting.clear()
+            gate.inner.fail_next("get_range", StorageError("flaky"))
+            await cache.read(obj, 2 * CHUNK, 1)  # sequential at 2: 10-11 is one group GET
+            await gate.waiting.wait()
+            assert gate.entered == 5
+            waiter = asyncio.create_task(cache.read(obj, 11 * CHUNK, 1, readahead=False))
+            gate.release.set()
+            with pytest.raises(StorageError):
+                await waiter
+            await cache.idle()
+            assert not cache.is_cached(obj, 10)
+            assert not cache.is_cached(obj, 11)
+            assert body[11 * CHUNK : 11 * CHUNK + 3] == await cache.read(obj, 11 * CHUNK, 3)
+
     async def test_close_cancels_gets_in_flight(self, tmp_path):
         """Closing the cache cancels its GETs and later reads raise RuntimeError."""
         gate = _Gate(await _store(obj=bytes(CHUNK)))

@@ -400,10 +400,17 @@ class TestErrors:
         from sidecar.errors import StorageError
 
         await remote.upload(0, data_batches(0, 2))
+        # an offset inside a segment read for the first time needs its manifest first
         remote.objects.fail_next("get", StorageError("S3 is down"))
-        status, body = await running.error(P + "/records?offset=0")
+        status, body = await running.error(P + "/records?offset=1")
         assert (status, body["code"]) == (503, "storage_unavailable")
-        assert (await running.get(P + "/records?offset=0"))[0] == 200
+        assert (await running.get(P + "/records?offset=1"))[0] == 200
+        # a segment's first offset starts at its byte 0 (no index read): the data's GET fails
+        await remote.upload(10, data_batches(10, 2))
+        remote.objects.fail_next("get_range", StorageError("S3 is down"))
+        status, body = await running.error(P + "/records?offset=10")
+        assert (status, body["code"]) == (503, "storage_unavailable")
+        assert (await running.get(P + "/records?offset=10"))[0] == 200
 
 
 class TestClientAndCli:

@@ -144,6 +144,27 @@ class TestRecordsByOffset:
         assert past.value.details["available"] == {"start_offset": 0, "end_offset": end}
         assert past.value.status == 416
 
+    async def test_a_sequential_reader_needs_no_index(self, remote, service):
+        """A reader from a segment's first offset starts at byte 0 and its next requests go on
+        where the verified batches end: no manifest or index GET; an offset elsewhere reads
+        the offset index. The records are the same either way."""
+        await remote.upload(0, data_batches(0, 40))
+        whole = b"".join(b.tobytes() for b in await _collect(service, TP, 0, 10**9))
+        gets = remote.objects.calls["get"]
+        assert gets == 0
+        offset, got = 0, b""
+        while offset <= remote.segments[-1].end_offset:
+            stream = await service.runs(TP, offset, 3000)
+            runs = [run async for run in stream]
+            got += b"".join(p for r in runs for p in r.pieces)
+            offset = runs[-1].next_offset
+        assert got == whole
+        assert remote.objects.calls["get"] == 0
+        await remote.upload(200, data_batches(200, 10))
+        batches = await _collect(service, TP, 207, 1)
+        assert batches[0].header.base_offset <= 207 <= batches[0].header.last_offset
+        assert remote.objects.calls["get"] > 0  # the new segment's manifest and index
+
     async def test_without_a_manifest_the_segment_is_scanned_from_its_start(self, remote, service):
         """A segment whose manifest is missing is still served (scanned from byte 0)."""
         await remote.upload(0, data_batches(0, 20), manifest=False)
@@ -166,6 +187,32 @@ class TestRecordsByOffset:
         await remote.objects.put(key, bytes(body))
         with pytest.raises(RemoteDataError, match="CRC"):
             await _collect(service, TP, 0, 10**9)
+
+    async def test_corrupt_bytes_are_never_served_by_the_raw_path(self, remote, service):
+        """The raw path (runs) checks every batch before handing it out: a flipped byte in the
+        6th batch is an error, no byte from that batch on was returned, and the chunk is
+        fetched again next time."""
+        batches = data_batches(0, 10)
+        segment = await remote.upload(0, batches)
+        key = service.log_ref(segment).key
+        bad_at = sum(len(b) for b in batches[:5])
+        body = bytearray(remote.objects.objects[key])
+        body[bad_at + 80] ^= 0xFF  # inside the 6th batch's records
+        await remote.objects.put(key, bytes(body))
+        got = bytearray()
+
+        async def read_all() -> None:
+            stream = await service.runs(TP, 0, 10**9)
+            async for run in stream:
+                got.extend(b"".join(run.pieces))
+
+        with pytest.raises(RemoteDataError, match=r"offset 25 .* CRC"):
+            await read_all()
+        assert len(got) <= bad_at
+        assert got == bytes(body[: len(got)])
+        await remote.objects.put(key, b"".join(batches))  # repaired: read again, not cached
+        stream = await service.runs(TP, 0, 10**9)
+        assert b"".join([bytes(p) async for r in stream for p in r.pieces]) == b"".join(batches)
 
     async def test_a_second_copy_of_a_segment_is_read_once(self, remote, service):
         """Two FINISHED copies of one segment (a retried copy): every record exactly once."""
