@@ -26,7 +26,6 @@ then do the other root tasks stop, and the clients close in reverse order of ope
 from __future__ import annotations
 
 import asyncio
-import gc
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import __version__
-from sidecar._aio import capture_signals, guard, wait_any
+from sidecar._aio import capture_signals, freeze_startup_heap, guard, wait_any
 from sidecar.config import KafkaConfig, SidecarConfig
 from sidecar.errors import ConfigError, FormatError, SidecarError
 from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
@@ -470,28 +469,6 @@ class Daemon:
             self._s3_down = False
             log.info("s3_reachable")
         return None
-
-
-_heap_frozen = False
-
-
-def freeze_startup_heap() -> None:
-    """Move every object alive now out of the cyclic GC's walks (``gc.freeze``), once.
-
-    Called when the daemon first turns ready: by then the imports, botocore's S3 service model
-    (tens of thousands of dicts and lists), the Kafka clients and the first scan are in memory
-    for good. Every full collection walked them again while each request's garbage triggered
-    collections: the collector was about a quarter of the daemon's CPU while tiering, and about
-    a tenth after this. Frozen objects are still freed by reference counting; only garbage
-    cycles among objects alive at this moment are never collected, which bounds what this can
-    keep to the startup heap. Objects created later are collected as before.
-    """
-    global _heap_frozen
-    if _heap_frozen:
-        return
-    _heap_frozen = True
-    gc.collect()
-    gc.freeze()
 
 
 def run_daemon(config: SidecarConfig) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import sidecar.app as app
+import sidecar._aio as app
 
 
 @pytest.fixture
