@@ -724,24 +724,30 @@ async def _send(
     except (ConnectionError, asyncio.CancelledError):
         raise  # the client went away, or the server is stopping
     except Exception as exc:  # noqa: BLE001 - any failure mid-body ends the connection
-        code = error_response(exc)
-        log.warning(
-            "read_response_aborted",
-            endpoint=endpoint,
-            sent=sent,
-            status=code.status,
-            error=str(exc) or type(exc).__name__,
-        )
-        if metrics is not None:
-            metrics.read_errors.labels(_error_code(code) or "internal_error").inc()
-        transport = request.transport
-        if transport is not None:
-            transport.close()
+        _abort_mid_body(request, exc, endpoint=endpoint, sent=sent)
     finally:
         await pieces.aclose()
         if metrics is not None:
             metrics.read_bytes.labels(endpoint).inc(sent)
     return response
+
+
+def _abort_mid_body(request: web.Request, exc: Exception, *, endpoint: str, sent: int) -> None:
+    """The status line is out, so a failure can only end the connection: the client sees a
+    short body. Logged and counted like an error response."""
+    code = error_response(exc)
+    log.warning(
+        "read_response_aborted",
+        endpoint=endpoint,
+        sent=sent,
+        status=code.status,
+        error=str(exc) or type(exc).__name__,
+    )
+    metrics = request.app.get(METRICS_KEY)
+    if metrics is not None:
+        metrics.read_errors.labels(_error_code(code) or "internal_error").inc()
+    if request.transport is not None:
+        request.transport.close()
 
 
 async def _send_plan(
@@ -771,18 +777,7 @@ async def _send_plan(
     except (ConnectionError, asyncio.CancelledError):
         raise
     except Exception as exc:  # noqa: BLE001 - any failure mid-body ends the connection
-        code = error_response(exc)
-        log.warning(
-            "read_response_aborted",
-            endpoint=endpoint,
-            sent=sent,
-            status=code.status,
-            error=str(exc) or type(exc).__name__,
-        )
-        if metrics is not None:
-            metrics.read_errors.labels(_error_code(code) or "internal_error").inc()
-        if request.transport is not None:
-            request.transport.close()
+        _abort_mid_body(request, exc, endpoint=endpoint, sent=sent)
     finally:
         plan.close()
         if metrics is not None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import os
 import time
 import uuid
@@ -945,17 +946,40 @@ class ReadService:
     async def _open_plan(
         self, ranges: list[tuple[ObjectRef, _SegmentMap, int, int]]
     ) -> Plan | None:
+        """The cached chunks of ``ranges`` (each ``[start, end)`` of an object whose batches
+        ``smap`` verified in the exact copies it names), or None when one was fetched again."""
+        parts = [(obj, start, end, smap.copies.get) for obj, smap, start, end in ranges]
+        opened = await self._open_chunks(parts)
+        if isinstance(opened, Plan):
+            return opened
+        self._maps.drop(opened.key)  # a chunk its map relies on was fetched again
+        return None
+
+    async def _open_range(self, obj: ObjectRef, start: int, end_inclusive: int) -> Plan | None:
+        """Bytes ``start..end_inclusive`` of ``obj`` when every chunk of them is cached."""
+        opened = await self._open_chunks(
+            [(obj, start, end_inclusive + 1, functools.partial(self.chunks.copy_id, obj))]
+        )
+        return opened if isinstance(opened, Plan) else None
+
+    async def _open_chunks(
+        self, parts: Sequence[tuple[ObjectRef, int, int, Callable[[int], int | None]]]
+    ) -> Plan | ObjectRef:
+        """Open the chunks holding bytes ``[start, end)`` of each part's object, in the copy
+        ``copy_of(index)`` names: a plan of file ranges and in-memory slices, or the object one
+        of whose chunks is missing or is no longer that copy."""
+        size = self.chunks.chunk_size
         pieces: list[memoryview | FileRange] = []
         fds: list[int] = []
-        size = self.chunks.chunk_size
         try:
-            for obj, smap, start, end in ranges:
+            for obj, start, end, copy_of in parts:
                 for index in range(start // size, (end - 1) // size + 1):
-                    copy = smap.copies.get(index)
+                    copy = copy_of(index)
                     found = None if copy is None else await self.chunks.open_chunk(obj, index, copy)
                     if found is None:
-                        self._maps.drop(obj.key)  # a chunk it relies on was fetched again
-                        return None
+                        for fd in fds:
+                            os.close(fd)
+                        return obj
                     low = max(start, index * size) - index * size
                     high = min(end, (index + 1) * size) - index * size
                     if isinstance(found, int):
@@ -967,35 +991,7 @@ class ReadService:
             for fd in fds:
                 os.close(fd)
             raise
-        plan = Plan(pieces, fds)
-        fds = []
-        return plan
-
-    async def _open_range(self, obj: ObjectRef, start: int, end_inclusive: int) -> Plan | None:
-        """Bytes ``start..end_inclusive`` of ``obj`` when every chunk of them is cached."""
-        size = self.chunks.chunk_size
-        pieces: list[memoryview | FileRange] = []
-        fds: list[int] = []
-        try:
-            for index in range(start // size, end_inclusive // size + 1):
-                copy = self.chunks.copy_id(obj, index)
-                found = None if copy is None else await self.chunks.open_chunk(obj, index, copy)
-                if found is None:
-                    return None
-                low = max(start, index * size) - index * size
-                high = min(end_inclusive + 1, (index + 1) * size) - index * size
-                if isinstance(found, int):
-                    fds.append(found)
-                    pieces.append(FileRange(found, low, high - low))
-                else:
-                    pieces.append(memoryview(found)[low:high])
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        plan = Plan(pieces, fds)
-        fds = []
-        return plan
+        return Plan(pieces, fds)
 
     # -- transactions --------------------------------------------------------------------
 
