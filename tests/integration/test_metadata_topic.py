@@ -294,19 +294,28 @@ class TestReadBack:
             await raw.stop()
         segment = copy_started(tp, 0, 9)
         seen: list[tuple[int, int]] = []
-        with structlog.testing.capture_logs() as logs:
-            async with tailing(
-                kafka,
-                metadata_topic,
-                tmp_path,
-                {1},
-                on_undecodable=lambda p, offset, error: seen.append((p, offset)),
-            ) as (tailer, store):
-                publisher = await publisher_factory(read_back=tailer)
-                partition, offset = await publisher.publish_and_wait(segment)
-                assert store.segment(segment.segment_id).state == STARTED
-                assert store.consumed_offsets() == {1: 2}
-                assert store.counters().applied == 1
+        try:
+            with structlog.testing.capture_logs() as logs:
+                async with tailing(
+                    kafka,
+                    metadata_topic,
+                    tmp_path,
+                    {1},
+                    on_undecodable=lambda p, offset, error: seen.append((p, offset)),
+                ) as (tailer, store):
+                    publisher = await publisher_factory(read_back=tailer)
+                    partition, offset = await publisher.publish_and_wait(segment)
+                    assert store.segment(segment.segment_id).state == STARTED
+                    assert store.consumed_offsets() == {1: 2}
+                    assert store.counters().applied == 1
+        finally:
+            # the garbage is planted, not ours: out of reach of the suite's serde check
+            admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+            await admin.start()
+            try:
+                await admin.delete_topics([metadata_topic])
+            finally:
+                await admin.close()
         assert [(1, garbage.offset), (1, null.offset)] == seen
         assert tailer.undecodable_records == 2
         assert (partition, offset) == (1, 2)
