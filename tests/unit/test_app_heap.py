@@ -23,7 +23,7 @@ def test_freezes_the_heap_once(unfrozen: None) -> None:
     app.freeze_startup_heap()
     frozen = gc.get_freeze_count()
     assert frozen > 0
-    kept = [object()]  # created after the freeze: not frozen by a second call
+    kept = [[] for _ in range(10_000)]  # tracked objects made after the freeze
     app.freeze_startup_heap()
-    assert gc.get_freeze_count() == frozen
-    assert kept
+    # a second call freezes nothing new (frozen objects freed meanwhile may lower the count)
+    assert gc.get_freeze_count() < frozen + len(kept)
