@@ -33,7 +33,11 @@ from aiokafka.protocol.types import (
 )
 
 from sidecar.tiering._clients import AdminAndConsumer
-from sidecar.tiering.cluster import _CONFIG_KEYS, ClusterUnavailableError, TopicConfig
+from sidecar.tiering.cluster import (
+    ClusterUnavailableError,
+    TopicConfig,
+    describe_topic_configs,
+)
 
 __all__ = ["RetentionKafka"]
 
@@ -174,30 +178,16 @@ class RetentionKafka:
 
     async def topic_configs(self, topics: Collection[str]) -> dict[str, TopicConfig]:
         """DescribeConfigs of ``topics``; a topic that does not exist is left out."""
-        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
         from aiokafka.errors import KafkaError
 
-        configs: dict[str, TopicConfig] = {}
         if not topics:
-            return configs
+            return {}
         try:
             admin, _ = await self._clients()
-            responses = await admin.describe_configs(
-                [
-                    ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(_CONFIG_KEYS))
-                    for t in sorted(topics)
-                ]
-            )
+            return await describe_topic_configs(admin, topics)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self.aclose()
             raise ClusterUnavailableError(f"DescribeConfigs failed: {exc!r}") from exc
-        for response in responses:
-            for resource in response.to_object()["resources"]:
-                if resource["error_code"] != 0:
-                    continue
-                entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
-                configs[resource["resource_name"]] = TopicConfig.from_entries(entries)
-        return configs
 
     async def log_start_offsets(
         self, partitions: Collection[tuple[str, int]]

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "ClusterWatcher",
     "TopicConfig",
     "TopicSelector",
+    "describe_topic_configs",
 ]
 
 log = get_logger(__name__)
@@ -85,6 +86,28 @@ class TopicConfig:
             local_retention_ms=number("local.retention.ms", -2),
             local_retention_bytes=number("local.retention.bytes", -2),
         )
+
+
+async def describe_topic_configs(admin: Any, topics: Iterable[str]) -> dict[str, TopicConfig]:
+    """DescribeConfigs of ``topics`` (the keys tiering and retention read) with an aiokafka
+    admin client; a topic the broker answers with an error (gone) is left out. Kafka errors
+    propagate to the caller."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    configs: dict[str, TopicConfig] = {}
+    resources = [
+        ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(_CONFIG_KEYS))
+        for t in sorted(topics)
+    ]
+    if not resources:
+        return configs
+    for response in await admin.describe_configs(resources):
+        for resource in response.to_object()["resources"]:
+            if resource["error_code"] != 0:
+                continue
+            entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+            configs[resource["resource_name"]] = TopicConfig.from_entries(entries)
+    return configs
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +224,6 @@ class ClusterWatcher:
     async def refresh(self) -> ClusterView:
         """Fetch leaders, configs and LSOs; raises ClusterUnavailableError on failure."""
         from aiokafka import TopicPartition
-        from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
         from aiokafka.errors import KafkaError
 
         try:
@@ -214,22 +236,7 @@ class ClusterWatcher:
                 for p in topic["partitions"]:
                     leaders[(topic["topic"], p["partition"])] = p["leader"]
             topics = sorted({t for t, _ in leaders})
-            configs: dict[str, TopicConfig] = {}
-            if topics:
-                responses = await admin.describe_configs(
-                    [
-                        ConfigResource(ConfigResourceType.TOPIC, t, dict.fromkeys(_CONFIG_KEYS))
-                        for t in topics
-                    ]
-                )
-                for response in responses:
-                    for resource in response.to_object()["resources"]:
-                        if resource["error_code"] != 0:
-                            continue
-                        entries = {
-                            e["config_names"]: e["config_value"] for e in resource["config_entries"]
-                        }
-                        configs[resource["resource_name"]] = TopicConfig.from_entries(entries)
+            configs = await describe_topic_configs(admin, topics)
             broker_id = self.view.broker_id
             mine = [
                 TopicPartition(t, p)
