@@ -70,6 +70,7 @@ class TestScrubOnSeaweedFS:
                 store.apply(live)
                 referenced = [k for m in live for k in _keys(layout, m)]
                 orphans = [k for m in (_segment(200), _segment(300)) for k in _keys(layout, m)]
+                planted_at = time.monotonic()  # before the first PUT: no object is older
                 for key in referenced + orphans:
                     await objects.put(key, b"")
                 upload_key = _keys(layout, _segment(400))[0]
@@ -89,7 +90,6 @@ class TestScrubOnSeaweedFS:
                     object_grace_s=grace,
                     upload_grace_s=grace,
                 )
-                planted_at = time.monotonic()
                 deadline = planted_at + 60
                 deleted: list[str] = []
                 aborted: list[tuple[str, str]] = []
