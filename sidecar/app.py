@@ -55,7 +55,7 @@ from sidecar.storage.keys import KeyLayout
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.uploader import SegmentUploader
-from sidecar.tiering.workers import EngineSettings, Quarantine, TieringEngine
+from sidecar.tiering.workers import EngineSettings, MetadataSync, Quarantine, TieringEngine
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -285,6 +285,11 @@ class Daemon:
             part_size=config.s3.part_size_bytes,
             concurrency=config.s3.max_concurrency,
             store=store,
+            sync=MetadataSync(
+                tailer,
+                num_partitions=meta.num_partitions,
+                timeout_s=meta.consume_wait_ms / 1000,
+            ),
         )
         self.engine = TieringEngine(
             views=lambda: self.detector.views,

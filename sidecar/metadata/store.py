@@ -382,6 +382,17 @@ CREATE TABLE counter (
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
 """
+# The sidecar's own knowledge, not the topic's: per user partition, the offset below which
+# remote data was deleted on purpose (remote retention, DeleteRecords). Tiering never uploads
+# below it again; above it, any range the lineage's FINISHED copies do not cover is a hole.
+_REMOTE_FLOOR_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS remote_floor (
+    topic_id BLOB NOT NULL,
+    partition INTEGER NOT NULL,
+    floor_offset INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, partition)
+) WITHOUT ROWID
+"""
 _SEGMENT_COLUMNS: Final = (
     "sid, pid, start_offset, end_offset, state, epochs, size, max_timestamp_ms, broker_id,"
     " event_timestamp_ms, custom_metadata, txn_index_empty"
@@ -570,6 +581,11 @@ class _Writer:
         self._forget_values()  # simpler than removing the partition's keys from every cache
         for table in ("segment", "epoch_entry", "epoch_highest"):
             self.db.execute(f"DELETE FROM {table} WHERE pid = ?", (pid,))  # noqa: S608
+        self.db.execute(
+            "DELETE FROM remote_floor WHERE (topic_id, partition) IN"
+            " (SELECT topic_id, partition FROM partition WHERE pid = ?)",
+            (pid,),
+        )
 
     # --- batches
 
@@ -738,6 +754,8 @@ class RemoteSegmentStore:
                 f"the metadata store has schema version {version}; this sidecar reads"
                 f" {_SCHEMA_VERSION} (a newer sidecar wrote it)"
             )
+        # added within version 1: older stores get it on open (nothing else reads it)
+        db.execute(_REMOTE_FLOOR_TABLE)
 
     # --- lifecycle
 
@@ -822,6 +840,35 @@ class RemoteSegmentStore:
             if consumed:
                 self._consumed.update(consumed)
             return ApplyResult(applied, tuple(rejected))
+
+    def raise_remote_floor(self, tp: TopicIdPartition, offset: int) -> int:
+        """Record that remote data below ``offset`` of ``tp`` was deleted on purpose (remote
+        retention, DeleteRecords), so tiering does not upload it again; the floor never goes
+        down. Call it before such a delete is published. Returns the floor now in force."""
+        with self._write_lock, self._translate_errors():
+            self._check_open()
+            db = self._writer.db
+            db.execute(
+                "INSERT INTO remote_floor VALUES (?, ?, ?) ON CONFLICT (topic_id, partition)"
+                " DO UPDATE SET floor_offset = MAX(floor_offset, excluded.floor_offset)",
+                (tp.topic_id.bytes, tp.partition, offset),
+            )
+            (floor,) = db.execute(
+                "SELECT floor_offset FROM remote_floor WHERE topic_id = ? AND partition = ?",
+                (tp.topic_id.bytes, tp.partition),
+            ).fetchone()
+            return int(floor)
+
+    def remote_floor(self, tp: TopicIdPartition) -> int | None:
+        """The offset below which remote data of ``tp`` was deleted on purpose; 0 when this
+        sidecar tiered the partition from its first copy; None when it does not know (it did
+        not see the partition's first copy and never deleted any of it)."""
+        with self._reading() as db:
+            found = db.execute(
+                "SELECT floor_offset FROM remote_floor WHERE topic_id = ? AND partition = ?",
+                (tp.topic_id.bytes, tp.partition),
+            ).fetchone()
+        return None if found is None else int(found[0])
 
     def set_consumed(self, consumed: Mapping[int, int]) -> None:
         """Record the last offset read per metadata partition (for batches with no events)."""
@@ -910,6 +957,11 @@ class RemoteSegmentStore:
             (pid, *params),
         )
         return [_row_from(values) for values in cursor]
+
+    def knows(self, tp: TopicIdPartition) -> bool:
+        """Whether any event of ``tp`` was ever applied (its segments may all be gone)."""
+        with self._reading() as db:
+            return self._pid(db, tp) is not None
 
     def partitions(self) -> list[TopicIdPartition]:
         """Every user partition the store has seen an event for."""

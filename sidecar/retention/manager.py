@@ -66,6 +66,7 @@ from sidecar.retention.policy import (
     DeleteReason,
     Expiry,
     PartitionFacts,
+    RetentionPlan,
     delete_records_offset,
     plan_expiry,
 )
@@ -73,8 +74,9 @@ from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segm
 from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError, metadata_retention_problem
 from sidecar.storage.base import ObjectStore
 from sidecar.tiering.cluster import ClusterWatcher, TopicConfig
-from sidecar.tiering.planner import find_highest_remote_offset
+from sidecar.tiering.planner import RemoteCoverage, find_highest_remote_offset
 from sidecar.tiering.uploader import SegmentUploader
+from sidecar.tiering.workers import remote_coverage
 
 __all__ = ["RetentionManager"]
 
@@ -351,7 +353,8 @@ class RetentionManager:
             functools.partial(self._store.highest_offset_for_epoch, tp),
         )
         now_ms = self._clock_ms()
-        self._check_at_risk(scan, highest, config, now_ms, summary, at_risk)
+        coverage = await asyncio.to_thread(remote_coverage, self._store, scan, tp, lso)
+        self._check_at_risk(scan, highest, coverage, config, now_ms, summary, at_risk)
         segments = await asyncio.to_thread(self._store.segments, tp)
         if not segments:
             return
@@ -379,12 +382,17 @@ class RetentionManager:
         )
         plan = plan_expiry(segments, facts)
         if plan.deletions:
+            floor = _retained_floor(plan)
+            if floor is not None and not self._config.dry_run:
+                # first: tiering must not take these deletions for holes and upload them again
+                await asyncio.to_thread(self._store.raise_remote_floor, tp, floor)
             await self._delete(tp, list(plan.deletions), summary)
 
     def _check_at_risk(
         self,
         scan: PartitionScan,
         highest: int,
+        coverage: RemoteCoverage,
         config: TopicConfig,
         now_ms: int,
         summary: PassSummary,
@@ -403,6 +411,7 @@ class RetentionManager:
             retention=retention,
             now_ms=now_ms,
             fraction=self._config.at_risk_fraction,
+            coverage=coverage,
         )
         at_risk[scan.topic] = at_risk.get(scan.topic, 0) + len(risky)
         summary.at_risk += len(risky)
@@ -436,8 +445,12 @@ class RetentionManager:
                 active.base_offset if active is not None else 0,
                 functools.partial(self._store.highest_offset_for_epoch, tp),
             )
+            coverage = await asyncio.to_thread(remote_coverage, self._store, old, tp, None)
             lost = lost_segments(
-                old.segments, new.segments if new is not None else (), highest_tiered_offset=highest
+                old.segments,
+                new.segments if new is not None else (),
+                highest_tiered_offset=highest,
+                coverage=coverage,
             )
             for segment in lost:
                 self._metrics.segments_lost.labels(old.topic).inc()
@@ -551,6 +564,19 @@ class RetentionManager:
         if not report.dry_run:
             self._metrics.scrub_deleted_objects.inc(len(report.orphans))
             self._metrics.scrub_aborted_uploads.inc(len(report.aborted_uploads))
+
+
+def _retained_floor(plan: RetentionPlan) -> int | None:
+    """The offset below which ``plan`` deletes remote data on purpose: the new remote log start
+    of its time and size deletions, and the ends of its log-start deletions."""
+    ends = [
+        item.segment.end_offset + 1
+        for item in plan.deletions
+        if item.reason is DeleteReason.LOG_START_OFFSET
+    ]
+    if plan.new_log_start_offset is not None:
+        ends.append(plan.new_log_start_offset)
+    return max(ends, default=None)
 
 
 def _local_base_offsets(path: Path) -> list[int]:

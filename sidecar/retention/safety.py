@@ -6,7 +6,8 @@ topic has ``remote.storage.enable=true`` (a value of -2 means "use ``retention.*
 broker without tiered storage does not wait for the sidecar, so a lagging sidecar can lose data:
 
 * **lost**: a rolled segment that disappeared from the log dir while its end offset was past
-  the highest tiered offset of its lineage (it was never tiered);
+  the highest tiered offset of its lineage (it was never tiered), or, given the lineage's
+  FINISHED coverage, while some offset of it above the floor was not covered (a hole);
 * **at risk**: a segment not yet tiered that the broker will delete soon: its age (now - max
   timestamp) is past ``fraction`` of the local ``retention.ms``, or the partition's local bytes
   are past the point where the broker deletes it less ``(1 - fraction)`` of the local
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sidecar.kafka.logdir import Segment
+from sidecar.tiering.planner import RemoteCoverage
 
 __all__ = ["LocalRetention", "at_risk_segments", "lost_segments"]
 
@@ -58,9 +60,10 @@ def at_risk_segments(
     retention: LocalRetention,
     now_ms: int,
     fraction: float,
+    coverage: RemoteCoverage | None = None,
 ) -> list[Segment]:
-    """The rolled segments past ``highest_tiered_offset`` that the broker's local retention will
-    delete soon (see the module docstring)."""
+    """The rolled segments past ``highest_tiered_offset`` (with ``coverage``: not covered) that
+    the broker's local retention will delete soon (see the module docstring)."""
     total = sum(s.size for s in segments)
     risky: list[Segment] = []
     before = 0  # bytes of the older segments, which the broker deletes first
@@ -68,7 +71,7 @@ def at_risk_segments(
         end = segment.end_offset
         upto = before + segment.size
         before = upto
-        if end is None or end <= highest_tiered_offset:
+        if end is None or not _untiered(segment, end, highest_tiered_offset, coverage):
             continue
         by_time = (
             retention.ms >= 0
@@ -83,11 +86,24 @@ def at_risk_segments(
     return risky
 
 
+def _untiered(
+    segment: Segment, end: int, highest_tiered_offset: int, coverage: RemoteCoverage | None
+) -> bool:
+    if coverage is None:
+        return end > highest_tiered_offset
+    return coverage.uncovered(segment.base_offset, end)
+
+
 def lost_segments(
-    old: Sequence[Segment], new: Sequence[Segment], *, highest_tiered_offset: int
+    old: Sequence[Segment],
+    new: Sequence[Segment],
+    *,
+    highest_tiered_offset: int,
+    coverage: RemoteCoverage | None = None,
 ) -> list[Segment]:
     """The rolled segments of ``old`` that are gone from ``new`` (the broker deleted them)
-    although they end past ``highest_tiered_offset`` (they were never tiered)."""
+    although they end past ``highest_tiered_offset`` (with ``coverage``: although some offset
+    of them is not covered): they were never tiered."""
     remaining = {s.base_offset for s in new}
     first = min(remaining) if remaining else None
     return [
@@ -96,5 +112,5 @@ def lost_segments(
         if s.end_offset is not None
         and s.base_offset not in remaining
         and (first is None or s.base_offset < first)
-        and s.end_offset > highest_tiered_offset
+        and _untiered(s, s.end_offset, highest_tiered_offset, coverage)
     ]

@@ -1,6 +1,16 @@
 """Pure planning: which local segments of one partition to upload next, in order.
 
-Kafka's rules (RemoteLogManager, kafka-kip405-internals.md §3.2-3.3):
+The sidecar plans from what is actually remote: the FINISHED copies along the partition's
+leader-epoch lineage (``RemoteCoverage``). A local segment is uploaded when some offset of it
+at or above the coverage's *floor* is not covered: past the last copy (new data), or in a hole
+between copies, however the hole arose (a copy deleted by a race with another broker, a lost
+write). Below the floor, remote data was deleted on purpose (remote retention, DeleteRecords)
+and is never uploaded again. The floor is recorded by the sidecar's own retention; where it is
+unknown (a store that did not see the partition's first copy), the first copy of the lineage
+stands in for it, and where nothing is covered at all, Kafka's monotone highest offset does.
+
+Kafka's own rules, which the monotone variant (no coverage given) follows exactly
+(RemoteLogManager, kafka-kip405-internals.md §3.2-3.3):
 
 * the starting point is the highest offset already in remote storage for the partition's
   leader-epoch lineage (``findHighestRemoteOffset``): walk the local leader-epoch cache from the
@@ -11,8 +21,10 @@ Kafka's rules (RemoteLogManager, kafka-kip405-internals.md §3.2-3.3):
   last stable offset; here it must also be *ready* (indexes trimmed, ``<nextBase>.snapshot``
   valid) and not quarantined.
 
-Segments are uploaded strictly in order: planning stops at the first candidate that cannot go
-yet, so the remote log never has a hole that a later upload would paper over.
+Segments are uploaded in order: planning stops at the first candidate that cannot go yet (not
+ready, not below the LSO). A quarantined segment (corrupt bytes) is skipped with coverage, since
+the gap stays visible to the next plan; without coverage it stops the plan, since a later upload
+would move the monotone highest offset past it and hide it.
 
 No I/O, no clock, no awaits.
 """
@@ -25,7 +37,13 @@ from dataclasses import dataclass
 from sidecar.kafka.checkpoints import EpochEntry
 from sidecar.kafka.logdir import PartitionScan, Segment
 
-__all__ = ["Plan", "find_highest_remote_offset", "plan_partition", "segments_behind"]
+__all__ = [
+    "Plan",
+    "RemoteCoverage",
+    "find_highest_remote_offset",
+    "plan_partition",
+    "segments_behind",
+]
 
 
 def find_highest_remote_offset(
@@ -50,6 +68,59 @@ def find_highest_remote_offset(
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteCoverage:
+    """The offsets of one partition's lineage that FINISHED copies hold, and the floor below
+    which nothing needs to be remote."""
+
+    spans: tuple[tuple[int, int], ...]
+    """Inclusive ``(start, end)`` offset ranges of FINISHED copies along the lineage, ascending
+    and non-overlapping."""
+    floor: int
+    """Offsets below it are not uploaded (deleted on purpose, or assumed so)."""
+
+    @classmethod
+    def of(
+        cls,
+        spans: Sequence[tuple[int, int]],
+        *,
+        floor: int | None,
+        highest: int,
+    ) -> RemoteCoverage:
+        """Coverage from the lineage's FINISHED spans. ``floor``: the recorded floor, or None
+        when unknown: then the first span's start, or ``highest + 1`` (Kafka's monotone highest
+        remote offset) when there is no span."""
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        if floor is None:
+            floor = merged[0][0] if merged else highest + 1
+        return cls(tuple(merged), floor)
+
+    def uncovered(self, start: int, end: int) -> bool:
+        """Whether some offset of ``[start, end]`` at or above the floor is not covered."""
+        cursor = max(start, self.floor)
+        if cursor > end:
+            return False
+        for span_start, span_end in self.spans:
+            if span_end < cursor:
+                continue
+            if span_start > cursor:
+                return True
+            cursor = span_end + 1
+            if cursor > end:
+                return False
+        return True
+
+    @property
+    def end(self) -> int:
+        """The last covered offset (-1 when nothing is)."""
+        return self.spans[-1][1] if self.spans else -1
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What to do next for one partition."""
 
@@ -70,8 +141,10 @@ def plan_partition(
     highest_for_epoch: Callable[[int], int | None],
     quarantined: Collection[int] = (),
     limit: int = 1,
+    coverage: RemoteCoverage | None = None,
 ) -> Plan:
-    """Plan the next uploads (at most ``limit``) of one partition this broker leads."""
+    """Plan the next uploads (at most ``limit``) of one partition this broker leads: with
+    ``coverage``, every segment with an uncovered offset; without, Kafka's monotone rule."""
     active = scan.active_segment
     # The log end offset bounds the latest epoch. Files do not tell it without reading the active
     # segment, but it is at least the active segment's base and at least the LSO.
@@ -86,10 +159,15 @@ def plan_partition(
         if end is None:  # the active segment is never a candidate
             waiting = "only the active segment is left"
             break
-        if end <= highest:
-            continue  # already remote in this lineage
+        if coverage is None:
+            if end <= highest:
+                continue  # already remote in this lineage
+        elif not coverage.uncovered(segment.base_offset, end):
+            continue  # its offsets are remote (or below the floor)
         if segment.base_offset in quarantined:
             waiting = f"segment {segment.base_offset} is quarantined"
+            if coverage is not None:
+                continue  # the gap stays visible to the next plan
             break
         if not segment.ready:
             waiting = f"segment {segment.base_offset} not ready: {segment.not_ready}"
@@ -110,8 +188,16 @@ def segments_behind(
     *,
     lso: int | None,
     highest_for_epoch: Callable[[int], int | None],
+    coverage: RemoteCoverage | None = None,
 ) -> list[Segment]:
-    """Copy lag: the rolled segments that end past the highest remote offset of the lineage."""
+    """Copy lag: the rolled segments not yet remote: with ``coverage``, those with an uncovered
+    offset; without, those that end past the highest remote offset of the lineage."""
+    if coverage is not None:
+        return [
+            s
+            for s in scan.segments
+            if s.end_offset is not None and coverage.uncovered(s.base_offset, s.end_offset)
+        ]
     highest = plan_partition(
         scan, lso=lso, highest_for_epoch=highest_for_epoch, limit=0
     ).highest_remote_offset

@@ -10,17 +10,29 @@ segment raises :class:`CorruptSegmentError` and is never uploaded. The ``.log`` 
 after the upload (size and mtime unchanged), and every object carries a CRC-32C the store
 verifies, so FINISHED is published only for bytes that match the broker's files (invariant 1).
 
-Any failure after STARTED deletes what was written, the way Kafka's RLM does
-(DELETE_SEGMENT_STARTED → delete the objects → DELETE_SEGMENT_FINISHED), best effort: what a
-crash leaves behind is repaired at the next start (the engine's crash repair). A cancellation
-(shutdown past the drain deadline, or leadership moved) takes the same path: the multipart
-upload is aborted, then the copy is deleted.
+A failure after STARTED and *before FINISHED may have been sent* deletes what was written, the
+way Kafka's RLM does (DELETE_SEGMENT_STARTED → delete the objects → DELETE_SEGMENT_FINISHED),
+best effort: what a crash leaves behind is repaired at the next start (the engine's crash
+repair). A cancellation there (shutdown past the drain deadline, or leadership moved) takes the
+same path: the multipart upload is aborted, then the copy is deleted.
+
+Once FINISHED may have been sent, the copy is never abandoned: whatever fails (the producer, the
+read-back, a cancellation), the state on the metadata topic decides. The uploader reads the topic
+up to its end (``sync``) and looks at the copy: FINISHED means done; still STARTED means FINISHED
+did not land, so it is sent again (a few times, then the copy is left STARTED for crash repair,
+which re-checks the state too). A cancellation lets that settle first, unless cancelled again.
 
 Leadership is checked (``may_continue``) before STARTED and again before FINISHED: a sidecar
 whose broker lost the partition never finishes a copy, so the new leader's copy is the only one.
-After FINISHED is read back, the store must show the copy FINISHED: if another broker deleted it
-as dangling first (its DELETE_SEGMENT_STARTED won), our FINISHED was dropped and the objects we
-wrote would be orphans, so they are deleted and :class:`SegmentCopyPreemptedError` is raised.
+If another broker deleted the copy as dangling before our FINISHED landed (its
+DELETE_SEGMENT_STARTED won), our FINISHED was dropped and the objects we wrote are deleted with
+:class:`SegmentCopyPreemptedError`; the planner sees the range uncovered and uploads it again.
+
+Every delete of a copy re-checks the copy's current state on the topic first (after ``sync``): a
+delete of an unfinished copy is skipped when the copy turned out FINISHED, and a delete of a
+finished copy when it is already being deleted. That narrows the race with a FINISHED in flight
+to the time between the check and the DELETE_SEGMENT_STARTED; the planner, which plans from the
+FINISHED coverage of the lineage, fills whatever hole such a race still leaves.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -161,6 +173,16 @@ def _open_segment(scan: PartitionScan, segment: Segment) -> _OpenSegment:
     return _OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)
 
 
+def _check_still_leader(metadata: SegmentMetadata, may_continue: Callable[[], bool]) -> None:
+    """Before FINISHED: a copy whose partition moved away during the upload is abandoned."""
+    if not may_continue():
+        tip = metadata.segment_id.topic_id_partition
+        raise LeadershipLostError(
+            f"{tip.topic}-{tip.partition}: leadership moved during the upload of segment"
+            f" {metadata.start_offset}; the copy is abandoned"
+        )
+
+
 class SegmentUploader:
     """Uploads one segment at a time for a caller that serializes per partition."""
 
@@ -174,10 +196,20 @@ class SegmentUploader:
         part_size: int,
         concurrency: int,
         store: RemoteSegmentStore | None = None,
+        sync: Callable[[TopicIdPartition], Awaitable[None]] | None = None,
+        finish_attempts: int = 4,
+        finish_backoff_s: float = 1.0,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
+        """``sync`` reads a partition's metadata up to the topic's end into ``store`` (bounded
+        in time; a SidecarError when it cannot): how a copy's state is re-checked before a
+        delete and after a FINISHED whose fate is unknown. ``finish_attempts`` bounds how often
+        FINISHED is sent while the topic still shows the copy STARTED."""
         self._objects = objects
         self._store = store
+        self._sync = sync
+        self._finish_attempts = max(1, finish_attempts)
+        self._finish_backoff_s = finish_backoff_s
         self._publisher = publisher
         self._layout = layout
         self._broker_id = broker_id
@@ -253,7 +285,7 @@ class SegmentUploader:
             )
             try:
                 index_bytes = await self._write_objects(metadata, opened)
-                await self._finish(metadata, may_continue)
+                _check_still_leader(metadata, may_continue)
             except BaseException as exc:
                 log.warning(
                     "segment_upload_failed",
@@ -265,41 +297,111 @@ class SegmentUploader:
                 # shield the cleanup from a cancellation that interrupted the upload
                 await asyncio.shield(self._abandon(metadata))
                 raise
-            await self._check_finished(metadata)
+            # From here on FINISHED may be on the topic: the copy is never abandoned.
+            await self._finish(metadata)
         finally:
             await asyncio.to_thread(opened.log.close)
         return UploadOutcome(metadata, opened.size, index_bytes, time.monotonic() - started)
 
-    async def _finish(self, metadata: SegmentMetadata, may_continue: Callable[[], bool]) -> None:
-        """Publish FINISHED, unless leadership moved while the objects were written."""
-        if not may_continue():
-            tip = metadata.segment_id.topic_id_partition
-            raise LeadershipLostError(
-                f"{tip.topic}-{tip.partition}: leadership moved during the upload of segment"
-                f" {metadata.start_offset}; the copy is abandoned"
-            )
-        await self._publish_state(metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+    async def _finish(self, metadata: SegmentMetadata) -> None:
+        """Publish FINISHED and make sure the topic shows it. A cancellation waits for that to
+        settle (FINISHED may already be on its way), unless it is cancelled again."""
+        settle = asyncio.ensure_future(self._publish_finished(metadata))
+        try:
+            await asyncio.shield(settle)
+        except asyncio.CancelledError:
+            if not settle.done():
+                log.info("segment_finish_settling", segment_id=str(metadata.segment_id.id))
+                try:
+                    await settle  # a second cancellation cancels the settling too
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - crash repair re-checks the copy
+                    log.warning(
+                        "segment_finish_unsettled",
+                        segment_id=str(metadata.segment_id.id),
+                        error=str(exc) or type(exc).__name__,
+                    )
+            raise
 
-    async def _check_finished(self, metadata: SegmentMetadata) -> None:
-        """After FINISHED was read back, the store must show it; otherwise another broker's
-        DELETE_SEGMENT_STARTED came first and our FINISHED was dropped: remove our objects."""
-        if self._store is None:
-            return
-        stored = await asyncio.to_thread(self._store.segment, metadata.segment_id)
-        if stored is not None and stored.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED:
-            return
-        state = "gone" if stored is None else stored.state.name
+    async def _publish_finished(self, metadata: SegmentMetadata) -> None:
+        """Send FINISHED until the topic shows the copy FINISHED (or deleted by another broker).
+
+        A failed publish or read-back does not say whether FINISHED landed: the topic is read up
+        to its end and the copy's state decides. STARTED means it did not land: send it again,
+        at most ``finish_attempts`` times; then the copy stays STARTED and the error propagates
+        (crash repair deletes and redoes a STARTED copy after the same re-check).
+        """
+        delay = self._finish_backoff_s
+        for attempt in range(1, self._finish_attempts + 1):
+            try:
+                await self._publish_state(metadata, RemoteLogSegmentState.COPY_SEGMENT_FINISHED)
+            except SidecarError as exc:
+                log.warning(
+                    "segment_finish_unconfirmed",
+                    segment_id=str(metadata.segment_id.id),
+                    attempt=attempt,
+                    error=str(exc) or type(exc).__name__,
+                    error_type=type(exc).__name__,
+                )
+                try:
+                    state = await self.current_state(metadata)
+                except SidecarError as read_exc:
+                    if attempt == self._finish_attempts:
+                        raise
+                    log.warning(
+                        "segment_state_unreadable",
+                        segment_id=str(metadata.segment_id.id),
+                        error=str(read_exc) or type(read_exc).__name__,
+                    )
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                    continue
+                if state is RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+                    if attempt == self._finish_attempts:
+                        raise
+                    await asyncio.sleep(delay)
+                    delay *= 2
+                    continue
+            else:
+                state = await self._stored_state(metadata)
+            if state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED:
+                return
+            await self._preempted(metadata, state)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    async def _preempted(
+        self, metadata: SegmentMetadata, state: RemoteLogSegmentState | None
+    ) -> None:
+        """Another broker's DELETE_SEGMENT_STARTED came before our FINISHED, which the state
+        machine dropped: the copy is being deleted, so our objects go too."""
+        name = "gone" if state is None else state.name
         log.warning(
             "segment_copy_preempted",
             base_offset=metadata.start_offset,
             segment_id=str(metadata.segment_id.id),
-            state=state,
+            state=name,
         )
         await asyncio.shield(self._delete_objects_quietly(metadata))
         raise SegmentCopyPreemptedError(
             f"segment {metadata.start_offset} copy {metadata.segment_id.id} was deleted by"
-            f" another broker before it finished (now {state}); its objects were removed"
+            f" another broker before it finished (now {name}); its objects were removed"
         )
+
+    async def _stored_state(self, metadata: SegmentMetadata) -> RemoteLogSegmentState | None:
+        """The copy's state in the local store (None: never seen, or DELETE_SEGMENT_FINISHED).
+        Without a store (tools and tests that only upload), the publish is taken as applied."""
+        if self._store is None:
+            return RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+        stored = await asyncio.to_thread(self._store.segment, metadata.segment_id)
+        return None if stored is None else stored.state
+
+    async def current_state(self, metadata: SegmentMetadata) -> RemoteLogSegmentState | None:
+        """The copy's state on the metadata topic: the store after reading the topic up to its
+        end (``sync``). Raises a SidecarError when the topic cannot be read."""
+        if self._sync is not None:
+            await self._sync(metadata.segment_id.topic_id_partition)
+        return await self._stored_state(metadata)
 
     async def _delete_objects_quietly(self, metadata: SegmentMetadata) -> None:
         try:
@@ -354,14 +456,38 @@ class SegmentUploader:
         await self._objects.put(keys[ObjectSuffix.MANIFEST], manifest.to_json())
         return index_info.size
 
-    async def delete_segment(self, metadata: SegmentMetadata, *, unfinished: bool = False) -> None:
-        """DELETE_SEGMENT_STARTED → delete every object → DELETE_SEGMENT_FINISHED.
+    async def delete_segment(self, metadata: SegmentMetadata, *, unfinished: bool = False) -> bool:
+        """DELETE_SEGMENT_STARTED → delete every object → DELETE_SEGMENT_FINISHED; returns
+        whether it deleted.
 
-        ``unfinished``: the copy never finished, so a multipart upload of its ``.log`` may still
-        be open (a cancelled or crashed upload): it is aborted before FINISHED.
+        The copy's current state is re-checked first (see ``current_state``): an ``unfinished``
+        copy must still be COPY_SEGMENT_STARTED, any other still COPY_SEGMENT_FINISHED. A copy
+        that another broker already deletes is finished here; one that turned FINISHED meanwhile
+        (or is gone) is left alone. ``unfinished``: the copy never finished, so a multipart upload
+        of its ``.log`` may still be open (a cancelled or crashed upload): it is aborted before
+        FINISHED.
         """
+        expected = (
+            RemoteLogSegmentState.COPY_SEGMENT_STARTED
+            if unfinished
+            else RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+        )
+        state = await self.current_state(metadata)
+        if state is RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
+            await self.finish_delete(metadata, unfinished=unfinished)
+            return True
+        if state is not expected:
+            log.warning(
+                "segment_delete_skipped",
+                segment_id=str(metadata.segment_id.id),
+                start_offset=metadata.start_offset,
+                expected=expected.name,
+                state="gone" if state is None else state.name,
+            )
+            return False
         await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
         await self.finish_delete(metadata, unfinished=unfinished)
+        return True
 
     async def finish_delete(self, metadata: SegmentMetadata, *, unfinished: bool = False) -> None:
         """Delete the objects of a segment whose deletion STARTED, then publish FINISHED."""

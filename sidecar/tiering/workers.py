@@ -54,16 +54,62 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.tiering.cluster import ClusterWatcher
-from sidecar.tiering.planner import plan_partition, segments_behind
+from sidecar.tiering.planner import (
+    Plan,
+    RemoteCoverage,
+    find_highest_remote_offset,
+    plan_partition,
+    segments_behind,
+)
 from sidecar.tiering.uploader import CorruptSegmentError, SegmentUploader
 
-__all__ = ["Quarantine", "TieringEngine"]
+__all__ = ["MetadataSync", "Quarantine", "TieringEngine", "remote_coverage"]
 
 log = get_logger(__name__)
 
 _PartitionKey = tuple[str, int]
 #: what copy lag is computed from, per partition: its scan, its id and its last stable offset
 _LagInput = tuple[PartitionScan, TopicIdPartition, int | None]
+
+
+class MetadataSync:
+    """Reads one user partition's metadata up to the topic's current end, within a time limit
+    (Kafka's RLM plans from what its RLMM has read): before planning, and before the uploader
+    trusts a copy's state."""
+
+    def __init__(self, tailer: MetadataTailer, *, num_partitions: int, timeout_s: float) -> None:
+        self._tailer = tailer
+        self._num_partitions = num_partitions
+        self._timeout_s = timeout_s
+
+    async def __call__(self, tip: TopicIdPartition) -> None:
+        mp = metadata_partition(tip, self._num_partitions)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._tailer.sync(mp)
+        except TimeoutError as exc:
+            raise MetadataTailError(
+                f"the metadata of {tip.topic}-{tip.partition} (metadata partition {mp}) was not"
+                f" read up to its end within {self._timeout_s} s"
+            ) from exc
+
+
+def remote_coverage(
+    store: RemoteSegmentStore, scan: PartitionScan, tip: TopicIdPartition, lso: int | None
+) -> RemoteCoverage:
+    """What of the partition's lineage is remote (store queries: call it off the event loop)."""
+    lineage = [(e.epoch, e.start_offset) for e in scan.leader_epochs]
+    spans = store.finished_lineage(tip, lineage or None)
+    active = scan.active_segment
+    log_end = max(active.base_offset if active is not None else 0, lso or 0)
+    highest = find_highest_remote_offset(
+        scan.leader_epochs, log_end, functools.partial(store.highest_offset_for_epoch, tip)
+    )
+    return RemoteCoverage.of(
+        [(span.start_offset, span.end_offset) for span in spans],
+        floor=store.remote_floor(tip),
+        highest=highest,
+    )
 
 
 class Quarantine:
@@ -339,6 +385,7 @@ class TieringEngine:
             scan,
             lso=lso,
             highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
+            coverage=remote_coverage(self._store, scan, tip, lso),
         )
         for segment in behind:
             topic_lag.segments += 1
@@ -420,26 +467,12 @@ class TieringEngine:
                 self._repaired.add(key)
             if await self._foreign_copy_pending(key, tip):
                 return True  # its owner may still finish it: look again soon
-            plan = await asyncio.to_thread(
-                plan_partition,
-                scan,
-                lso=view.lso(topic, partition),
-                highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
-                quarantined=self.quarantine.offsets(topic, partition),
-            )
+            plan = await asyncio.to_thread(self._plan, scan, tip, view.lso(topic, partition))
             if not plan.uploads and plan.waiting_for_lso:
                 # the periodic LSO predates the roll: ask Kafka for this partition's LSO now
                 lso = await self._cluster.fetch_lso(topic, partition)
                 if lso is not None and lso != plan.lso:
-                    plan = await asyncio.to_thread(
-                        plan_partition,
-                        scan,
-                        lso=lso,
-                        highest_for_epoch=functools.partial(
-                            self._store.highest_offset_for_epoch, tip
-                        ),
-                        quarantined=self.quarantine.offsets(topic, partition),
-                    )
+                    plan = await asyncio.to_thread(self._plan, scan, tip, lso)
             if not plan.uploads:
                 return False
             segment = plan.uploads[0]
@@ -472,18 +505,27 @@ class TieringEngine:
             )
         return False
 
+    def _plan(self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None) -> Plan:
+        """The partition's next upload, from the FINISHED coverage of its lineage (a thread)."""
+        return plan_partition(
+            scan,
+            lso=lso,
+            highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
+            quarantined=self.quarantine.offsets(tip.topic, tip.partition),
+            coverage=remote_coverage(self._store, scan, tip, lso),
+        )
+
     async def _catch_up(self, tip: TopicIdPartition) -> None:
-        """Read the partition's metadata up to its current end: the previous leader's last
-        events (Kafka's RLM plans from what its RLMM has read)."""
-        mp = metadata_partition(tip, self._settings.num_metadata_partitions)
-        try:
-            async with asyncio.timeout(self._settings.catch_up_timeout_s):
-                await self._tailer.sync(mp)
-        except TimeoutError as exc:
-            raise MetadataTailError(
-                f"the metadata of {tip.topic}-{tip.partition} (metadata partition {mp}) was not"
-                f" read up to its end within {self._settings.catch_up_timeout_s} s"
-            ) from exc
+        """Read the partition's metadata up to its current end (the previous leader's last
+        events). A partition the metadata has never mentioned starts its remote log here, so
+        its floor is 0: every later hole, even before its first copy, is filled."""
+        await MetadataSync(
+            self._tailer,
+            num_partitions=self._settings.num_metadata_partitions,
+            timeout_s=self._settings.catch_up_timeout_s,
+        )(tip)
+        if not await asyncio.to_thread(self._store.knows, tip):
+            await asyncio.to_thread(self._store.raise_remote_floor, tip, 0)
 
     def _owned(self, metadata: SegmentMetadata) -> bool:
         return metadata.broker_id == self._uploader.broker_id
@@ -536,9 +578,10 @@ class TieringEngine:
             segment_id=str(metadata.segment_id.id),
             start_offset=metadata.start_offset,
         )
-        await self._uploader.delete_segment(metadata, unfinished=True)
+        deleted = await self._uploader.delete_segment(metadata, unfinished=True)
         self._waiting_for.discard(metadata.segment_id.id)
-        self._metrics.repairs.labels(kind).inc()
+        if deleted:
+            self._metrics.repairs.labels(kind).inc()
 
     async def _finish_delete(self, metadata: SegmentMetadata, *, kind: str) -> None:
         log.info(

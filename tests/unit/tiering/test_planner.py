@@ -9,7 +9,7 @@ import pytest
 from sidecar.kafka.checkpoints import EpochEntry
 from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.testing import TestRecord, build_batch, write_partition
-from sidecar.tiering.planner import find_highest_remote_offset, plan_partition
+from sidecar.tiering.planner import RemoteCoverage, find_highest_remote_offset, plan_partition
 
 
 def _segments(count: int, per_segment: int = 10, epoch: int = 0) -> list[list[bytes]]:
@@ -108,3 +108,53 @@ class TestWaitingForLso:
         assert blocked.lso == 5
         ready = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None)
         assert not ready.waiting_for_lso
+
+
+class TestRemoteCoverage:
+    """Planning from the FINISHED coverage of the lineage: holes are uploaded, the floor is not."""
+
+    def test_uncovered_finds_holes_and_the_tail(self):
+        """A range is uncovered when any offset at or above the floor misses a span."""
+        coverage = RemoteCoverage.of([(10, 19), (0, 9), (30, 39)], floor=0, highest=39)
+        assert coverage.spans == ((0, 19), (30, 39))  # sorted and merged
+        assert not coverage.uncovered(0, 19)
+        assert coverage.uncovered(20, 29)  # a hole
+        assert coverage.uncovered(35, 45)  # past the last copy
+        assert coverage.uncovered(15, 31)  # straddles the hole
+
+    def test_floor_hides_what_was_deleted_on_purpose(self):
+        """Below the floor nothing is uncovered; an unknown floor falls back to the first span,
+        and with no span at all to Kafka's monotone highest offset."""
+        assert not RemoteCoverage.of([(30, 39)], floor=30, highest=39).uncovered(0, 29)
+        assert RemoteCoverage.of([(30, 39)], floor=0, highest=39).uncovered(0, 29)
+        assert RemoteCoverage.of([(30, 39)], floor=None, highest=39).floor == 30
+        assert RemoteCoverage.of([], floor=None, highest=39).floor == 40
+        assert RemoteCoverage.of([], floor=None, highest=-1).floor == 0
+
+    def test_plan_fills_a_hole_before_newer_segments(self, tmp_path):
+        """With coverage, a hole in the middle is the first upload, although the monotone
+        highest offset is past it."""
+        scan = _scan(tmp_path)  # rolled segments 0-9, 10-19, 20-29
+        coverage = RemoteCoverage.of([(0, 9), (20, 29)], floor=0, highest=29)
+        plan = plan_partition(
+            scan, lso=10_000, highest_for_epoch=lambda e: 29, coverage=coverage, limit=10
+        )
+        assert [s.base_offset for s in plan.uploads] == [10]
+        assert plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: 29).uploads == ()
+
+    def test_quarantined_segment_is_skipped_with_coverage(self, tmp_path):
+        """A quarantined segment stops the monotone plan but not the coverage plan: the gap
+        stays visible, so later segments may go."""
+        scan = _scan(tmp_path)
+        coverage = RemoteCoverage.of([], floor=0, highest=-1)
+        plan = plan_partition(
+            scan,
+            lso=10_000,
+            highest_for_epoch=lambda e: None,
+            quarantined={0},
+            coverage=coverage,
+            limit=10,
+        )
+        assert [s.base_offset for s in plan.uploads] == [10, 20]
+        plan = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined={0})
+        assert plan.uploads == ()
