@@ -23,6 +23,7 @@ from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.tiering.cluster import ClusterView
 from sidecar.tiering.planner import segments_behind
+from sidecar.tiering.workers import remote_coverage
 
 __all__ = ["partition_status", "render_status"]
 
@@ -73,10 +74,12 @@ def partition_status(
             if finished:
                 row["remote_start_offset"] = min(m.start_offset for m in finished)
                 row["remote_end_offset"] = max(m.end_offset for m in finished)
+            lso = cluster.lso(scan.topic, scan.partition)
             behind = segments_behind(
                 scan,
-                lso=cluster.lso(scan.topic, scan.partition),
+                lso=lso,
                 highest_for_epoch=functools.partial(store.highest_offset_for_epoch, tip),
+                coverage=remote_coverage(store, scan, tip, lso),
             )
             row["lag_segments"] = len(behind)
             row["lag_bytes"] = sum(s.size for s in behind)
