@@ -173,6 +173,22 @@ def _open_segment(scan: PartitionScan, segment: Segment) -> _OpenSegment:
     return _OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)
 
 
+async def _open_in_thread(scan: PartitionScan, segment: Segment) -> _OpenSegment:
+    """``_open_segment`` in a worker thread. A cancellation cannot stop the thread: the files it
+    opens anyway are closed when it is done, never leaked."""
+    opening = asyncio.ensure_future(asyncio.to_thread(_open_segment, scan, segment))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[_OpenSegment]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().log.close()
+
+
 def _check_still_leader(metadata: SegmentMetadata, may_continue: Callable[[], bool]) -> None:
     """Before FINISHED: a copy whose partition moved away during the upload is abandoned."""
     if not may_continue():
@@ -255,7 +271,7 @@ class SegmentUploader:
             raise SegmentVanishedError(f"{segment.log_path} is the active segment")
         started = time.monotonic()
         tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
-        opened = await asyncio.to_thread(_open_segment, scan, segment)
+        opened = await _open_in_thread(scan, segment)
         try:
             metadata = SegmentMetadata(
                 segment_id=RemoteLogSegmentId(tip, uuid.uuid4()),
