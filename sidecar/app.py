@@ -52,6 +52,7 @@ from sidecar.retention.scrub import OrphanScrubber
 from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
+from sidecar.storage.ownership import PrefixOwner, claim_prefix
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.uploader import SegmentUploader
@@ -233,6 +234,14 @@ class Daemon:
         resources.callback(store.close)
         objects = open_store(config.s3, metrics=self.metrics)  # S3 requests by operation
         resources.push_async_callback(objects.aclose)
+        retention_kafka = RetentionKafka(
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=config.kafka.request_timeout_ms,
+            client_options=options,
+        )
+        resources.push_async_callback(retention_kafka.aclose)
+        # the prefix belongs to one cluster: claim it, or refuse to start on another's
+        owner = await self._claim_prefix(objects, retention_kafka)
         tailer = MetadataTailer(
             bootstrap_servers=bootstrap,
             store=store,
@@ -319,12 +328,6 @@ class Daemon:
         quarantine = engine.quarantine
         # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
         layout = KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix)
-        retention_kafka = RetentionKafka(
-            bootstrap_servers=bootstrap,
-            request_timeout_ms=config.kafka.request_timeout_ms,
-            client_options=options,
-        )
-        resources.push_async_callback(retention_kafka.aclose)
         self.retention = RetentionManager(
             config=config.retention,
             views=lambda: self.detector.views,
@@ -339,6 +342,7 @@ class Daemon:
                 objects=objects,
                 store=store,
                 layout=layout,
+                owner=owner,
                 object_grace_s=config.retention.orphan_grace_s,
                 upload_grace_s=config.retention.multipart_grace_s,
                 in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
@@ -402,6 +406,22 @@ class Daemon:
             # phase 2: the engine drains with the publisher and tailer still running
             await asyncio.wait([engine_task, retention_task])
             infra.set()
+
+    async def _claim_prefix(self, objects: ObjectStore, kafka: RetentionKafka) -> PrefixOwner:
+        """Write or check the prefix's ownership marker (:mod:`sidecar.storage.ownership`)."""
+        cluster_id = await kafka.cluster_id()
+        topic = self.config.remote_log_metadata.topic
+        owner, created = await claim_prefix(
+            objects, self.config.s3.prefix, cluster_id=cluster_id, metadata_topic=topic
+        )
+        log.info(
+            "prefix_claimed" if created else "prefix_owner_checked",
+            prefix=self.config.s3.prefix,
+            cluster_id=owner.cluster_id,
+            metadata_topic=owner.metadata_topic,
+            created_at=owner.created_at,
+        )
+        return owner
 
     def _pause_reason(self, cluster: ClusterWatcher) -> str | None:
         """Why no copy should start now: a dependency the last probe or refresh found down."""

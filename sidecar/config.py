@@ -354,10 +354,35 @@ class RetentionConfig(_Section):
         False, description="log what retention, deletion and scrub would delete; delete nothing"
     )
     topic_deletion: bool = Field(
-        True, description="delete the tiered data of topics whose id is gone from the cluster"
+        True,
+        description=(
+            "delete the tiered data of topics whose id the cluster confirms unknown"
+            " (UNKNOWN_TOPIC_ID when asked by id; an authorization error never counts)"
+        ),
     )
     topic_deletion_grace_s: float = Field(
-        60.0, ge=0, description="a topic id must be missing from the cluster this long first"
+        6 * 3600.0,
+        ge=0,
+        description=(
+            "a topic id must be confirmed unknown at every pass for this long before its data"
+            " is deleted (restarts begin it again)"
+        ),
+    )
+    topic_deletion_max_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description=(
+            "a pass whose topic deletions would remove more than this share of the cluster's"
+            " tiered segments deletes none of them (topic_deletion_halted)"
+        ),
+    )
+    topic_deletion_override_share: bool = Field(
+        False,
+        description=(
+            "let topic deletion go past topic_deletion_max_share; set it only after checking"
+            " that those topics are really deleted, and unset it afterwards"
+        ),
     )
     scrub_enabled: bool = Field(True, description="run the orphan scrub periodically")
     scrub_interval_s: float = Field(3600.0, gt=0, description="time between two scrubs")

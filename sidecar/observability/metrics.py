@@ -406,11 +406,28 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.topic_deletion_halted = Counter(
+            "topic_deletion_halted",
+            "Retention passes whose topic deletions would have removed more than"
+            " retention.topic_deletion_max_share of the tiered segments: none were deleted.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.topic_deletion_unconfirmed = Counter(
+            "topic_deletion_unconfirmed",
+            "Topic ids missing from the all-topics listing that the cluster did not confirm"
+            " unknown when asked by id (unauthorized = TOPIC_AUTHORIZATION_FAILED, unknown ="
+            " another answer), by reason; their data is kept.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.scrub_runs = Counter(
             "scrub_runs",
             "Orphan scrubs, by outcome (ok, failed, skipped = metadata or topic configs not"
-            " read yet, refused = the metadata topic's retention.ms/bytes is not -1, so deleting"
-            " could remove referenced objects).",
+            " read yet, refused = the metadata topic's retention.ms/bytes is not -1, or the"
+            " prefix's ownership marker is missing or another cluster's, so deleting could"
+            " remove objects that are not orphans).",
             ["outcome"],
             namespace=NAMESPACE,
             registry=r,

@@ -5,7 +5,9 @@
   the orphan scrub over the configured prefix with the configured grace periods. ``--dry-run``
   prints what it would delete. The daemon runs the same scrub periodically. Unless the
   metadata topic's ``retention.ms`` and ``retention.bytes`` are -1 (DescribeConfigs), a real
-  scrub is refused (exit 1, nothing deleted); a dry run warns and still reports.
+  scrub is refused (exit 1, nothing deleted); a dry run warns and still reports. A prefix whose
+  ownership marker is missing or names another cluster (or metadata topic) is refused, dry run
+  or not (exit 1): the scrub never judges another cluster's objects.
 * ``delete-partition`` publishes DELETE_PARTITION_MARKED for one partition (the topic id comes
   from the cluster, or ``--topic-id`` for a topic that no longer exists). The running sidecar of
   the broker that leads the partition's metadata partition then deletes every remote segment
@@ -34,6 +36,7 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.retention.scrub import OrphanScrubber, ScrubReport, metadata_retention_problem
+from sidecar.storage.ownership import PrefixOwner
 
 __all__ = ["delete_partition_command", "scrub_command"]
 
@@ -73,6 +76,7 @@ async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> Sc
     )
     try:
         configs = await kafka.topic_configs([meta.topic])
+        owner = PrefixOwner(await kafka.cluster_id(), meta.topic)
     finally:
         await kafka.aclose()
     unsafe = metadata_retention_problem(meta.topic, configs.get(meta.topic))
@@ -100,6 +104,7 @@ async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> Sc
                 objects=objects,
                 store=store,
                 layout=KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix),
+                owner=owner,
                 object_grace_s=config.retention.orphan_grace_s,
                 upload_grace_s=config.retention.multipart_grace_s,
                 in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
@@ -129,7 +134,8 @@ def scrub_command(config: SidecarConfig, *, dry_run: bool, as_json: bool, out: T
     print(
         f"{report.objects_listed} objects listed, {report.referenced} referenced,"
         f" {len(report.orphans)} orphans {verb}, {report.young_orphans} orphans within the grace"
-        f" period, {report.foreign} foreign keys; {report.uploads_listed} incomplete uploads,"
+        f" period, {report.foreign} foreign keys, {report.not_ours} keys of other clusters;"
+        f" {report.uploads_listed} incomplete uploads,"
         f" {len(report.aborted_uploads)} {'to abort' if dry_run else 'aborted'}"
         f" ({report.seconds:.3f} s)",
         file=out,

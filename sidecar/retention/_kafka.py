@@ -4,6 +4,13 @@
   them (KIP-516); this module sends Metadata v12 (flexible encoding; the version Kafka 3.x and
   4.x brokers all accept) with a null topic list (all topics), and reads names and ids only.
   Schema: ``clients/src/main/resources/common/message/Metadata{Request,Response}.json``.
+* Topic id states: an all-topics Metadata answer silently leaves out the topics the principal
+  may not Describe, so a missing id proves nothing. :meth:`RetentionKafka.topic_id_states`
+  asks for the ids themselves (Metadata v12 with topic ids and null names); the broker answers
+  ``UNKNOWN_TOPIC_ID`` only for an id it does not know, and ``TOPIC_AUTHORIZATION_FAILED`` for
+  a topic we may not see (``KafkaApis.handleTopicMetadataRequest``: "topic IDs are not
+  considered sensitive information").
+* Cluster id: from the same Metadata answer (the prefix ownership marker records it).
 * Log start offsets: ListOffsets with the EARLIEST timestamp (-2), which is the broker's
   ``logStartOffset`` (moved by DeleteRecords and by the broker's own retention).
 * Topic configs: DescribeConfigs of named topics, the keys the cluster watcher reads (the
@@ -15,6 +22,7 @@ loop skips what needs the answer and tries again next pass.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from io import BytesIO
@@ -39,7 +47,7 @@ from sidecar.tiering.cluster import (
     describe_topic_configs,
 )
 
-__all__ = ["RetentionKafka"]
+__all__ = ["RetentionKafka", "TopicIdState"]
 
 
 class _Uuid(AbstractType[bytes]):  # type: ignore[misc]  # aiokafka is untyped here
@@ -129,6 +137,62 @@ class _AllTopicIds(Request[_MetadataRequestV12]):  # type: ignore[misc]  # aioka
         return request_struct_class(None, False, False, {})
 
 
+class _TopicIds(Request[_MetadataRequestV12]):  # type: ignore[misc]  # aiokafka is untyped here
+    """Metadata v12 for the given topic ids (null names)."""
+
+    API_KEY = 3
+
+    def __init__(self, topic_ids: Collection[uuid.UUID]) -> None:
+        self._ids = list(topic_ids)
+
+    def build(self, request_struct_class: type[_MetadataRequestV12]) -> _MetadataRequestV12:
+        topics: list[tuple[bytes, None, dict[int, bytes]]] = [
+            (i.bytes, None, {}) for i in self._ids
+        ]
+        return request_struct_class(topics, False, False, {})
+
+
+#: Kafka error codes of a per-topic-id Metadata answer
+UNKNOWN_TOPIC_ID = 100
+TOPIC_AUTHORIZATION_FAILED = 29
+
+
+class TopicIdState(enum.Enum):
+    """What the broker says about one topic id asked for by id."""
+
+    #: the topic exists (error code 0)
+    PRESENT = "present"
+    #: UNKNOWN_TOPIC_ID: the only answer that proves the topic is gone
+    ABSENT = "absent"
+    #: TOPIC_AUTHORIZATION_FAILED: we may not see it; it may well exist
+    UNAUTHORIZED = "unauthorized"
+    #: any other error, or the id missing from the answer
+    UNKNOWN = "unknown"
+
+
+def parse_topic_id_states(
+    response: Any, asked: Collection[uuid.UUID]
+) -> dict[uuid.UUID, TopicIdState]:
+    """Topic id → state from a Metadata v12 answer to a by-id request; every id of ``asked``
+    is in the result (UNKNOWN when the answer does not mention it)."""
+    states = dict.fromkeys(asked, TopicIdState.UNKNOWN)
+    for topic in response.to_object()["topics"]:
+        raw = topic["topic_id"]
+        if raw is None:
+            continue
+        topic_id = uuid.UUID(bytes=bytes(raw))
+        if topic_id not in states:
+            continue
+        code = topic["error_code"]
+        if code == 0:
+            states[topic_id] = TopicIdState.PRESENT
+        elif code == UNKNOWN_TOPIC_ID:
+            states[topic_id] = TopicIdState.ABSENT
+        elif code == TOPIC_AUTHORIZATION_FAILED:
+            states[topic_id] = TopicIdState.UNAUTHORIZED
+    return states
+
+
 def parse_topic_ids(response: Any) -> dict[str, uuid.UUID]:
     """Topic name → id from a Metadata v12 response (topics with an error are left out)."""
     ids: dict[str, uuid.UUID] = {}
@@ -175,6 +239,39 @@ class RetentionKafka:
         except (KafkaError, OSError, TimeoutError, ValueError) as exc:
             await self.aclose()
             raise ClusterUnavailableError(f"Metadata v12 (topic ids) failed: {exc!r}") from exc
+
+    async def topic_id_states(
+        self, topic_ids: Collection[uuid.UUID]
+    ) -> dict[uuid.UUID, TopicIdState]:
+        """Ask the cluster about each topic id by id (Metadata v12); see :class:`TopicIdState`."""
+        from aiokafka.errors import KafkaError
+
+        if not topic_ids:
+            return {}
+        try:
+            admin, _ = await self._clients()
+            node = admin._client.get_random_node()
+            response = await admin._client.send(node, _TopicIds(topic_ids))
+            return parse_topic_id_states(response, topic_ids)
+        except (KafkaError, OSError, TimeoutError, ValueError) as exc:
+            await self.aclose()
+            raise ClusterUnavailableError(f"Metadata v12 (by topic id) failed: {exc!r}") from exc
+
+    async def cluster_id(self) -> str:
+        """The cluster id the brokers report (Metadata v12)."""
+        from aiokafka.errors import KafkaError
+
+        try:
+            admin, _ = await self._clients()
+            node = admin._client.get_random_node()
+            response = await admin._client.send(node, _TopicIds([]))
+            cluster_id = response.to_object()["cluster_id"]
+        except (KafkaError, OSError, TimeoutError, ValueError) as exc:
+            await self.aclose()
+            raise ClusterUnavailableError(f"Metadata v12 (cluster id) failed: {exc!r}") from exc
+        if not cluster_id:
+            raise ClusterUnavailableError("the brokers reported no cluster id")
+        return str(cluster_id)
 
     async def topic_configs(self, topics: Collection[str]) -> dict[str, TopicConfig]:
         """DescribeConfigs of ``topics``; a topic that does not exist is left out."""

@@ -8,10 +8,18 @@ Every ``interval_s`` (Kafka's ``remote.log.manager.task.interval.ms``, 30 s by d
    *metadata* partition (Kafka's RemotePartitionRemover runs there): publish STARTED, delete
    every segment (DELETE_SEGMENT_STARTED → objects → DELETE_SEGMENT_FINISHED), publish FINISHED.
    A crash leaves STARTED (or DELETE_SEGMENT_STARTED) behind, and the next pass resumes it.
-2. **Topic deletion**: a partition of the store whose topic id has been missing from the
-   cluster (Metadata v12) for ``topic_deletion_grace_s`` has every segment deleted, by the same
-   sidecar rule, with segment events only (Kafka's ``deleteRemoteLogPartition`` writes no
-   partition-delete records).
+2. **Topic deletion**, on proof only. An all-topics Metadata answer leaves out the topics the
+   principal may not Describe, so an id missing from it is only a *candidate*: the candidates
+   are asked for by id (Metadata v12), and only ``UNKNOWN_TOPIC_ID`` counts as gone
+   (``TOPIC_AUTHORIZATION_FAILED`` or any other answer keeps the data, resets the grace period,
+   and counts in ``topic_deletion_unconfirmed_total``). An id confirmed gone at every pass for
+   ``topic_deletion_grace_s`` (hours by default) has every segment deleted, by the same sidecar
+   rule, with segment events only (Kafka's ``deleteRemoteLogPartition`` writes no
+   partition-delete records). A pass whose topic deletions would remove more than
+   ``topic_deletion_max_share`` of the tiered segments of the whole store (every sidecar
+   computes it over every confirmed topic, not only those it deletes itself) deletes none of
+   them: ``topic_deletion_halted`` (error log) and ``topic_deletion_halted_total``, unless
+   ``topic_deletion_override_share`` is set.
 3. **Remote retention** of the partitions this broker leads (fresh cluster view), with Kafka's
    rules (:mod:`sidecar.retention.policy`): the lineage is the broker's leader-epoch
    checkpoint, the log start offset comes from ListOffsets EARLIEST, ``retention.*`` from
@@ -61,7 +69,7 @@ from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
-from sidecar.retention._kafka import RetentionKafka
+from sidecar.retention._kafka import RetentionKafka, TopicIdState
 from sidecar.retention.policy import (
     DeleteReason,
     Expiry,
@@ -102,6 +110,8 @@ class PassSummary:
     would_delete: int = 0
     at_risk: int = 0
     errors: int = 0
+    #: topic deletion stopped: it would have removed too large a share of the tiered segments
+    topic_deletion_halted: bool = False
 
 
 class RetentionManager:
@@ -124,6 +134,7 @@ class RetentionManager:
         metadata_topic: str,
         num_metadata_partitions: int,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._views = views
@@ -139,8 +150,11 @@ class RetentionManager:
         self._metadata_topic = metadata_topic
         self._num_mp = num_metadata_partitions
         self._clock_ms = clock_ms
+        self._monotonic = monotonic
         self._broker_id = uploader.broker_id
         self._gone_since: dict[uuid.UUID, float] = {}
+        #: the last unconfirming answer logged per topic id (logged again when it changes)
+        self._unconfirmed: dict[uuid.UUID, TopicIdState] = {}
         self._removed: list[tuple[PartitionScan, PartitionScan | None]] = []
         self._warned_at_risk: set[tuple[str, int, int]] = set()
         self._next_scrub_at = 0.0
@@ -181,10 +195,13 @@ class RetentionManager:
         await self._check_lost()
         topic_ids = await self._topic_ids()
         partitions = await asyncio.to_thread(self._store.partitions)
+        candidates: list[TopicIdPartition] = []
         for tp in partitions:
             if stop.is_set():
                 break
-            await self._guarded(summary, tp, self._deletions(tp, topic_ids, summary))
+            await self._guarded(summary, tp, self._deletions(tp, topic_ids, summary, candidates))
+        if not stop.is_set():
+            await self._topic_deletions(candidates, summary, stop)
         await self._retention(summary, stop)
         if self._config.scrub_enabled and time.monotonic() >= self._next_scrub_at:
             await self._scrub()
@@ -196,6 +213,7 @@ class RetentionManager:
             would_delete=summary.would_delete,
             at_risk=summary.at_risk,
             errors=summary.errors,
+            topic_deletion_halted=summary.topic_deletion_halted,
         )
         return summary
 
@@ -234,8 +252,14 @@ class RetentionManager:
     # --- partition and topic deletion
 
     async def _deletions(
-        self, tp: TopicIdPartition, topic_ids: set[uuid.UUID] | None, summary: PassSummary
+        self,
+        tp: TopicIdPartition,
+        topic_ids: set[uuid.UUID] | None,
+        summary: PassSummary,
+        candidates: list[TopicIdPartition],
     ) -> None:
+        """Partition deletion of ``tp``; or, when its topic id is missing from the all-topics
+        listing, add it to ``candidates`` for :meth:`_topic_deletions`."""
         if not self._caught_up(tp):
             return
         marker = await asyncio.to_thread(self._store.partition_delete, tp)
@@ -247,19 +271,99 @@ class RetentionManager:
             return
         if tp.topic_id in topic_ids:
             self._gone_since.pop(tp.topic_id, None)
+            self._unconfirmed.pop(tp.topic_id, None)
             return
-        now = time.monotonic()
-        since = self._gone_since.setdefault(tp.topic_id, now)
-        if now - since < self._config.topic_deletion_grace_s or not self._processes(tp):
+        candidates.append(tp)
+
+    async def _confirmed_gone(self, candidates: Sequence[TopicIdPartition]) -> set[uuid.UUID]:
+        """The candidates' topic ids that the cluster answered UNKNOWN_TOPIC_ID for, at every
+        pass for ``topic_deletion_grace_s``. Any other answer resets the grace period."""
+        names = {tp.topic_id: tp.topic for tp in candidates}
+        try:
+            states = await self._kafka.topic_id_states(names)
+        except SidecarError as exc:
+            # no answer is no proof; the grace period goes on only with proof at each pass
+            log.warning("topic_id_states_unavailable", error=str(exc))
+            return set()
+        now = self._monotonic()
+        grace = self._config.topic_deletion_grace_s
+        gone: set[uuid.UUID] = set()
+        for topic_id, state in states.items():
+            if state is TopicIdState.ABSENT:
+                self._unconfirmed.pop(topic_id, None)
+                since = self._gone_since.setdefault(topic_id, now)
+                if now - since >= grace:
+                    gone.add(topic_id)
+                continue
+            self._gone_since.pop(topic_id, None)
+            if state is TopicIdState.PRESENT:  # created or re-listed in between
+                self._unconfirmed.pop(topic_id, None)
+                continue
+            self._metrics.topic_deletion_unconfirmed.labels(state.value).inc()
+            if self._unconfirmed.get(topic_id) is not state:
+                self._unconfirmed[topic_id] = state
+                log.warning(
+                    "topic_deletion_unconfirmed",
+                    topic=names[topic_id],
+                    topic_id=str(topic_id),
+                    answer=state.value,
+                    detail="missing from the topic listing but not confirmed unknown by id:"
+                    " its tiered data is kept (check the sidecar principal's Describe ACLs)",
+                )
+        return gone
+
+    async def _topic_deletions(
+        self, candidates: Sequence[TopicIdPartition], summary: PassSummary, stop: asyncio.Event
+    ) -> None:
+        """Delete the data of the topics confirmed gone (see the module docstring)."""
+        if not candidates:
             return
-        segments = await asyncio.to_thread(self._store.segments, tp)
-        if segments:
-            log.info(
-                "topic_deleted_remote_cleanup", topic_id=str(tp.topic_id), segments=len(segments)
-            )
-            await self._delete(
-                tp, [Expiry(s, DeleteReason.TOPIC_DELETED) for s in segments], summary
-            )
+        gone = await self._confirmed_gone(candidates)
+        ready = [tp for tp in candidates if tp.topic_id in gone]
+        if not ready:
+            return
+        doomed = {tp: await asyncio.to_thread(self._store.segments, tp) for tp in ready}
+        count = sum(len(segments) for segments in doomed.values())
+        if count == 0:
+            return
+        total = await asyncio.to_thread(self._live_segment_count)
+        share = count / max(total, 1)
+        limit = self._config.topic_deletion_max_share
+        if share > limit:
+            if not self._config.topic_deletion_override_share:
+                summary.topic_deletion_halted = True
+                self._metrics.topic_deletion_halted.inc()
+                log.error(
+                    "topic_deletion_halted",
+                    segments=count,
+                    tiered_segments=total,
+                    share=round(share, 4),
+                    max_share=limit,
+                    topic_ids=sorted(str(t) for t in gone)[:20],
+                    detail="these topics' data would be more than retention.topic_deletion_max"
+                    "_share of the tiered segments: nothing deleted; after checking that the"
+                    " topics are really deleted, set retention.topic_deletion_override_share",
+                )
+                return
+            log.warning("topic_deletion_share_overridden", segments=count, tiered_segments=total)
+        for tp in ready:
+            if stop.is_set():
+                break
+            segments = doomed[tp]
+            if not segments or not self._processes(tp):
+                continue
+            await self._guarded(summary, tp, self._delete_topic_partition(tp, segments, summary))
+
+    def _live_segment_count(self) -> int:
+        """Live segments of every partition of the store: this cluster's tiered segments
+        (worker thread)."""
+        return sum(len(self._store.segments(tp)) for tp in self._store.partitions())
+
+    async def _delete_topic_partition(
+        self, tp: TopicIdPartition, segments: Sequence[SegmentMetadata], summary: PassSummary
+    ) -> None:
+        log.info("topic_deleted_remote_cleanup", topic_id=str(tp.topic_id), segments=len(segments))
+        await self._delete(tp, [Expiry(s, DeleteReason.TOPIC_DELETED) for s in segments], summary)
 
     async def _delete_partition(
         self, tp: TopicIdPartition, marker: PartitionDeleteMetadata, summary: PassSummary

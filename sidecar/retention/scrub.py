@@ -1,5 +1,9 @@
 """Orphan scrub: objects that no metadata references, and incomplete multipart uploads.
 
+The scrub runs only on a prefix whose ownership marker (:mod:`sidecar.storage.ownership`)
+names this cluster and metadata topic; a missing, unreadable or foreign marker refuses it
+(:class:`UnsafeScrubError`, dry runs included), before anything is listed.
+
 One walk of the bucket under the sidecar's prefix (ListObjectsV2, 1000 keys a page) is compared
 with the metadata store:
 
@@ -11,8 +15,14 @@ with the metadata store:
 * a key whose partition's metadata this store has not fully read (``in_scope`` says no) is
   left alone, whatever it looks like;
 * keys that are not the sidecar's (they do not parse) are counted as ``foreign``, never deleted;
-* an incomplete multipart upload older than ``upload_grace_s`` is aborted, unless its segment
-  is a copy in flight (COPY_SEGMENT_STARTED).
+* keys that are not this cluster's are counted as ``not_ours``, never deleted: those under a
+  nested prefix that holds an ownership marker of its own (another cluster below our prefix,
+  e.g. ours is the bucket root), and those of a partition (topic id, partition) that this
+  cluster's metadata never mentioned (a segment's objects are written only after its
+  COPY_SEGMENT_STARTED, so every object of ours is of a partition the store knows);
+* an incomplete multipart upload older than ``upload_grace_s`` is aborted if its key is one of
+  this cluster's segment keys (by the same rules), unless its segment is a copy in flight
+  (COPY_SEGMENT_STARTED).
 
 ``dry_run`` reports the same decisions without deleting. Deletes go out 1000 keys a request,
 a few requests at a time. The store is read in a worker thread.
@@ -40,7 +50,14 @@ from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
 from sidecar.storage.base import DELETE_BATCH_SIZE, MultipartUpload, ObjectStore
-from sidecar.storage.keys import KeyLayout
+from sidecar.storage.keys import KeyLayout, ParsedKey
+from sidecar.storage.ownership import (
+    PrefixOwner,
+    is_marker_key,
+    marker_key,
+    marker_prefix,
+    ownership_problem,
+)
 
 if TYPE_CHECKING:
     from sidecar.tiering.cluster import TopicConfig
@@ -51,7 +68,8 @@ log = get_logger(__name__)
 
 
 class UnsafeScrubError(SidecarError):
-    """The metadata topic may have lost records: a scrub could delete referenced objects."""
+    """Deleting is unsafe: the metadata topic may have lost records (a scrub could delete
+    referenced objects), or the prefix's ownership marker is missing or another cluster's."""
 
 
 def metadata_retention_problem(topic: str, config: TopicConfig | None) -> str | None:
@@ -93,6 +111,9 @@ class ScrubReport:
     out_of_scope: int = 0
     #: keys that are not segment objects of this layout
     foreign: int = 0
+    #: segment-shaped keys of another cluster (nested marker, or a partition never in our
+    #: metadata)
+    not_ours: int = 0
     uploads_listed: int = 0
     #: (key, upload id) of incomplete multipart uploads aborted (or to abort)
     aborted_uploads: list[tuple[str, str]] = field(default_factory=list)
@@ -114,6 +135,7 @@ class ScrubReport:
             "young_orphans": self.young_orphans,
             "out_of_scope": self.out_of_scope,
             "foreign": self.foreign,
+            "not_ours": self.not_ours,
             "uploads_listed": self.uploads_listed,
             "aborted_uploads": [{"key": k, "upload_id": u} for k, u in self.aborted_uploads],
             "young_uploads": self.young_uploads,
@@ -132,6 +154,11 @@ def _live_segments(store: RemoteSegmentStore) -> dict[uuid.UUID, RemoteLogSegmen
     return live
 
 
+def _known_partitions(store: RemoteSegmentStore) -> set[tuple[uuid.UUID, int]]:
+    """(topic id, partition) of every partition the metadata mentions (worker thread)."""
+    return {(tp.topic_id, tp.partition) for tp in store.partitions()}
+
+
 class OrphanScrubber:
     """Compares the bucket with the metadata store and removes what nothing references."""
 
@@ -141,6 +168,7 @@ class OrphanScrubber:
         objects: ObjectStore,
         store: RemoteSegmentStore,
         layout: KeyLayout,
+        owner: PrefixOwner,
         object_grace_s: float,
         upload_grace_s: float,
         in_scope: Callable[[TopicIdPartition], bool] = lambda tp: True,
@@ -150,6 +178,7 @@ class OrphanScrubber:
         self._objects = objects
         self._store = store
         self._layout = layout
+        self._owner = owner
         self._object_grace_s = object_grace_s
         self._upload_grace_s = upload_grace_s
         self._in_scope = in_scope
@@ -159,7 +188,18 @@ class OrphanScrubber:
     async def scrub(self, *, dry_run: bool = False, unsafe: str | None = None) -> ScrubReport:
         """One full scrub of the layout's prefix. ``unsafe``: why the metadata topic cannot be
         trusted (:func:`metadata_retention_problem`); a real scrub then raises
-        :class:`UnsafeScrubError` and deletes nothing, a dry run reports it."""
+        :class:`UnsafeScrubError` and deletes nothing, a dry run reports it. A prefix whose
+        ownership marker is not ours raises :class:`UnsafeScrubError`, dry run or not."""
+        prefix = self._layout.prefix
+        foreign_owner = await ownership_problem(
+            self._objects,
+            prefix,
+            cluster_id=self._owner.cluster_id,
+            metadata_topic=self._owner.metadata_topic,
+        )
+        if foreign_owner is not None:
+            log.error("scrub_refused", dry_run=dry_run, reason=foreign_owner)
+            raise UnsafeScrubError(f"orphan scrub refused: {foreign_owner}")
         if unsafe is not None:
             log.error("scrub_refused", dry_run=dry_run, reason=unsafe)
             if not dry_run:
@@ -168,16 +208,28 @@ class OrphanScrubber:
         report = ScrubReport(dry_run=dry_run, refused=unsafe)
         now = self._now()
         live = await asyncio.to_thread(_live_segments, self._store)
+        known = await asyncio.to_thread(_known_partitions, self._store)
+        own_marker = marker_key(prefix)
+        #: nested prefixes with a marker of their own: another cluster's
+        others: list[str] = []
         scope: dict[tuple[uuid.UUID, str, int], bool] = {}
         candidates: list[tuple[str, uuid.UUID]] = []
-        async for info in self._objects.list(self._layout.prefix):
+        async for info in self._objects.list(prefix):
             report.objects_listed += 1
+            if is_marker_key(info.key):
+                if info.key != own_marker:
+                    others.append(marker_prefix(info.key))
+                report.foreign += 1
+                continue
             parsed = self._layout.parse(info.key)
             if parsed is None:
                 report.foreign += 1
                 continue
             if parsed.segment_id in live:
                 report.referenced += 1
+                continue
+            if not self._ours(parsed, known):
+                report.not_ours += 1
                 continue
             where = (parsed.topic_id, parsed.topic, parsed.partition)
             ok = scope.get(where)
@@ -193,6 +245,12 @@ class OrphanScrubber:
                 report.young_orphans += 1
                 continue
             candidates.append((info.key, parsed.segment_id))
+        if others:
+            # listed in key order, a nested marker may come after the keys it owns
+            kept = [c for c in candidates if not c[0].startswith(tuple(others))]
+            report.not_ours += len(candidates) - len(kept)
+            candidates = kept
+            log.info("scrub_skips_other_owners", prefixes=sorted(others)[:20])
         if candidates:
             # a copy may have started while we listed: look at the store once more
             again = await asyncio.to_thread(_live_segments, self._store)
@@ -206,7 +264,14 @@ class OrphanScrubber:
         doomed: list[MultipartUpload] = []
         for upload in uploads:
             parsed = self._layout.parse(upload.key)
-            if parsed is not None and live.get(parsed.segment_id) is _STARTED:
+            if (
+                parsed is None
+                or not self._ours(parsed, known)
+                or upload.key.startswith(tuple(others))
+            ):
+                report.not_ours += 1
+                continue
+            if live.get(parsed.segment_id) is _STARTED:
                 report.uploads_in_flight += 1
                 continue
             initiated = upload.initiated
@@ -229,12 +294,18 @@ class OrphanScrubber:
             young_orphans=report.young_orphans,
             out_of_scope=report.out_of_scope,
             foreign=report.foreign,
+            not_ours=report.not_ours,
             uploads=report.uploads_listed,
             aborted_uploads=len(report.aborted_uploads),
             young_uploads=report.young_uploads,
             seconds=round(report.seconds, 3),
         )
         return report
+
+    @staticmethod
+    def _ours(parsed: ParsedKey, known: set[tuple[uuid.UUID, int]]) -> bool:
+        """Whether a segment key is of a partition this cluster's metadata mentions."""
+        return (parsed.topic_id, parsed.partition) in known
 
     async def _delete(self, keys: list[str]) -> None:
         if not keys:

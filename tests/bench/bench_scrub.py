@@ -53,6 +53,7 @@ from sidecar.metadata.events import (  # noqa: E402
 from sidecar.metadata.store import RemoteSegmentStore  # noqa: E402
 from sidecar.retention.scrub import OrphanScrubber  # noqa: E402
 from sidecar.storage.keys import KeyLayout, ObjectSuffix  # noqa: E402
+from sidecar.storage.ownership import PrefixOwner, claim_prefix, marker_key  # noqa: E402
 from sidecar.storage.s3 import S3ObjectStore  # noqa: E402
 from tests.conftest import stack  # noqa: E402
 
@@ -63,12 +64,17 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+#: one topic of 50 partitions
+BENCH_TOPIC_ID = uuid.uuid4()
+OWNER = PrefixOwner("bench-cluster", "__remote_log_metadata")
+
+
 def build_store(path: Path, segments: int, layout: KeyLayout) -> list[str]:
     """FINISHED segments over 50 partitions; returns their object keys."""
     store = RemoteSegmentStore(path)
     keys: list[str] = []
     try:
-        partitions = [TopicIdPartition(uuid.uuid4(), "bench", p) for p in range(50)]
+        partitions = [TopicIdPartition(BENCH_TOPIC_ID, "bench", p) for p in range(50)]
         events: list[object] = []
         for i in range(segments):
             tp = partitions[i % 50]
@@ -111,7 +117,8 @@ def build_store(path: Path, segments: int, layout: KeyLayout) -> list[str]:
 
 
 def orphan_keys(count: int, layout: KeyLayout) -> list[str]:
-    tp = TopicIdPartition(uuid.uuid4(), "bench", 0)
+    """Unreferenced segments of a partition the store knows (the scrub's own orphans)."""
+    tp = TopicIdPartition(BENCH_TOPIC_ID, "bench", 0)
     return [
         layout.segment_key(
             topic=tp.topic,
@@ -191,10 +198,17 @@ async def amain(args: argparse.Namespace) -> int:
                 access_key_id=s3.access_key,
                 secret_access_key=s3.secret_key,
             ) as objects:
+                await claim_prefix(
+                    objects,
+                    PREFIX,
+                    cluster_id=OWNER.cluster_id,
+                    metadata_topic=OWNER.metadata_topic,
+                )
                 scrubber = OrphanScrubber(
                     objects=objects,
                     store=store,
                     layout=layout,
+                    owner=OWNER,
                     object_grace_s=3600,
                     upload_grace_s=3600,
                     now=lambda: datetime.now(UTC) + timedelta(hours=2),
@@ -213,7 +227,7 @@ async def amain(args: argparse.Namespace) -> int:
                     f" (goal <= 30 s: {'met' if real.seconds <= 30 else 'NOT met'})"
                 )
                 left = {o.key async for o in objects.list(PREFIX)}
-                assert left == set(referenced), "the scrub removed a referenced object"
+                assert left == {*referenced, marker_key(PREFIX)}, "a referenced object removed"
                 await objects.delete(sorted(left))
                 assert [o async for o in objects.list(PREFIX)] == []
         finally:

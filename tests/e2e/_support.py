@@ -39,6 +39,7 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.serde import decode
 from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
+from sidecar.storage.ownership import marker_key
 from tests.kafka_serde import check_metadata_topic
 
 # --- configuration
@@ -396,6 +397,8 @@ async def delete_topic(bootstrap: str, topic: str) -> None:
 
 
 def bucket_keys(s3: Any, prefix: str) -> list[str]:
+    """The keys under ``prefix``, less the prefix's ownership marker (the sidecar writes it at
+    startup and never deletes it; the ``s3_prefix`` fixture removes it)."""
     client = s3.client()
     try:
         return [
@@ -404,6 +407,7 @@ def bucket_keys(s3: Any, prefix: str) -> list[str]:
                 Bucket=s3.bucket, Prefix=prefix
             )
             for o in page.get("Contents", [])
+            if o["Key"] != marker_key(prefix)
         ]
     finally:
         client.close()

@@ -64,6 +64,8 @@ def _config(tmp_path: Path, kafka: Any, s3: Any, topic: str, prefix: str, **rete
         retention={
             "interval_s": 1.0,
             "topic_deletion_grace_s": 1.0,
+            # each test deletes its only topic: all of the prefix's segments at once
+            "topic_deletion_override_share": True,
             "scrub_enabled": False,
             **retention,
         },

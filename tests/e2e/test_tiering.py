@@ -24,6 +24,7 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.serde import decode
 from sidecar.storage.manifest import IndexKind, SegmentManifest
+from sidecar.storage.ownership import is_marker_key
 from tests.conftest import stack
 from tests.e2e._support import CODECS, MetadataTopic, produce_per_codec, topic_id_partition
 from tests.helpers import create_topic
@@ -95,6 +96,7 @@ def _bucket(s3: Any, prefix: str) -> dict[str, bytes]:
                 Bucket=s3.bucket, Prefix=prefix
             )
             for o in page.get("Contents", [])
+            if not is_marker_key(o["Key"])  # the prefix's ownership marker
         ]
         return {k: client.get_object(Bucket=s3.bucket, Key=k)["Body"].read() for k in keys}
     finally:

@@ -15,11 +15,13 @@ from sidecar.metadata.events import RemoteLogSegmentId, SegmentMetadata, TopicId
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.retention.scrub import OrphanScrubber
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.storage.ownership import PrefixOwner, claim_prefix, marker_key
 from sidecar.storage.s3 import S3ObjectStore
 
 pytestmark = pytest.mark.integration
 
 TP = TopicIdPartition(uuid.uuid4(), "orders", 3)
+OWNER = PrefixOwner("cluster-a", "__remote_log_metadata")
 
 
 def _segment(start: int) -> SegmentMetadata:
@@ -66,6 +68,12 @@ class TestScrubOnSeaweedFS:
         store = RemoteSegmentStore(tmp_path / "state")
         try:
             async with _store(s3) as objects:
+                await claim_prefix(
+                    objects,
+                    s3_prefix,
+                    cluster_id=OWNER.cluster_id,
+                    metadata_topic=OWNER.metadata_topic,
+                )
                 live = [_segment(0), _segment(100)]
                 store.apply(live)
                 referenced = [k for m in live for k in _keys(layout, m)]
@@ -87,6 +95,7 @@ class TestScrubOnSeaweedFS:
                     objects=objects,
                     store=store,
                     layout=layout,
+                    owner=OWNER,
                     object_grace_s=grace,
                     upload_grace_s=grace,
                 )
@@ -100,6 +109,7 @@ class TestScrubOnSeaweedFS:
                     report = await scrubber.scrub()
                     age = time.monotonic() - planted_at
                     listed = {o.key async for o in objects.list(s3_prefix)}
+                    listed.discard(marker_key(s3_prefix))
                     assert set(referenced) <= listed  # never a referenced object
                     if age < grace - 1.0:  # well inside the grace period: nothing goes
                         assert report.orphans == []
@@ -114,7 +124,10 @@ class TestScrubOnSeaweedFS:
                 assert aborted == [(upload_key, upload_id)]
                 assert first_removal_age is not None
                 assert first_removal_age >= grace - 1.0  # the server's clock: under 1 s off
-                assert {o.key async for o in objects.list(s3_prefix)} == set(referenced)
+                assert {o.key async for o in objects.list(s3_prefix)} == {
+                    *referenced,
+                    marker_key(s3_prefix),
+                }
                 assert [u async for u in objects.list_multipart_uploads(s3_prefix)] == []
 
                 # a dry run a day later still spares the referenced objects
@@ -122,6 +135,7 @@ class TestScrubOnSeaweedFS:
                     objects=objects,
                     store=store,
                     layout=layout,
+                    owner=OWNER,
                     object_grace_s=0,
                     upload_grace_s=0,
                     now=lambda: datetime.now(UTC) + timedelta(days=1),

@@ -18,10 +18,20 @@ from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segm
 from sidecar.retention.scrub import OrphanScrubber
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
+from sidecar.storage.ownership import PrefixOwner, claim_prefix, marker_key
 from sidecar.testing import TestRecord, build_batch, write_partition
 
 LAYOUT = KeyLayout(prefix="p/")
 TP = TopicIdPartition(uuid.UUID(int=11), "orders", 0)
+OWNER = PrefixOwner("cluster-a", "__remote_log_metadata")
+MARKER = marker_key(LAYOUT.prefix)
+
+
+async def claim(objects: MemoryObjectStore, prefix: str = LAYOUT.prefix) -> None:
+    """Write the prefix's ownership marker, as the daemon does at startup."""
+    await claim_prefix(
+        objects, prefix, cluster_id=OWNER.cluster_id, metadata_topic=OWNER.metadata_topic
+    )
 
 
 def _scan(tmp_path: Path, segments: int = 4):
@@ -121,6 +131,7 @@ class TestScrub:
         store = RemoteSegmentStore(tmp_path / "state")
         objects = MemoryObjectStore()
         try:
+            await claim(objects)
             live = _metadata(0)
             store.apply([live])
             orphan = _metadata(10)  # never published
@@ -134,6 +145,7 @@ class TestScrub:
                 objects=objects,
                 store=store,
                 layout=LAYOUT,
+                owner=OWNER,
                 object_grace_s=60,
                 upload_grace_s=120,
                 now=lambda: clock[0],
@@ -142,7 +154,7 @@ class TestScrub:
             assert early.orphans == []
             assert early.young_orphans == 3
             assert early.referenced == 3
-            assert early.foreign == 1
+            assert early.foreign == 2  # the marker and p/not-a-segment-key
             assert early.young_uploads == 1
 
             clock[0] += timedelta(seconds=90)
@@ -153,7 +165,12 @@ class TestScrub:
             done = await scrubber.scrub()
             assert sorted(done.orphans) == sorted(_keys(orphan))
             assert done.aborted_uploads == []  # the upload's grace is longer
-            assert set(objects.objects) == {*_keys(live), "p/not-a-segment-key", "elsewhere/x"}
+            assert set(objects.objects) == {
+                *_keys(live),
+                "p/not-a-segment-key",
+                "elsewhere/x",
+                MARKER,
+            }
 
             clock[0] += timedelta(seconds=60)
             later = await scrubber.scrub()
@@ -166,6 +183,8 @@ class TestScrub:
         store = RemoteSegmentStore(tmp_path / "state")
         objects = MemoryObjectStore()
         try:
+            await claim(objects)
+            store.apply([_metadata(100)])  # the partition is this cluster's
             orphan = _metadata(0)
             for key in _keys(orphan):
                 await objects.put(key, b"x")
@@ -173,6 +192,7 @@ class TestScrub:
                 objects=objects,
                 store=store,
                 layout=LAYOUT,
+                owner=OWNER,
                 object_grace_s=0,
                 upload_grace_s=0,
                 in_scope=lambda tp: False,
@@ -181,6 +201,6 @@ class TestScrub:
             report = await scrubber.scrub()
             assert report.out_of_scope == 3
             assert report.orphans == []
-            assert len(objects.objects) == 3
+            assert set(objects.objects) == {*_keys(orphan), MARKER}
         finally:
             store.close()

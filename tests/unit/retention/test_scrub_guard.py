@@ -19,7 +19,14 @@ from sidecar.retention.manager import RetentionManager
 from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError, metadata_retention_problem
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView, TopicConfig
-from tests.unit.retention.test_safety_and_scrub import LAYOUT, _keys, _metadata
+from tests.unit.retention.test_safety_and_scrub import (
+    LAYOUT,
+    MARKER,
+    OWNER,
+    _keys,
+    _metadata,
+    claim,
+)
 
 META = "__remote_log_metadata"
 FOREVER = TopicConfig(retention_ms=-1, retention_bytes=-1)
@@ -47,6 +54,8 @@ class TestProblem:
 async def _orphaned(tmp_path) -> tuple[RemoteSegmentStore, MemoryObjectStore, list[str]]:
     store = RemoteSegmentStore(tmp_path / "state")
     objects = MemoryObjectStore()
+    await claim(objects)
+    store.apply([_metadata(100)])  # the partition is this cluster's
     keys = _keys(_metadata(0))  # never published: an orphan
     for key in keys:
         await objects.put(key, b"x")
@@ -58,6 +67,7 @@ def _scrubber(store: RemoteSegmentStore, objects: MemoryObjectStore) -> OrphanSc
         objects=objects,
         store=store,
         layout=LAYOUT,
+        owner=OWNER,
         object_grace_s=0,
         upload_grace_s=0,
         now=lambda: datetime.now(UTC) + timedelta(days=1),
@@ -71,7 +81,7 @@ class TestScrubber:
             problem = metadata_retention_problem(META, TopicConfig())
             with capture_logs() as logs, pytest.raises(UnsafeScrubError, match=r"retention\.ms"):
                 await _scrubber(store, objects).scrub(unsafe=problem)
-            assert sorted(objects.objects) == sorted(keys)
+            assert sorted(objects.objects) == sorted([*keys, MARKER])
             refused = [e for e in logs if e["event"] == "scrub_refused"]
             assert [e["reason"] for e in refused] == [problem]
         finally:
@@ -85,7 +95,7 @@ class TestScrubber:
             assert sorted(report.orphans) == sorted(keys)
             assert report.refused == problem
             assert report.to_json()["refused"] == problem
-            assert sorted(objects.objects) == sorted(keys)
+            assert sorted(objects.objects) == sorted([*keys, MARKER])
         finally:
             store.close()
 
@@ -135,21 +145,21 @@ class TestManager:
             kind = {"kind": "UnsafeScrubError"}
             assert self._value(metrics, "retention_errors_total", **kind) == 1
             assert self._value(metrics, "scrub_deleted_objects_total") == 0
-            assert sorted(objects.objects) == sorted(keys)
+            assert sorted(objects.objects) == sorted([*keys, MARKER])
         finally:
             store.close()
 
     async def test_skipped_until_the_configs_are_known_then_deletes(self, tmp_path):
-        store, objects, _ = await _orphaned(tmp_path)
+        store, objects, keys = await _orphaned(tmp_path)
         metrics = Metrics()
         try:
             scrubber = _scrubber(store, objects)
             await _manager(store, objects, scrubber, metrics, None)._scrub()
             assert self._value(metrics, "scrub_runs_total", outcome="skipped") == 1
-            assert objects.objects
+            assert set(keys) <= set(objects.objects)
             await _manager(store, objects, scrubber, metrics, FOREVER)._scrub()
             assert self._value(metrics, "scrub_runs_total", outcome="ok") == 1
             assert self._value(metrics, "scrub_deleted_objects_total") == 3
-            assert not objects.objects
+            assert list(objects.objects) == [MARKER]
         finally:
             store.close()
