@@ -47,7 +47,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sidecar import __version__
-from sidecar.errors import FormatError, SegmentVanishedError, SidecarError
+from sidecar.errors import (
+    FormatError,
+    SegmentVanishedError,
+    SidecarError,
+    UnreadableFileError,
+)
 from sidecar.kafka.checkpoints import decode_kafka_uuid, leader_epoch_checkpoint_for_segment
 from sidecar.kafka.logdir import PartitionScan, Segment, open_segment_file
 from sidecar.kafka.records import iter_batches
@@ -134,6 +139,8 @@ def _check_batches(fd_path: str, segment: Segment, size: int) -> None:
     try:
         for header in iter_batches(Path(fd_path), verify_crc=True, path=str(segment.log_path)):
             end = header.end_position
+    except UnreadableFileError:
+        raise  # the disk failed to read, the bytes may be fine: retried, never quarantined
     except FormatError as exc:
         raise CorruptSegmentError(
             f"segment {segment.log_path} is corrupt and will not be uploaded: {exc}"
