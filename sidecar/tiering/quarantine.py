@@ -233,11 +233,12 @@ class Quarantine:
         it was last read or written here; returns whether it did."""
         if self._stat() == self._signature:
             return False
-        loaded = self._read()
-        with self._mutex:
-            changed = loaded.entries != self._entries
-            self._entries = loaded.entries
-            self._signature = loaded.signature
+        with self._locked():  # not in the middle of a write of ours (or of the CLI's)
+            loaded = self._read()
+            with self._mutex:
+                changed = loaded.entries != self._entries
+                self._entries = loaded.entries
+                self._signature = loaded.signature
         return changed
 
     # --- changing
@@ -246,8 +247,6 @@ class Quarantine:
         """Quarantine a segment. Kept in memory even when the file cannot be written (then
         logged): the daemon must not upload it either way."""
         key = (entry.topic_id, entry.partition)
-        with self._mutex:
-            self._entries.setdefault(key, {})[entry.base_offset] = entry
 
         def put(entries: _Entries) -> bool:
             entries.setdefault(key, {})[entry.base_offset] = entry
@@ -256,6 +255,8 @@ class Quarantine:
         try:
             self._rewrite(put)
         except OSError as exc:
+            with self._mutex:
+                put(self._entries)
             log.error(  # noqa: TRY400 - the path and error are the report
                 "quarantine_save_failed", path=str(self._path), error=str(exc)
             )
