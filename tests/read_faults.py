@@ -7,7 +7,7 @@ with a bad sector does; later opens read normally. The sidecar's own code turns 
 into its typed error, so the whole path from the failed ``read`` on is the production one.
 
 Run as ``python -m tests.read_faults run --config FILE`` it is ``sidecar run`` with the fault
-installed from ``SIDECAR_TEST_READ_FAULT=<path of a .log>:<times>`` (the e2e tests start the
+installed from ``TEST_READ_FAULT=<path of a .log>:<times>`` (the e2e tests start the
 daemon this way). Nothing in ``sidecar/`` imports this module.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import sidecar.kafka.records as records
 
-ENV = "SIDECAR_TEST_READ_FAULT"
+ENV = "TEST_READ_FAULT"  # not SIDECAR_*: the config reads those
 
 
 class _FailingFile:
@@ -87,7 +87,7 @@ def failing_opener(
 
 
 def install_from_env() -> None:
-    """Install the fault described by ``SIDECAR_TEST_READ_FAULT`` (``<path>:<times>``)."""
+    """Install the fault described by ``TEST_READ_FAULT`` (``<path>:<times>``)."""
     spec = os.environ.get(ENV)
     if not spec:
         return
