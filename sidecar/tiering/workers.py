@@ -209,6 +209,7 @@ class TieringEngine:
         self.uploaded = 0
         #: (topic, partition) → (unix time, message) of the last failure; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
+        self._publish_quarantine()  # what the state dir holds, before the first scrape
 
     def poke(self) -> None:
         """A hint that something changed (log dir, cluster, metadata): reconcile soon."""
