@@ -28,7 +28,12 @@ from sidecar.tiering.quarantine import (
     classify,
     read_error_reason,
 )
-from sidecar.tiering.uploader import CorruptSegmentError, _open_segment
+from sidecar.tiering.uploader import (
+    CorruptSegmentError,
+    SegmentChangedError,
+    _check_batches,
+    _open_segment,
+)
 from tests.read_faults import failing_opener
 
 ORDERS = uuid.UUID(int=1)
@@ -126,6 +131,24 @@ class TestUploaderReadErrors:
         assert classify(info.value) is Verdict.UNREADABLE
         opened = _open_segment(scan, segment)  # the next read succeeds
         opened.log.close()
+
+    def test_segment_truncated_under_the_check_is_changed_not_corrupt(self, tmp_path):
+        """A segment the broker truncates while its CRCs are checked is not corrupt: it raises
+        the retriable SegmentChangedError (planned again), and is never quarantined."""
+        batches = [[build_batch([TestRecord(b"k", b"v" * 50)]) for _ in range(3)] for _ in range(2)]
+        scan = scan_partition_dir(write_partition(tmp_path, "orders", 0, batches))
+        assert scan is not None
+        segment = scan.segments[0]
+        size = segment.log_path.stat().st_size
+        with segment.log_path.open("r+b") as f:
+            f.truncate(size - 10)  # inside the last batch
+        with pytest.raises(SegmentChangedError) as info:
+            _check_batches(str(segment.log_path), segment, size)
+        assert classify(info.value) is Verdict.OTHER
+        with segment.log_path.open("r+b") as f:
+            f.truncate(len(batches[0][0]))  # at a batch boundary
+        with pytest.raises(SegmentChangedError):
+            _check_batches(str(segment.log_path), segment, size)
 
 
 class TestBackoff:
