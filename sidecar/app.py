@@ -55,8 +55,9 @@ from sidecar.storage.keys import KeyLayout
 from sidecar.storage.ownership import PrefixOwner, claim_prefix
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
+from sidecar.tiering.quarantine import Quarantine
 from sidecar.tiering.uploader import SegmentUploader
-from sidecar.tiering.workers import EngineSettings, MetadataSync, Quarantine, TieringEngine
+from sidecar.tiering.workers import EngineSettings, MetadataSync, TieringEngine
 
 __all__ = ["Daemon", "run_daemon"]
 
@@ -364,7 +365,7 @@ class Daemon:
                 store=store,
                 selected=cluster.selected,
                 last_errors=dict(engine.last_errors),
-                quarantined=quarantine.offsets,
+                quarantined=quarantine.entries,
             )
             return {
                 "broker_id": broker_id,

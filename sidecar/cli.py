@@ -1,9 +1,9 @@
 """The ``sidecar`` command line: argument parsing and exit codes, nothing else.
 
-Subcommands: ``version``, ``run``, ``config check``, ``inspect``, ``scrub``,
-``delete-partition`` (and more, see ``build_parser``). Each maps a SidecarError to its
-``exit_code`` (ConfigError → 2) and prints one clear line on stderr. Heavy modules are imported
-inside the subcommand that needs them, so ``sidecar --help`` stays fast.
+Subcommands: ``version``, ``run``, ``config check``, ``status``, ``quarantine list|clear``,
+``inspect``, ``scrub``, ``delete-partition`` (and more, see ``build_parser``). Each maps a
+SidecarError to its ``exit_code`` (ConfigError → 2) and prints one clear line on stderr. Heavy
+modules are imported inside the subcommand that needs them, so ``sidecar --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -91,6 +91,37 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--all", action="store_true", help="also partitions not tiered")
     status.add_argument(
         "--url", default=None, help="status URL (default: from metrics.host and metrics.port)"
+    )
+
+    quarantine = sub.add_parser(
+        "quarantine", help="segments with corrupt bytes, which are not tiered: list or clear"
+    )
+    quarantine_sub = quarantine.add_subparsers(
+        dest="quarantine_command", metavar="SUBCOMMAND", required=True
+    )
+    quarantine_list = quarantine_sub.add_parser(
+        "list", help="list the quarantined segments (read from the state dir)"
+    )
+    _add_config_args(quarantine_list)
+    quarantine_list.add_argument("--json", action="store_true", help="print JSON")
+    quarantine_clear = quarantine_sub.add_parser(
+        "clear",
+        help="release quarantined segments: a running sidecar reads and checks them again"
+        " within seconds (still corrupt: quarantined again; otherwise tiered)",
+    )
+    _add_config_args(quarantine_clear)
+    quarantine_clear.add_argument("--topic", required=True)
+    quarantine_clear.add_argument("--partition", type=int, required=True)
+    quarantine_clear.add_argument(
+        "--offset",
+        type=int,
+        default=None,
+        help="only the segment with this base offset (default: every one of the partition)",
+    )
+    quarantine_clear.add_argument(
+        "--topic-id",
+        default=None,
+        help="only entries of this topic id (default: every topic that had this name)",
     )
 
     metadata = sub.add_parser("metadata", help="remote log metadata tools")
@@ -234,6 +265,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_daemon(config)
     if args.command == "status":
         return _status(args)
+    if args.command == "quarantine":
+        from sidecar.tiering import _cli as tiering_cli
+
+        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        if args.quarantine_command == "list":
+            return tiering_cli.quarantine_list_command(config, as_json=args.json, out=sys.stdout)
+        return tiering_cli.quarantine_clear_command(
+            config,
+            topic=args.topic,
+            partition=args.partition,
+            offset=args.offset,
+            topic_id=args.topic_id,
+            out=sys.stdout,
+            err=sys.stderr,
+        )
     if args.command == "metadata":
         from sidecar.metadata_cli import decode_command
 

@@ -12,7 +12,7 @@ The type carries the retry policy (``retriable``); workers decide from the type,
     - IndexFormatError           an offset/time/txn index entry that is malformed or out of range
     - SnapshotFormatError        a producer snapshot with a bad version or CRC
     - CheckpointFormatError      a leader-epoch-checkpoint, partition.metadata or meta.properties
-    - UnreadableFileError        a file that exists but cannot be opened or read (permissions, EIO)
+    - UnreadableFileError (R)    a file that exists but cannot be opened or read (permissions, EIO)
   + SegmentVanishedError         a segment disappeared (deleted by the broker) while we read it
   + StorageError (R)             an object-store call failed
     - KeyNotFoundError           the key does not exist (not retriable)
@@ -106,7 +106,24 @@ class CheckpointFormatError(FormatError):
 
 class UnreadableFileError(FormatError):
     """A log-dir file that exists but cannot be opened or read: permissions, a directory where a
-    file should be, or an I/O error. An operator problem rather than corrupt bytes."""
+    file should be, or an I/O error. An operator problem rather than corrupt bytes: retriable
+    (a disk may answer the next read), and never a reason to quarantine a segment.
+
+    ``errno`` is the ``OSError``'s number when there was one (``errno.EIO``, ``errno.EACCES``).
+    """
+
+    retriable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        position: int | None = None,
+        errno: int | None = None,
+    ):
+        super().__init__(message, path=path, position=position)
+        self.errno = errno
 
 
 class SegmentVanishedError(SidecarError):

@@ -7,13 +7,20 @@ retention deletes from the oldest segment on, so it moves up as segments are del
 (segments, bytes, seconds), leadership, quarantined segments and the last tiering error. Built
 on the event loop from in-memory views plus a few indexed store queries (run in a thread); it
 changes nothing.
+
+Quarantined segments (corrupt bytes, :mod:`sidecar.tiering.quarantine`) are listed by the
+partition's current topic id: ``quarantined`` holds their base offsets, ``quarantined_segments``
+the details, with ``local`` saying whether the segment is still in the log dir (its only copy:
+it was never tiered). The text table lists them below, each with the command that clears it.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,7 @@ from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.tiering.cluster import ClusterView
 from sidecar.tiering.planner import segments_behind
+from sidecar.tiering.quarantine import QuarantineEntry
 from sidecar.tiering.workers import remote_coverage
 
 __all__ = ["partition_status", "render_status"]
@@ -37,7 +45,7 @@ def partition_status(
     store: RemoteSegmentStore,
     selected: Any,
     last_errors: Mapping[tuple[str, int], tuple[float, str]],
-    quarantined: Any,
+    quarantined: Callable[[uuid.UUID, int], Sequence[QuarantineEntry]],
     now_ms: int | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per partition directory, sorted by topic and partition (thread side)."""
@@ -60,7 +68,8 @@ def partition_status(
             "lag_segments": 0,
             "lag_bytes": 0,
             "lag_seconds": 0.0,
-            "quarantined": sorted(quarantined(scan.topic, scan.partition)),
+            "quarantined": [],
+            "quarantined_segments": [],
             "last_error": None,
         }
         if key in last_errors:
@@ -68,6 +77,20 @@ def partition_status(
             row["last_error"] = {"at": at, "message": message}
         if scan.topic_id is not None:
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
+            local = {s.base_offset for s in scan.segments}
+            entries = sorted(quarantined(tip.topic_id, scan.partition), key=lambda e: e.base_offset)
+            row["quarantined"] = [e.base_offset for e in entries]
+            row["quarantined_segments"] = [
+                {
+                    "base_offset": e.base_offset,
+                    "end_offset": e.end_offset,
+                    "bytes": e.size_bytes,
+                    "since_ms": e.since_ms,
+                    "reason": e.reason,
+                    "local": e.base_offset in local,
+                }
+                for e in entries
+            ]
             finished = store.segments(tip, states=_FINISHED)
             row["tiered_segments"] = len(finished)
             row["tiered_bytes"] = sum(m.segment_size_in_bytes for m in finished)
@@ -116,4 +139,32 @@ def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -
         )
     if len(lines) == 1:
         lines.append("(no partition selected for tiering; --all shows every partition)")
+    lines += _quarantine_lines(rows, all_partitions=all_partitions)
     return "\n".join(lines) + "\n"
+
+
+def _quarantine_lines(rows: list[dict[str, Any]], *, all_partitions: bool) -> list[str]:
+    """The quarantined segments below the table, each with the command that clears it."""
+    lines: list[str] = []
+    for row in rows:
+        if not (all_partitions or row["selected"]):
+            continue
+        for q in row.get("quarantined_segments", []):
+            since = datetime.datetime.fromtimestamp(q["since_ms"] / 1000, tz=datetime.UTC)
+            where = "local only" if q["local"] else "gone from the log dir: lost"
+            lines.append(
+                f"  {row['topic']}-{row['partition']} segment {q['base_offset']}.."
+                f"{q['end_offset']} ({q['bytes']} bytes, {where}, since"
+                f" {since:%Y-%m-%dT%H:%M:%SZ}): {q['reason']}"
+            )
+            lines.append(
+                f"    sidecar quarantine clear --topic {row['topic']}"
+                f" --partition {row['partition']} --offset {q['base_offset']}"
+            )
+    if lines:
+        lines.insert(
+            0,
+            "\nQUARANTINED (corrupt bytes, never tiered: the remote log has a gap there; the"
+            " local copy is lost when local retention deletes it)",
+        )
+    return lines

@@ -40,7 +40,9 @@ def unreadable(path: Path | str, exc: OSError, *, position: int = 0) -> Unreadab
     reason = exc.strerror or type(exc).__name__
     if isinstance(exc, IsADirectoryError) or exc.errno == errno.EISDIR:
         reason = "is a directory, not a file"
-    return UnreadableFileError(f"cannot read file: {reason}", path=str(path), position=position)
+    return UnreadableFileError(
+        f"cannot read file: {reason}", path=str(path), position=position, errno=exc.errno
+    )
 
 
 def open_with_deleted_fallback(path: Path) -> tuple[BinaryIO, Path]:

@@ -191,7 +191,23 @@ class Metrics:
         )
         self.quarantined_segments = Gauge(
             "quarantined_segments",
-            "Corrupt local segments that are never uploaded.",
+            "Local segments whose bytes are corrupt (bad CRC or framing): not uploaded until"
+            " cleared with `sidecar quarantine clear`; later segments still tier, leaving a gap.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.quarantined_bytes = Gauge(
+            "quarantined_bytes",
+            "Bytes of the quarantined segments: never tiered, their only copy is local and the"
+            " broker's local retention deletes it.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.segment_read_retries = Counter(
+            "segment_read_retries",
+            "Uploads retried (with backoff) because a local segment file could not be read, by"
+            " reason (the errno, e.g. eio, eacces); such segments are never quarantined.",
+            ["reason"],
             namespace=NAMESPACE,
             registry=r,
         )

@@ -47,7 +47,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sidecar import __version__
-from sidecar.errors import FormatError, SegmentVanishedError, SidecarError
+from sidecar.errors import (
+    FormatError,
+    SegmentVanishedError,
+    SidecarError,
+    UnreadableFileError,
+)
 from sidecar.kafka.checkpoints import decode_kafka_uuid, leader_epoch_checkpoint_for_segment
 from sidecar.kafka.logdir import PartitionScan, Segment, open_segment_file
 from sidecar.kafka.records import iter_batches
@@ -129,18 +134,38 @@ def _read_optional(path: Path | None) -> bytes | None:
 
 
 def _check_batches(fd_path: str, segment: Segment, size: int) -> None:
-    """Every batch parses and has a valid CRC-32C, and the batches fill the file exactly."""
+    """Every batch parses and has a valid CRC-32C, and the batches fill the file exactly.
+
+    Only bytes that were read and found bad are corrupt: a read error is not (it is retried),
+    nor a file that changed size under the walk (the broker truncated it; it is planned again).
+    """
     end = 0
     try:
         for header in iter_batches(Path(fd_path), verify_crc=True, path=str(segment.log_path)):
             end = header.end_position
+    except UnreadableFileError:
+        raise  # the disk failed to read, the bytes may be fine: retried, never quarantined
     except FormatError as exc:
+        _unless_resized(fd_path, segment, size)
         raise CorruptSegmentError(
             f"segment {segment.log_path} is corrupt and will not be uploaded: {exc}"
         ) from exc
     if end != size:
+        _unless_resized(fd_path, segment, size)
         raise CorruptSegmentError(
             f"segment {segment.log_path}: batches end at byte {end} of {size}"
+        )
+
+
+def _unless_resized(fd_path: str, segment: Segment, size: int) -> None:
+    """Raise SegmentChangedError if the open file no longer has ``size`` bytes."""
+    try:
+        now = Path(fd_path).stat().st_size
+    except OSError:
+        return
+    if now != size:
+        raise SegmentChangedError(
+            f"segment {segment.log_path} changed size while it was checked ({size} → {now} bytes)"
         )
 
 

@@ -4,8 +4,11 @@
 upload) and at least once a second: for each partition in the log dirs that is selected for
 tiering and led by this broker on a fresh cluster view, it makes sure the partition's metadata is
 tailed and caught up, then starts a worker if none runs. Errors back off per partition with
-jitter (``retry_now`` cuts the wait short when a dependency is back); a corrupt segment is
-quarantined (and reported) while the other partitions continue.
+jitter (``retry_now`` cuts the wait short when a dependency is back). A segment file that cannot
+be read (EIO, permissions) is retried that way and never quarantined; a segment whose bytes are
+corrupt is quarantined by topic id (:mod:`sidecar.tiering.quarantine`) and planning goes on past
+it. The quarantine file is re-read about once a second, so a ``sidecar quarantine clear`` is
+seen at once: the partition is planned again and the cleared segment is read and checked anew.
 
 Leadership changes (kafka-kip405-internals.md §2.6, §3.3):
 
@@ -34,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import random
 import time
 import uuid
@@ -43,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar._aio import wait_any
-from sidecar.errors import SidecarError
+from sidecar.errors import SidecarError, UnreadableFileError
 from sidecar.kafka.checkpoints import decode_kafka_uuid
-from sidecar.kafka.logdir import PartitionScan
+from sidecar.kafka.logdir import PartitionScan, Segment
 from sidecar.metadata.errors import MetadataTailError
 from sidecar.metadata.events import SegmentMetadata, TopicIdPartition
 from sidecar.metadata.partitioner import metadata_partition
@@ -53,6 +55,7 @@ from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.tiering._backoff import partition_backoff
 from sidecar.tiering.cluster import ClusterWatcher
 from sidecar.tiering.planner import (
     Plan,
@@ -61,9 +64,16 @@ from sidecar.tiering.planner import (
     plan_partition,
     segments_behind,
 )
+from sidecar.tiering.quarantine import (
+    Quarantine,
+    QuarantineEntry,
+    Verdict,
+    classify,
+    read_error_reason,
+)
 from sidecar.tiering.uploader import CorruptSegmentError, SegmentUploader
 
-__all__ = ["MetadataSync", "Quarantine", "TieringEngine", "remote_coverage"]
+__all__ = ["MetadataSync", "TieringEngine", "remote_coverage"]
 
 log = get_logger(__name__)
 
@@ -110,44 +120,6 @@ def remote_coverage(
         floor=store.remote_floor(tip),
         highest=highest,
     )
-
-
-class Quarantine:
-    """Segments that must not be uploaded (corrupt), persisted in the state dir as JSON."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._entries: dict[_PartitionKey, dict[int, str]] = {}
-        try:
-            raw = json.loads(path.read_text())
-            for item in raw.get("segments", []):
-                key = (str(item["topic"]), int(item["partition"]))
-                self._entries.setdefault(key, {})[int(item["base_offset"])] = str(item["reason"])
-        except FileNotFoundError:
-            pass
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("quarantine_file_unreadable", path=str(path), error=str(exc))
-
-    def add(self, topic: str, partition: int, base_offset: int, reason: str) -> None:
-        self._entries.setdefault((topic, partition), {})[base_offset] = reason
-        self._save()
-
-    def offsets(self, topic: str, partition: int) -> frozenset[int]:
-        return frozenset(self._entries.get((topic, partition), {}))
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._entries.values())
-
-    def _save(self) -> None:
-        items = [
-            {"topic": t, "partition": p, "base_offset": b, "reason": r}
-            for (t, p), offsets in sorted(self._entries.items())
-            for b, r in sorted(offsets.items())
-        ]
-        tmp = self._path.with_suffix(".tmp")
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"segments": items}, indent=1))
-        tmp.replace(self._path)
 
 
 @dataclass
@@ -232,9 +204,12 @@ class TieringEngine:
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
+        self._next_quarantine_check = 0.0
+        self._quarantine_task: asyncio.Task[None] | None = None
         self.uploaded = 0
         #: (topic, partition) → (unix time, message) of the last failure; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
+        self._publish_quarantine()  # what the state dir holds, before the first scrape
 
     def poke(self) -> None:
         """A hint that something changed (log dir, cluster, metadata): reconcile soon."""
@@ -343,6 +318,33 @@ class TieringEngine:
             self._tailer.track(new)
         if lag_inputs is not None:
             self._lag_task = tg.create_task(self._update_lag(lag_inputs), name="tiering copy lag")
+        if now >= self._next_quarantine_check and (
+            self._quarantine_task is None or self._quarantine_task.done()
+        ):
+            self._next_quarantine_check = now + self._settings.wake_interval_s
+            self._quarantine_task = tg.create_task(
+                self._reload_quarantine(), name="tiering quarantine reload"
+            )
+
+    async def _reload_quarantine(self) -> None:
+        """Pick up a ``sidecar quarantine clear`` (it rewrites the file): plan every partition
+        again, so a cleared segment is read and checked anew."""
+        try:
+            changed = await asyncio.to_thread(self.quarantine.refresh)
+        except OSError as exc:
+            log.warning("quarantine_reload_failed", error=str(exc))
+            return
+        self._publish_quarantine()
+        if not changed:
+            return
+        log.info("quarantine_reloaded", segments=len(self.quarantine))
+        for worker in self._workers.values():
+            worker.idle_until = 0.0
+        self.poke()
+
+    def _publish_quarantine(self) -> None:
+        self._metrics.quarantined_segments.set(len(self.quarantine))
+        self._metrics.quarantined_bytes.set(self.quarantine.size_bytes)
 
     async def _update_lag(self, inputs: list[_LagInput]) -> None:
         """Copy lag from store queries in a worker thread (never on the event loop)."""
@@ -402,7 +404,6 @@ class TieringEngine:
             self._metrics.copy_lag_bytes.labels(topic).set(lag.bytes)
             seconds = 0.0 if lag.oldest_ms is None else max(0.0, (now_ms - lag.oldest_ms) / 1000)
             self._metrics.copy_lag_seconds.labels(topic).set(seconds)
-        self._metrics.quarantined_segments.set(len(self.quarantine))
 
     def _scan_for(self, key: _PartitionKey) -> PartitionScan | None:
         for scan in self._views().values():
@@ -425,23 +426,36 @@ class TieringEngine:
                 self._repaired.discard(key)  # catch up and repair what the failure left
                 worker = self._workers[key]
                 worker.failures += 1
-                delay = min(
-                    self._settings.backoff_max_s,
-                    self._settings.backoff_initial_s * 2 ** (worker.failures - 1),
+                delay = partition_backoff(
+                    worker.failures,
+                    initial_s=self._settings.backoff_initial_s,
+                    max_s=self._settings.backoff_max_s,
+                    retriable=exc.retriable,
+                    draw=random.random(),  # noqa: S311 - jitter, not cryptography
                 )
-                if not exc.retriable:
-                    delay = self._settings.backoff_max_s
-                delay *= random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
                 worker.retry_at = time.monotonic() + delay
                 self.last_errors[key] = (time.time(), f"{type(exc).__name__}: {exc}")
                 self._metrics.upload_errors.labels(type(exc).__name__).inc()
-                log.warning(
-                    "partition_tiering_failed",
-                    error=str(exc),
-                    error_type=type(exc).__name__,
-                    retry_in_s=round(delay, 2),
-                    attempt=worker.failures,
-                )
+                if classify(exc) is Verdict.UNREADABLE:
+                    # the disk, not the bytes: the same segment is tried again after the wait
+                    reason = read_error_reason(exc)
+                    self._metrics.segment_read_retries.labels(reason).inc()
+                    log.warning(
+                        "segment_read_retry",
+                        reason=reason,
+                        path=getattr(exc, "path", None),
+                        error=str(exc),
+                        retry_in_s=round(delay, 2),
+                        attempt=worker.failures,
+                    )
+                else:
+                    log.warning(
+                        "partition_tiering_failed",
+                        error=str(exc),
+                        error_type=type(exc).__name__,
+                        retry_in_s=round(delay, 2),
+                        attempt=worker.failures,
+                    )
             finally:
                 self.poke()
 
@@ -484,13 +498,18 @@ class TieringEngine:
                         scan, segment, may_continue=functools.partial(self._may_upload, key)
                     )
                 except CorruptSegmentError as exc:
-                    self.quarantine.add(topic, partition, segment.base_offset, str(exc))
-                    self._metrics.quarantined_segments.set(len(self.quarantine))
-                    self._metrics.upload_errors.labels("CorruptSegmentError").inc()
-                    log.error(  # noqa: TRY400 - the error text is the report; no traceback needed
-                        "segment_quarantined", base_offset=segment.base_offset, error=str(exc)
-                    )
-                    return False
+                    if classify(exc) is not Verdict.CORRUPT:
+                        raise  # not proof of corrupt bytes: retried with backoff
+                    await self._quarantine(tip, segment, exc)
+                    continue  # plan on: the segments after it still tier
+                except (TimeoutError, ConnectionError):
+                    raise
+                except OSError as exc:  # a read of the .log during the upload itself failed
+                    raise UnreadableFileError(
+                        f"cannot read file: {exc.strerror or type(exc).__name__}",
+                        path=str(segment.log_path),
+                        errno=exc.errno,
+                    ) from exc
             self.uploaded += 1
             self._metrics.segments_copied.labels(topic).inc()
             self._metrics.bytes_copied.labels(topic).inc(outcome.log_bytes + outcome.index_bytes)
@@ -511,8 +530,36 @@ class TieringEngine:
             scan,
             lso=lso,
             highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
-            quarantined=self.quarantine.offsets(tip.topic, tip.partition),
+            quarantined=self.quarantine.offsets(tip.topic_id, tip.partition),
             coverage=remote_coverage(self._store, scan, tip, lso),
+        )
+
+    async def _quarantine(
+        self, tip: TopicIdPartition, segment: Segment, exc: CorruptSegmentError
+    ) -> None:
+        """Quarantine a segment whose bytes are corrupt (by topic id, persisted) and report it:
+        its data is only local, and lost once the broker's local retention deletes it."""
+        entry = QuarantineEntry(
+            topic_id=tip.topic_id,
+            topic=tip.topic,
+            partition=tip.partition,
+            base_offset=segment.base_offset,
+            end_offset=segment.end_offset,
+            size_bytes=segment.size,
+            reason=str(exc),
+            since_ms=self._settings.clock_ms(),
+        )
+        await asyncio.to_thread(self.quarantine.add, entry)
+        self._publish_quarantine()
+        self._metrics.upload_errors.labels("CorruptSegmentError").inc()
+        log.error(
+            "segment_quarantined",
+            base_offset=segment.base_offset,
+            end_offset=segment.end_offset,
+            bytes=segment.size,
+            error=str(exc),
+            at_risk="not tiered: its only copy is local until local retention deletes it;"
+            " clear with `sidecar quarantine clear`",
         )
 
     async def _catch_up(self, tip: TopicIdPartition) -> None:

@@ -120,12 +120,20 @@ class Sidecar:
 
     @classmethod
     async def start(
-        cls, config: Path, env: dict[str, str], log_path: Path, *, name: str = "sidecar"
+        cls,
+        config: Path,
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        name: str = "sidecar",
+        module: str = "sidecar",
     ) -> Sidecar:
+        """Start ``python -m <module> run --config <config>`` (``module`` may be a test
+        wrapper of the sidecar's CLI, e.g. ``tests.read_faults``)."""
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "sidecar",
+            module,
             "run",
             "--config",
             str(config),

@@ -32,8 +32,9 @@ from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import TestRecord, build_batch, write_partition
 from sidecar.tiering.cluster import ClusterView
+from sidecar.tiering.quarantine import Quarantine
 from sidecar.tiering.uploader import SegmentUploader
-from sidecar.tiering.workers import EngineSettings, Quarantine, TieringEngine
+from sidecar.tiering.workers import EngineSettings, TieringEngine
 
 TOPIC = "orders"
 ME, OTHER = 1, 2

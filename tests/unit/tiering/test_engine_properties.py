@@ -36,8 +36,9 @@ from sidecar.metadata.events import (
     SegmentMetadataUpdate,
 )
 from sidecar.observability.metrics import Metrics
+from sidecar.tiering.quarantine import Quarantine
 from sidecar.tiering.uploader import SegmentUploader
-from sidecar.tiering.workers import EngineSettings, Quarantine, TieringEngine
+from sidecar.tiering.workers import EngineSettings, TieringEngine
 from tests.unit.tiering.test_engine import (
     DELETE_FINISHED,
     DELETE_STARTED,

@@ -1,4 +1,4 @@
-"""What the uploader checks before anything is published: batch CRCs, the files, quarantine."""
+"""What the uploader checks before anything is published: batch CRCs and the files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.storage.manifest import IndexKind
 from sidecar.testing import TestRecord, build_batch, write_partition
 from sidecar.tiering.uploader import CorruptSegmentError, _open_segment
-from sidecar.tiering.workers import Quarantine
 
 
 def _partition(tmp_path: Path):
@@ -54,19 +53,3 @@ class TestOpenSegment:
         path.write_bytes(path.read_bytes() + b"\x00" * 7)
         with pytest.raises(CorruptSegmentError):
             _open_segment(scan, scan.segments[0])
-
-
-class TestQuarantine:
-    def test_persists_across_restarts(self, tmp_path):
-        """Quarantined segments survive a restart (a JSON file in the state dir)."""
-        q = Quarantine(tmp_path / "quarantine.json")
-        q.add("orders", 0, 1024, "bad CRC at byte 70")
-        again = Quarantine(tmp_path / "quarantine.json")
-        assert again.offsets("orders", 0) == {1024}
-        assert again.offsets("orders", 1) == frozenset()
-        assert len(again) == 1
-
-    def test_unreadable_file_starts_empty(self, tmp_path):
-        """A damaged quarantine file is reported and ignored, not fatal."""
-        (tmp_path / "quarantine.json").write_text("{not json")
-        assert len(Quarantine(tmp_path / "quarantine.json")) == 0

@@ -1,0 +1,164 @@
+"""The engine tells unreadable from corrupt: a read error is retried with backoff until the
+segment is FINISHED; corrupt bytes quarantine the segment (by topic id), the segments after it
+still tier, and a clear made by another process (the CLI) is seen and the segment checked again.
+
+The same rig as ``test_engine`` (real uploader and store, in-memory bucket, faked Kafka)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sidecar.kafka.records as records
+from sidecar.tiering.quarantine import Quarantine, QuarantineEntry
+from tests.read_faults import failing_opener
+from tests.unit.tiering.test_engine import Rig
+
+
+@pytest.fixture
+async def rig(tmp_path):
+    rigs: list[Rig] = []
+
+    def make(**settings: Any) -> Rig:
+        rigs.append(Rig(tmp_path, **settings))
+        return rigs[-1]
+
+    yield make
+    for r in rigs:
+        if r.task is not None and not r.task.done():
+            await r.stop()
+        r.store.close()
+
+
+def _metric(r: Rig, name: str, **labels: str) -> float:
+    value = r.metrics.registry.get_sample_value(f"kafka_tiered_sidecar_{name}", labels)
+    return 0.0 if value is None else value
+
+
+def _flip(path: Path, position: int) -> None:
+    """Flip one byte inside a batch's records: its CRC no longer matches (flip again: fixed)."""
+    with path.open("r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _cli_quarantine(r: Rig) -> Quarantine:
+    """What ``sidecar quarantine`` opens: the same file, in another process."""
+    return Quarantine(r.engine.quarantine.path)
+
+
+class TestReadErrors:
+    """A segment file that cannot be read is retried, never quarantined."""
+
+    async def test_transient_eio_is_retried_until_finished(self, rig, monkeypatch):
+        """Two EIOs while the first segment's CRCs are checked: retried with backoff, counted
+        by reason, and every segment ends FINISHED; nothing is quarantined."""
+        r = rig()
+        opener, handed = failing_opener(r.rolled[0].log_path, 2, records.open_with_deleted_fallback)
+        monkeypatch.setattr(records, "open_with_deleted_fallback", opener)
+        r.start()
+        await r.until(r.all_tiered)
+        await r.stop()
+        assert handed() == 2
+        assert len(r.engine.quarantine) == 0
+        assert _metric(r, "segment_read_retries_total", reason="eio") == 2
+        assert _metric(r, "upload_errors_total", kind="UnreadableFileError") == 2
+        assert _metric(r, "upload_errors_total", kind="CorruptSegmentError") == 0
+        assert _metric(r, "quarantined_segments") == 0
+
+    async def test_eio_while_uploading_the_log_is_retried(self, rig, monkeypatch):
+        """An OSError from reading the .log during the upload itself (not the CRC walk) is a
+        read error too: the copy is cleaned up and retried, and the engine keeps running."""
+        r = rig()
+        real = r.objects.put_file
+        failures = iter([OSError(errno.EIO, os.strerror(errno.EIO))])
+
+        async def put_file(key: str, path: Any, **kwargs: Any) -> Any:
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+            return await real(key, path, **kwargs)
+
+        monkeypatch.setattr(r.objects, "put_file", put_file)
+        r.start()
+        await r.until(r.all_tiered)
+        await r.stop()
+        assert _metric(r, "segment_read_retries_total", reason="eio") == 1
+        assert len(r.engine.quarantine) == 0
+        assert set(r.objects.objects) == r.expected_objects()
+
+
+class TestCorruptSegments:
+    """Only bytes proven corrupt quarantine a segment, keyed by topic id."""
+
+    async def test_corrupt_segment_is_quarantined_and_later_segments_tier(self, rig):
+        """A bad CRC in the middle segment quarantines it (by topic id, with the gauges), and
+        the segments before and after it are tiered."""
+        r = rig()
+        bad = r.rolled[1]
+        _flip(bad.log_path, 70)
+        r.start()
+        await r.until(lambda: len(r.finished()) == 2)
+        await r.stop()
+        assert r.finished() == [(s.base_offset, s.end_offset) for s in (r.rolled[0], r.rolled[2])]
+        assert r.engine.quarantine.offsets(r.tip.topic_id, 0) == {bad.base_offset}
+        [entry] = r.engine.quarantine.entries()
+        assert (entry.topic, entry.partition, entry.end_offset) == ("orders", 0, bad.end_offset)
+        assert "corrupt" in entry.reason
+        assert _metric(r, "quarantined_segments") == 1
+        assert _metric(r, "quarantined_bytes") == bad.size
+        assert _metric(r, "segment_read_retries_total", reason="eio") == 0
+
+    async def test_other_topic_id_of_the_same_name_is_not_quarantined(self, rig):
+        """An entry left by an earlier topic of the same name (another id) holds nothing back."""
+        r = rig()
+        r.engine.quarantine.add(
+            QuarantineEntry(
+                topic_id=uuid.uuid4(),
+                topic="orders",
+                partition=0,
+                base_offset=r.rolled[0].base_offset,
+                end_offset=r.rolled[0].end_offset,
+                size_bytes=1,
+                reason="corrupt",
+                since_ms=0,
+            )
+        )
+        r.start()
+        await r.until(r.all_tiered)
+        await r.stop()
+
+    async def test_clear_is_seen_and_the_segment_checked_again(self, rig):
+        """A clear by another process is picked up: still corrupt, the segment is quarantined
+        again; repaired and cleared once more, it is tiered and the gauge drops to 0."""
+        r = rig()
+        bad = r.rolled[-1]
+        _flip(bad.log_path, 70)
+
+        def quarantined(times: int) -> Callable[[], bool]:
+            return lambda: (
+                _metric(r, "upload_errors_total", kind="CorruptSegmentError") == times
+                and r.engine.quarantine.offsets(r.tip.topic_id, 0) == {bad.base_offset}
+            )
+
+        r.start()
+        await r.until(quarantined(1))
+        assert len(r.finished()) == len(r.rolled) - 1
+
+        assert _cli_quarantine(r).clear(topic="orders", partition=0)  # bytes still bad
+        await r.until(quarantined(2))
+
+        _flip(bad.log_path, 70)  # repaired
+        assert _cli_quarantine(r).clear(topic="orders", partition=0, base_offset=bad.base_offset)
+        await r.until(r.all_tiered)
+        await r.until(lambda: _metric(r, "quarantined_segments") == 0)
+        await r.stop()
+        assert len(r.engine.quarantine) == 0
