@@ -6,13 +6,15 @@ the loop (CPU work, blocking I/O) delays all of them at once. :class:`LoopWatchd
 a short interval again and again and measures how much later than asked it wakes up: that delay
 is the longest time the loop could not run anything else during the interval. Every
 measurement goes into ``event_loop_lag_seconds``; one above ``threshold_s`` (100 ms) is also
-logged as ``event_loop_blocked``.
+logged as ``event_loop_blocked``. When it stops, ``event_loop_lag_summary`` logs the count, the
+p99 (as Prometheus' ``histogram_quantile`` computes it from the buckets) and the maximum.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from typing import Final
 
@@ -69,6 +71,29 @@ class LoopWatchdog:
             )
         self.measured.set()
 
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the lags in the histogram, interpolated within its bucket (as
+        Prometheus' ``histogram_quantile``), at most the largest lag measured."""
+        buckets = [
+            (float(sample.labels["le"]), sample.value)
+            for metric in self._histogram.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_bucket")
+        ]
+        total = buckets[-1][1] if buckets else 0.0
+        if not total:
+            return 0.0
+        rank = q * total
+        lower, below = 0.0, 0.0
+        for bound, cumulative in buckets:
+            if cumulative >= rank:
+                if math.isinf(bound) or cumulative == below:
+                    return self.max_lag_s if math.isinf(bound) else min(bound, self.max_lag_s)
+                found = lower + (bound - lower) * (rank - below) / (cumulative - below)
+                return min(found, self.max_lag_s)
+            lower, below = bound, cumulative
+        return self.max_lag_s
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: sleep ``interval_s``, record how late the wake-up was, repeat."""
         stop = asyncio.ensure_future(stopping.wait())
@@ -83,3 +108,10 @@ class LoopWatchdog:
                 self.observe(time.monotonic() - started - self._interval_s)
         finally:
             stop.cancel()
+            log.info(
+                "event_loop_lag_summary",
+                measurements=self.measurements,
+                blocked=self.blocked,
+                p99_seconds=round(self.quantile(0.99), 4),
+                max_seconds=round(self.max_lag_s, 4),
+            )

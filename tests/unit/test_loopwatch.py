@@ -47,6 +47,9 @@ class TestLoopWatchdog:
         assert [e for e in blocked if e["lag_seconds"] >= 0.25]
         assert blocked[0]["log_level"] == "warning"
         assert blocked[0]["threshold_seconds"] == 0.1
+        (summary,) = [e for e in logs if e["event"] == "event_loop_lag_summary"]
+        assert summary["max_seconds"] >= 0.25
+        assert summary["measurements"] == watchdog.measurements
 
     def test_lag_below_the_threshold_is_only_counted(self):
         """Small lags go into the histogram without a log line; timer rounding below zero
@@ -71,6 +74,19 @@ class TestLoopWatchdog:
         stopping.set()
         await task  # an interval of an hour: this returns only because stopping ended it
         assert watchdog.measurements == 0
+
+    def test_quantile_follows_the_buckets(self):
+        """The p99 is interpolated within the bucket that holds it, as Prometheus computes it,
+        and never above the largest lag measured."""
+        watchdog = LoopWatchdog(histogram=Metrics().event_loop_lag)
+        assert watchdog.quantile(0.99) == 0.0
+        for _ in range(99):
+            watchdog.observe(0.0005)
+        watchdog.observe(0.07)
+        assert watchdog.quantile(0.5) == pytest.approx(0.001 * 50 / 99)
+        assert 0.05 < watchdog.quantile(0.995) <= 0.07
+        watchdog.observe(20.0)  # past the last bucket
+        assert watchdog.quantile(1.0) == 20.0
 
     def test_rejects_a_non_positive_interval(self):
         """An interval of zero would spin the loop."""
