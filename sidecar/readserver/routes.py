@@ -613,16 +613,31 @@ async def _raw_pieces(stream: RunStream) -> AsyncGenerator[memoryview, None]:
             yield piece
 
 
-def _record_json(record: Record, leader_epoch: int) -> dict[str, Any]:
-    return {
-        "offset": record.offset,
-        "timestamp": record.timestamp,
-        "timestamp_type": record.timestamp_type.name,
-        "leader_epoch": leader_epoch,
-        "key": _b64(record.key),
-        "value": _b64(record.value),
-        "headers": [{"key": k, "value": _b64(v)} for k, v in record.headers],
-    }
+def _b64_json(data: bytes | None) -> bytes:
+    return b"null" if data is None else b'"' + base64.b64encode(data) + b'"'
+
+
+def _record_json(record: Record, leader_epoch: int) -> bytes:
+    """One record as compact JSON, formatted directly (half the CPU of building a dict for
+    ``json.dumps``; the same bytes): the fields are numbers, enum names and base64, and header
+    keys, the only free text, go through ``json.dumps``."""
+    headers = b",".join(
+        b'{"key":%s,"value":%s}' % (json.dumps(key).encode(), _b64_json(value))
+        for key, value in record.headers
+    )
+    return (
+        b'{"offset":%d,"timestamp":%d,"timestamp_type":"%s","leader_epoch":%d,'
+        b'"key":%s,"value":%s,"headers":[%s]}'
+        % (
+            record.offset,
+            record.timestamp,
+            record.timestamp_type.name.encode(),
+            leader_epoch,
+            _b64_json(record.key),
+            _b64_json(record.value),
+            headers,
+        )
+    )
 
 
 class _JsonEncoder:
@@ -664,7 +679,7 @@ class _JsonEncoder:
                 if record.offset < self.next_offset:
                     continue
                 out.append(self._separator)
-                out.append(json.dumps(_record_json(record, epoch), separators=(",", ":")).encode())
+                out.append(_record_json(record, epoch))
                 self._separator = b","
                 self.next_offset = record.offset + 1
                 self.count += 1
@@ -678,6 +693,12 @@ class _JsonEncoder:
 #: batch bytes handed to one encoding thread hop: bounds a chunk's decoded records and JSON
 #: (zstd at 10:1 makes about 4 MiB of JSON of it) while keeping hops few for small batches
 _JSON_CHUNK_BYTES: Final = 256 * 1024
+#: the threads that decode and encode JSON responses: the work holds the GIL, so more threads
+#: than this take it from the event loop more often without encoding faster, and a pool of its
+#: own keeps them from queueing ahead of the chunk cache's file I/O in the default executor
+_JSON_THREADS: Final = concurrent.futures.ThreadPoolExecutor(
+    max_workers=2, thread_name_prefix="read-json"
+)
 
 
 async def _json_pieces(
@@ -692,6 +713,7 @@ async def _json_pieces(
     aborted transactions are left out (read_committed)."""
     yield memoryview(head + b',"records":[')
     encoder = _JsonEncoder(offset, max_records, committed)
+    loop = asyncio.get_running_loop()
     pending: list[Batch] = []
     size = 0
     async for batch in stream:
@@ -700,14 +722,14 @@ async def _json_pieces(
         pending.append(Batch(batch.header, [memoryview(data)]))
         size += len(data)
         if size >= _JSON_CHUNK_BYTES:
-            out = await asyncio.to_thread(encoder.encode, pending)
+            out = await loop.run_in_executor(_JSON_THREADS, encoder.encode, pending)
             pending, size = [], 0
             if out:
                 yield memoryview(out)
             if encoder.full:
                 break
     if pending and not encoder.full:
-        out = await asyncio.to_thread(encoder.encode, pending)
+        out = await loop.run_in_executor(_JSON_THREADS, encoder.encode, pending)
         if out:
             yield memoryview(out)
     yield memoryview(f'],"next_offset":{encoder.next_offset}}}'.encode())
