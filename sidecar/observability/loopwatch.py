@@ -6,8 +6,12 @@ the loop (CPU work, blocking I/O) delays all of them at once. :class:`LoopWatchd
 a short interval again and again and measures how much later than asked it wakes up: that delay
 is the longest time the loop could not run anything else during the interval. Every
 measurement goes into ``event_loop_lag_seconds``; one above ``threshold_s`` (100 ms) is also
-logged as ``event_loop_blocked``. When it stops, ``event_loop_lag_summary`` logs the count, the
-p99 (as Prometheus' ``histogram_quantile`` computes it from the buckets) and the maximum.
+logged as ``event_loop_blocked``, with the CPU time the loop's thread used in that interval:
+close to the lag, the loop was busy running code; far below it, the thread was waiting (for the
+GIL that worker threads hold, or for a core on a loaded host). When it stops,
+``event_loop_lag_summary`` logs the count, the p99 (as Prometheus' ``histogram_quantile``
+computes it from the buckets), the maximum, and the most CPU the loop's thread used in one
+interval.
 """
 
 from __future__ import annotations
@@ -52,21 +56,25 @@ class LoopWatchdog:
         self._interval_s = interval_s
         self._threshold_s = threshold_s
         self.max_lag_s = 0.0
+        self.max_cpu_s = 0.0
         self.measurements = 0
         self.blocked = 0
         self.measured = asyncio.Event()
 
-    def observe(self, lag_s: float) -> None:
-        """Record one measured lag (negative values, timer rounding, count as zero)."""
+    def observe(self, lag_s: float, cpu_s: float = 0.0) -> None:
+        """Record one measured lag (negative values, timer rounding, count as zero) and the CPU
+        time the loop's thread used in the interval."""
         lag_s = max(0.0, lag_s)
         self._histogram.observe(lag_s)
         self.measurements += 1
         self.max_lag_s = max(self.max_lag_s, lag_s)
+        self.max_cpu_s = max(self.max_cpu_s, cpu_s)
         if lag_s > self._threshold_s:
             self.blocked += 1
             log.warning(
                 "event_loop_blocked",
                 lag_seconds=round(lag_s, 3),
+                loop_cpu_seconds=round(cpu_s, 3),
                 threshold_seconds=self._threshold_s,
             )
         self.measured.set()
@@ -99,13 +107,14 @@ class LoopWatchdog:
         stop = asyncio.ensure_future(stopping.wait())
         try:
             while not stopping.is_set():
-                started = time.monotonic()
+                started, cpu = time.monotonic(), time.thread_time()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._interval_s):
                         await asyncio.shield(stop)
                 if stopping.is_set():
                     break
-                self.observe(time.monotonic() - started - self._interval_s)
+                lag = time.monotonic() - started - self._interval_s
+                self.observe(lag, time.thread_time() - cpu)
         finally:
             stop.cancel()
             log.info(
@@ -114,4 +123,5 @@ class LoopWatchdog:
                 blocked=self.blocked,
                 p99_seconds=round(self.quantile(0.99), 4),
                 max_seconds=round(self.max_lag_s, 4),
+                max_loop_cpu_seconds=round(self.max_cpu_s, 4),
             )

@@ -354,10 +354,6 @@ def _partition_json(tp: TopicIdPartition) -> dict[str, Any]:
     }
 
 
-def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode()
-
-
 # ---------------------------------------------------------------------------------------------
 # handlers
 

@@ -36,7 +36,7 @@ V = TypeVar("V")
 # a burst of events (a roll touches several files) is coalesced into one rescan
 _DEBOUNCE_S = 0.02
 # changed partitions merged (and reported) per event-loop turn
-_MERGE_CHUNK = 200
+_MERGE_CHUNK = 50
 
 
 class _Hints(FileSystemEventHandler):

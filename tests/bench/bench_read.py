@@ -322,11 +322,17 @@ async def json_readers(
     if summary:
         lag = summary[-1]
         p99, worst = float(lag["p99_seconds"]), float(lag["max_seconds"])
+        busy = float(lag.get("max_loop_cpu_seconds", 0.0))
         say(
             f"    server event-loop lag                    p99 {p99 * 1000:.1f} ms, max"
             f" {worst * 1000:.1f} ms over {lag['measurements']} measurements,"
             f" {len(blocked)} blocked > 100 ms   (goal p99 < 100 ms:"
             f" {'met' if p99 < 0.1 else 'NOT met'})"
+        )
+        cpu = ", ".join(f"{e['lag_seconds']}/{e['loop_cpu_seconds']}" for e in blocked[:8])
+        say(
+            f"    loop thread CPU in one 50 ms interval    max {busy * 1000:.1f} ms"
+            f"{'; blocked lag/CPU s: ' + cpu if cpu else ''}"
         )
     else:
         say("    server event-loop lag                    (no event_loop_lag_summary logged)")

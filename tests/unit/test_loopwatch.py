@@ -47,6 +47,8 @@ class TestLoopWatchdog:
         assert [e for e in blocked if e["lag_seconds"] >= 0.25]
         assert blocked[0]["log_level"] == "warning"
         assert blocked[0]["threshold_seconds"] == 0.1
+        # time.sleep holds the loop without using CPU: told apart from a busy loop
+        assert [e for e in blocked if e["loop_cpu_seconds"] < e["lag_seconds"] / 2]
         (summary,) = [e for e in logs if e["event"] == "event_loop_lag_summary"]
         assert summary["max_seconds"] >= 0.25
         assert summary["measurements"] == watchdog.measurements
@@ -87,6 +89,24 @@ class TestLoopWatchdog:
         assert 0.05 < watchdog.quantile(0.995) <= 0.07
         watchdog.observe(20.0)  # past the last bucket
         assert watchdog.quantile(1.0) == 20.0
+
+    async def test_a_busy_loop_shows_its_cpu_time(self):
+        """A loop held by CPU work (not a sleep) logs that CPU time with the lag."""
+        watchdog = LoopWatchdog(histogram=Metrics().event_loop_lag, interval_s=0.02)
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(watchdog.run(stopping))
+            await watchdog.measured.wait()
+            watchdog.measured.clear()
+            spin_until = time.thread_time() + 0.3  # 300 ms of this thread's CPU
+            while time.thread_time() < spin_until:
+                pass
+            await watchdog.measured.wait()
+            stopping.set()
+            await task
+        assert watchdog.max_cpu_s >= 0.25
+        blocked = [e for e in logs if e["event"] == "event_loop_blocked"]
+        assert [e for e in blocked if e["loop_cpu_seconds"] >= 0.25]
 
     def test_rejects_a_non_positive_interval(self):
         """An interval of zero would spin the loop."""
