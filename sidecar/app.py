@@ -12,6 +12,7 @@ Root tasks (each wrapped by :func:`sidecar._aio.guard`; one exiting early stops 
                          when Kafka or S3 comes back it ends the upload workers' backoff
 * ``health server``      serves /metrics, /healthz and /readyz
 * ``read server``        serves tiered reads on the Unix socket (and optional loopback TCP)
+* ``loop watchdog``      measures how long the event loop is held (``event_loop_lag_seconds``)
 
 Outages after startup never end the daemon: the cluster watcher, the metadata tailer and the
 publisher retry Kafka with backoff, uploads retry S3 with backoff, and /readyz, the
@@ -44,6 +45,7 @@ from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.health import HealthServer, Readiness
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
+from sidecar.observability.loopwatch import LoopWatchdog
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import ReadServer
 from sidecar.retention._kafka import RetentionKafka
@@ -98,6 +100,35 @@ def _secrets(config: SidecarConfig) -> list[str]:
     return [v.get_secret_value() for v in values if v is not None]
 
 
+class _LocalTotals:
+    """Partitions, rolled and active segments and ``.log`` bytes over the detector's views,
+    moved by each view that appears or goes; ``segments_visited`` counts the work."""
+
+    def __init__(self) -> None:
+        self.partitions = 0
+        self.rolled = 0
+        self.active = 0
+        self.bytes = 0
+        self.segments_visited = 0
+
+    def _move(self, view: PartitionScan | None, sign: int) -> None:
+        if view is None:
+            return
+        segments = view.segments
+        self.segments_visited += len(segments)
+        self.partitions += sign
+        if segments:
+            self.rolled += sign * (len(segments) - 1)
+            self.active += sign
+        self.bytes += sign * sum(seg.size for seg in segments)
+
+    def add(self, view: PartitionScan | None) -> None:
+        self._move(view, 1)
+
+    def remove(self, view: PartitionScan | None) -> None:
+        self._move(view, -1)
+
+
 class Daemon:
     """The running sidecar: its components and root tasks."""
 
@@ -112,6 +143,7 @@ class Daemon:
         self._infra_stop = asyncio.Event()  # set once the engine has drained
         self._s3_down = False  # the last S3 probe failed (logged once per outage)
         self.engine: TieringEngine | None = None
+        self._gauges = _LocalTotals()  # the local-segment gauges, kept per change
         self.retention: RetentionManager | None = None  # issue 6
         self.detector: LogDirDetector[PartitionScan] = LogDirDetector(
             log_dirs=config.broker.log_dirs,
@@ -120,6 +152,7 @@ class Daemon:
             rescan_interval_s=config.tiering.rescan_interval_s,
             metrics=self.metrics,
         )
+        self.watchdog = LoopWatchdog(histogram=self.metrics.event_loop_lag)
         self.health = HealthServer(
             host=config.metrics.host,
             port=config.metrics.port,
@@ -172,19 +205,22 @@ class Daemon:
                             error_type=type(problem).__name__,
                             error=str(problem),
                         )
-        self._refresh_gauges()
+        self._refresh_gauges(old, new)
         if self.retention is not None:  # lost-segment check (issue 6)
             self.retention.note_change(old, new)
         if self.engine is not None:
             self.engine.poke()
 
-    def _refresh_gauges(self) -> None:
-        views = self.detector.views.values()
-        rolled = sum(len(v.segments) - (1 if v.segments else 0) for v in views)
-        self.metrics.partitions_watched.set(len(views))
-        self.metrics.segments_local.labels("rolled").set(rolled)
-        self.metrics.segments_local.labels("active").set(sum(1 for v in views if v.segments))
-        self.metrics.segments_local_bytes.set(sum(seg.size for v in views for seg in v.segments))
+    def _refresh_gauges(self, old: PartitionScan | None, new: PartitionScan | None) -> None:
+        """Move the local-segment gauges by one partition's change: the work is that
+        partition's segments, not every view's (a first scan reports every partition)."""
+        totals = self._gauges
+        totals.remove(old)
+        totals.add(new)
+        self.metrics.partitions_watched.set(totals.partitions)
+        self.metrics.segments_local.labels("rolled").set(totals.rolled)
+        self.metrics.segments_local.labels("active").set(totals.active)
+        self.metrics.segments_local_bytes.set(totals.bytes)
 
     async def _mark_ready_after_first_scan(self) -> None:
         await self.detector.scanned.wait()
@@ -394,6 +430,8 @@ class Daemon:
                 ("health server", self.health.run(infra)),
                 # tiered reads over the local socket, from the store and the bucket
                 ("read server", read_server.run(infra)),
+                # how long the loop is held: everything above shares it
+                ("loop watchdog", self.watchdog.run(infra)),
             ):
                 tg.create_task(guard(coro, name=name, stopping=infra), name=name)
             tg.create_task(self._mark_ready_after_first_scan(), name="first scan")

@@ -692,6 +692,40 @@ def _chunks(items: Sequence[_T], size: int = 900) -> Iterator[Sequence[_T]]:
         yield items[start : start + size]
 
 
+class _ChangeClock:
+    """Per-partition versions of the store's own commits, and a count of other processes'
+    commits (SQLite's ``data_version`` moved while this process committed nothing)."""
+
+    def __init__(self) -> None:
+        self._clock = 0
+        self._versions: dict[TopicIdPartition, int] = {}
+        self.commits = 0
+        self._data_version: int | None = None
+        self._seen_commits = 0
+        self._external = 0
+
+    def version(self, tp: TopicIdPartition) -> int:
+        return self._versions.get(tp, 0)
+
+    def committed(self, partitions: Iterable[TopicIdPartition]) -> None:
+        """(under the write lock) One commit that applied events of ``partitions``."""
+        self._clock += 1
+        for tp in partitions:
+            self._versions[tp] = self._clock
+        self.commits += 1
+
+    def seen(self, data_version: int, commits: int) -> int:
+        """(under the read lock) The reader's data version now, and this process's commits
+        read before it. A move with no commit of ours since the last call is someone else's
+        (one of ours racing the read counts too: a needless refresh, never a missed one)."""
+        moved = self._data_version is not None and data_version != self._data_version
+        if moved and commits == self._seen_commits:
+            self._external += 1
+        self._data_version = data_version
+        self._seen_commits = commits
+        return self._external
+
+
 class RemoteSegmentStore:
     """The remote segments of every user partition whose metadata partition the sidecar reads.
 
@@ -732,6 +766,7 @@ class RemoteSegmentStore:
         except (sqlite3.Error, OSError) as exc:
             raise MetadataStoreError(f"cannot open the metadata store {self.path}: {exc}") from exc
         self._reader_pids: dict[TopicIdPartition, int] = {}
+        self._changes = _ChangeClock()
 
     @staticmethod
     def _init_schema(db: sqlite3.Connection) -> None:
@@ -839,6 +874,12 @@ class RemoteSegmentStore:
             self._counters = counters
             if consumed:
                 self._consumed.update(consumed)
+            skipped = {r.index for r in rejected}
+            self._changes.committed(
+                event.topic_id_partition
+                for index, event in enumerate(batch)
+                if index not in skipped and not isinstance(event, SegmentMetadataSnapshot)
+            )
             return ApplyResult(applied, tuple(rejected))
 
     def raise_remote_floor(self, tp: TopicIdPartition, offset: int) -> int:
@@ -903,6 +944,24 @@ class RemoteSegmentStore:
         """Applied and dropped events since the store was created."""
         self._check_open()
         return self._counters
+
+    # --- change tracking, for caches of what is derived from one partition's segments
+
+    def partition_version(self, tp: TopicIdPartition) -> int:
+        """A number that changes whenever this store applies an event of ``tp`` (and only
+        then): a cache of something derived from the partition's segments is current while it
+        stays the same. Changes made by another process are :meth:`external_changes`."""
+        return self._changes.version(tp)
+
+    def external_changes(self) -> int:
+        """(blocking) A number that changes when another process (a daemon on the same state
+        dir, for a read server alone) has committed changes since the last call: they may be to
+        any partition."""
+        with self._read_lock, self._translate_errors():
+            self._check_open()
+            commits = self._changes.commits
+            data_version = int(self._reader.execute("PRAGMA data_version").fetchone()[0])
+            return self._changes.seen(data_version, commits)
 
     # --- reading: segments (a read-only connection: committed batches only)
 

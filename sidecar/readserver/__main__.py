@@ -16,11 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar._aio import capture_signals, freeze_startup_heap
+from sidecar._aio import capture_signals, freeze_startup_heap, guard
 from sidecar.config import SidecarConfig, load_config
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import configure_logging, get_logger
+from sidecar.observability.loopwatch import LoopWatchdog
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver.app import ReadServer
 from sidecar.storage import open_store
@@ -35,12 +36,21 @@ async def serve(config: SidecarConfig) -> None:
         store = await asyncio.to_thread(RemoteSegmentStore, config.state_dir)
         try:
             async with open_store(config.s3) as objects:
+                metrics = Metrics()
                 server = ReadServer.from_config(
-                    config, store=store, objects=objects, metrics=Metrics()
+                    config, store=store, objects=objects, metrics=metrics
                 )
+                watchdog = LoopWatchdog(histogram=metrics.event_loop_lag)
                 freezer = asyncio.create_task(_freeze_when_serving(server))
                 try:
-                    await server.run(stopping)
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(
+                            guard(server.run(stopping), name="read server", stopping=stopping)
+                        )
+                        # how long the loop is held (logged above 100 ms)
+                        tg.create_task(
+                            guard(watchdog.run(stopping), name="loop watchdog", stopping=stopping)
+                        )
                 finally:
                     freezer.cancel()
         finally:

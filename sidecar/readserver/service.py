@@ -8,8 +8,10 @@ record batches, read through the disk chunk cache. Kafka's path is
   copies from leader changes left out: no duplicates, no gaps). The lineage is the broker's own
   ``leader-epoch-checkpoint`` when this broker has the partition (the truth, as Kafka uses its
   epoch cache); below its first entry (the broker truncates it as local segments go), and when
-  the broker has no copy, it is derived from the segments' epoch maps. Spans are cached until the
-  store applies an event, and at most ``lineage_ttl_s``.
+  the broker has no copy, it is derived from the segments' epoch maps. A partition's spans are
+  cached until the store applies an event of that partition; every ``lineage_ttl_s`` the
+  broker's checkpoint is read again and the store asked whether another process wrote it (a
+  read server alone), and only a change there computes them again.
 * **Positions**: the manifest (cached) gives each index's byte range in the ``indexes`` object;
   indexes are read through the chunk cache, CRC-32C checked against the manifest, parsed once
   and kept in memory (Kafka's ``RemoteIndexCache``). No manifest: scan from byte 0.
@@ -265,7 +267,11 @@ class _Budget:
 class _Lineage:
     spans: list[SegmentSpan]
     starts: list[int]
-    applied: int
+    #: the store's version of the partition the spans were computed at
+    version: int
+    #: what the store cannot version: the broker's checkpoint, other processes' writes
+    outside: tuple[tuple[EpochEntry, ...] | None, int]
+    #: when ``outside`` was last read
     at: float
 
 
@@ -567,21 +573,39 @@ class ReadService:
         return spans[0].start_offset, spans[-1].end_offset
 
     async def _lineage(self, tp: TopicIdPartition) -> _Lineage:
-        applied = self._applied()
+        version = self._store.partition_version(tp)
         now = time.monotonic()
         cached = self._lineages.get(tp)
-        fresh = cached is not None and now - cached.at < self._lineage_ttl_s
-        if cached is not None and fresh and cached.applied == applied:
-            return cached
-        spans = await asyncio.to_thread(self._compute_spans, tp)
-        lineage = _Lineage(spans, [s.start_offset for s in spans], applied, now)
+        if cached is not None and cached.version == version:
+            if now - cached.at < self._lineage_ttl_s:
+                return cached
+            outside = await asyncio.to_thread(self._outside, tp)
+            if outside == cached.outside and self._store.partition_version(tp) == version:
+                cached.at = now
+                return cached
+        outside, spans = await asyncio.to_thread(self._compute_spans, tp)
+        lineage = _Lineage(spans, [s.start_offset for s in spans], version, outside, now)
         self._lineages[tp] = lineage
         return lineage
 
-    def _compute_spans(self, tp: TopicIdPartition) -> list[SegmentSpan]:
+    def _outside(self, tp: TopicIdPartition) -> tuple[tuple[EpochEntry, ...] | None, int]:
+        """(thread) The broker's checkpoint of ``tp`` and the store's count of other
+        processes' commits."""
+        return self._local_epochs(tp), self._store.external_changes()
+
+    def _compute_spans(
+        self, tp: TopicIdPartition
+    ) -> tuple[tuple[tuple[EpochEntry, ...] | None, int], list[SegmentSpan]]:
+        """(thread) What the spans depend on outside the store, read first (a change while they
+        are computed is seen next time), and the spans."""
+        outside = self._outside(tp)
+        return outside, self._spans_along(tp, outside[0])
+
+    def _spans_along(
+        self, tp: TopicIdPartition, local: tuple[EpochEntry, ...] | None
+    ) -> list[SegmentSpan]:
         """(thread) The derived lineage below the broker's checkpoint, the checkpoint above."""
         derived = self._store.finished_lineage(tp)
-        local = self._local_epochs(tp)
         if not local:
             return derived
         first = local[0].start_offset

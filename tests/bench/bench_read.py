@@ -17,6 +17,11 @@
    walk included: the path before planned responses).
 3. 64 concurrent readers, each on its own partition, cold: errors (must be none), aggregate
    throughput and the slowest reader.
+4. JSON readers: ``--json-readers`` concurrent readers of ``format=json`` (records decoded and
+   encoded by the server), each on its own partition, and one on the sequential partition, on a
+   fresh server (cold cache), while a probe requests ``/v1/version`` every 20 ms (as the
+   kubelet's probe would ask ``/healthz``). The server's event-loop lag comes from its watchdog
+   (``event_loop_lag_summary`` when it stops): p99 and max, goal p99 < 100 ms.
 
 The read server runs as its own process (``python -m sidecar.readserver``), as the daemon's read
 server would, so client and server do not share a core's event loop. Segments are real Kafka
@@ -28,6 +33,7 @@ recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
     .venv/bin/python tests/bench/bench_read.py --mib 64 --runs 1 --readers-mib 1
     .venv/bin/python tests/bench/bench_read.py --cold-only --runs 5 \
         --server-set read_server.prefetch_chunks=4              # part 1, another setting
+    .venv/bin/python tests/bench/bench_read.py --json-only --mib 64 --readers 8   # part 4 only
 
 Everything lives in a ``/tmp/bench-read-*`` directory, removed at the end unless ``--keep``;
 SeaweedFS and the read servers are stopped by PID in a ``finally``.
@@ -39,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import platform
 import random
@@ -116,7 +123,16 @@ async def tier(
 
 
 @contextlib.asynccontextmanager
-async def read_server(root: Path, config: Path, env: dict[str, str], name: str, *settings: str):
+async def read_server(
+    root: Path,
+    config: Path,
+    env: dict[str, str],
+    name: str,
+    *settings: str,
+    logs: list[dict[str, Any]] | None = None,
+):
+    """A read server process on its own socket and cache; with ``logs``, the JSON log lines it
+    wrote after it listened (up to its exit) are added to it."""
     socket = root / f"{name}.sock"
     cache = root / f"cache-{name}"
     shutil.rmtree(cache, ignore_errors=True)
@@ -153,6 +169,12 @@ async def read_server(root: Path, config: Path, env: dict[str, str], name: str, 
             proc.terminate()
         await proc.wait()
         if drain is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(drain), 10)
+            if drain.done() and logs is not None:
+                for line in drain.result().splitlines():
+                    with contextlib.suppress(ValueError):
+                        logs.append(json.loads(line))
             drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await drain
@@ -219,6 +241,106 @@ async def read_partition(
         if tracker.next_offset is None or tracker.next_header != tracker.received:
             raise RuntimeError(f"a truncated response at offset {offset}")
         offset = tracker.next_offset
+
+
+async def read_partition_json(
+    http: aiohttp.ClientSession, topic: str, partition: int, *, max_bytes: int = 8 * MiB
+) -> int:
+    """A sequential consumer of ``format=json``: pages from offset 0 to the end (the next offset
+    from each page's tail); returns the JSON bytes read."""
+    offset = 0
+    total = 0
+    url = f"{BASE}/v1/topics/{topic}/partitions/{partition}/records"
+    while True:
+        params = {"offset": str(offset), "max_bytes": str(max_bytes), "format": "json"}
+        async with http.get(url, params=params) as response:
+            if response.status == 416:
+                await response.read()
+                return total
+            if response.status != 200:
+                raise RuntimeError(f"{response.status}: {await response.text()}")
+            tail = b""
+            async for piece in response.content.iter_chunked(4 * MiB):
+                total += len(piece)
+                tail = (tail + piece[-64:])[-64:]
+        at = tail.rfind(b'"next_offset":')
+        if at < 0 or not tail.endswith(b"}"):
+            raise RuntimeError(f"a truncated JSON response at offset {offset}")
+        following = int(tail[at + len(b'"next_offset":') : -1])
+        if following <= offset:
+            raise RuntimeError(f"no progress at offset {offset}")
+        offset = following
+
+
+async def json_readers(
+    args: argparse.Namespace, root: Path, config: Path, env: dict[str, str]
+) -> None:
+    """Part (4): concurrent JSON readers and a /v1/version probe; the server's loop lag."""
+    logs: list[dict[str, Any]] = []
+    probes: list[float] = []
+    readers = min(args.json_readers, args.readers)
+    async with (
+        read_server(root, config, env, "json", logs=logs) as (socket, _pid),
+        session(socket, limit=readers + 2) as http,
+    ):
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            async with session(socket, limit=1) as own:
+                while not done.is_set():
+                    t0 = time.perf_counter()
+                    async with own.get(f"{BASE}/v1/version") as response:
+                        await response.read()
+                    probes.append(time.perf_counter() - t0)
+                    await asyncio.sleep(0.02)
+
+        async def reader(topic: str, p: int) -> tuple[int, str | None]:
+            try:
+                return await read_partition_json(http, topic, p), None
+            except Exception as exc:  # noqa: BLE001 - counted as an error
+                return 0, repr(exc)
+
+        prober = asyncio.create_task(probe())
+        t0 = time.perf_counter()
+        results = await asyncio.gather(
+            reader("bench", 0), *(reader("readers", p) for p in range(readers))
+        )
+        wall = time.perf_counter() - t0
+        done.set()
+        await prober
+    summary = [e for e in logs if e.get("event") == "event_loop_lag_summary"]
+    blocked = [e for e in logs if e.get("event") == "event_loop_blocked"]
+    errors = [e for _, e in results if e]
+    total = sum(got for got, _ in results)
+    say(
+        f"(4) {readers} JSON readers (one partition each) + one on the {args.mib:.0f} MiB one, cold"
+    )
+    say(f"    errors                                   {len(errors)}{errors[:3] if errors else ''}")
+    say(
+        f"    JSON read                                {mib_s(total, wall)} ({total / MiB:.0f} MiB)"
+    )
+    if summary:
+        lag = summary[-1]
+        p99, worst = float(lag["p99_seconds"]), float(lag["max_seconds"])
+        busy = float(lag.get("max_loop_cpu_seconds", 0.0))
+        say(
+            f"    server event-loop lag                    p99 {p99 * 1000:.1f} ms, max"
+            f" {worst * 1000:.1f} ms over {lag['measurements']} measurements,"
+            f" {len(blocked)} blocked > 100 ms   (goal p99 < 100 ms:"
+            f" {'met' if p99 < 0.1 else 'NOT met'})"
+        )
+        cpu = ", ".join(f"{e['lag_seconds']}/{e['loop_cpu_seconds']}" for e in blocked[:8])
+        say(
+            f"    loop thread CPU in one 50 ms interval    max {busy * 1000:.1f} ms"
+            f"{'; blocked lag/CPU s: ' + cpu if cpu else ''}"
+        )
+    else:
+        say("    server event-loop lag                    (no event_loop_lag_summary logged)")
+    say(
+        f"    /v1/version probe, {len(probes)} requests    p50 {percentile(probes, 0.5) * 1000:.1f}"
+        f" ms, p99 {percentile(probes, 0.99) * 1000:.1f} ms, max {max(probes) * 1000:.1f} ms"
+        " (this client's loop included)"
+    )
 
 
 async def read_ranges(
@@ -401,7 +523,10 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
             "SIDECAR_S3__ACCESS_KEY_ID": s3.access_key,
             "SIDECAR_S3__SECRET_ACCESS_KEY": s3.secret_key,
         }
-        await run_bench(args, root, config, env, objects, keys, size)
+        if not args.json_only:
+            await run_bench(args, root, config, env, objects, keys, size)
+        if not args.cold_only:
+            await json_readers(args, root, config, env)
     finally:
         await objects.aclose()
         store.close()
@@ -549,6 +674,8 @@ def main() -> int:
     parser.add_argument("--ttfb", type=int, default=1000, help="requests for time to first byte")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--cold-only", action="store_true", help="part (1) only")
+    parser.add_argument("--json-only", action="store_true", help="part (4) only")
+    parser.add_argument("--json-readers", type=int, default=16, help="part (4): JSON readers")
     parser.add_argument(
         "--server-set",
         action="append",

@@ -18,8 +18,9 @@
    made right after). Only rolls after the sidecar's first upload count. The sidecar's log
    gives the breakdown (detected, upload started, logged).
 3. CPU-seconds per GiB of the sidecar process in its tiering window (``/proc/<pid>/stat``
-   sampled every 20 ms and interpolated at the window's ends), its idle CPU once caught up, and
-   its peak RSS (``VmHWM``).
+   sampled every 20 ms and interpolated at the window's ends), its idle CPU once caught up, its
+   peak RSS (``VmHWM``), and its event-loop lag over its whole run (startup, tiering, idle:
+   the ``event_loop_lag_summary`` its watchdog logs when it stops; goal p99 < 100 ms).
 
 Run from the repository root (needs java and the Kafka jars, as ``deploy/local/stack.py``):
 
@@ -103,6 +104,31 @@ def percentile(values: list[float], q: float) -> float:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def loop_lag(sidecar: Sidecar) -> dict[str, float]:
+    """The event-loop lag the sidecar's watchdog summarised when it stopped (NaN if it did
+    not): p99 and max in seconds, intervals over 100 ms, the loop thread's most CPU in one."""
+    summary = sidecar.matching("event_loop_lag_summary")
+    if not summary:
+        return {"lag_p99": math.nan, "lag_max": math.nan, "lag_blocked": math.nan}
+    last = summary[-1]
+    return {
+        "lag_p99": float(last["p99_seconds"]),
+        "lag_max": float(last["max_seconds"]),
+        "lag_blocked": float(last["blocked"]),
+        "lag_cpu_max": float(last.get("max_loop_cpu_seconds", math.nan)),
+    }
+
+
+def lag_line(lag: dict[str, float]) -> str:
+    p99 = lag["lag_p99"]
+    return (
+        f"p99 {p99 * 1000:.1f} ms, max {lag['lag_max'] * 1000:.1f} ms,"
+        f" {lag['lag_blocked']:.0f} intervals > 100 ms, loop CPU in one 50 ms interval max"
+        f" {lag.get('lag_cpu_max', math.nan) * 1000:.1f} ms"
+        f" (goal p99 < 100 ms: {'met' if p99 < 0.1 else 'NOT met'})"
+    )
 
 
 def event_time(event: dict[str, Any]) -> float:
@@ -608,6 +634,7 @@ class Bench:
             tiered_bytes = sum(int(e["bytes"]) for e in tiered)
         finally:
             await sidecar.stop()
+        lag = loop_lag(sidecar)
         say(
             f"  sidecar: first upload {t0 - sidecar.started_at:.1f} s after start,"
             f" last event seen {seen - t1:.2f} s after it was logged"
@@ -629,6 +656,7 @@ class Bench:
                 "cpu_net": cpu_window - idle * (t1 - t0),
                 "failures": failures,
                 "upload_s_p50": percentile([float(e["seconds"]) for e in tiered], 0.5),
+                **lag,
             },
         )
 
@@ -950,6 +978,7 @@ class Bench:
             ready_events = sidecar.matching("segment_ready", topic=topic)
             failures = sidecar.failures()
             await sidecar.stop()
+            lag = loop_lag(sidecar)
             poller.join(1.0)
         tiered = {int(e["base_offset"]): e for e in tiered_events}
         ready = {int(e["base_offset"]): event_time(e) for e in ready_events}
@@ -977,7 +1006,13 @@ class Bench:
                     "queued": float(bool(previous) and finished[max(previous)][0] > rolled),
                 }
             )
-        return {"rows": rows, "failures": failures, "topic": topic, "abandoned": abandoned}
+        return {
+            "rows": rows,
+            "failures": failures,
+            "topic": topic,
+            "abandoned": abandoned,
+            "lag": lag,
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1082,6 +1117,8 @@ def report(bench: Bench, results: dict[str, list[Run]], latency: dict[str, Any] 
             + "; failures logged "
             + " ".join(f"{r.extra['failures']:.0f}" for r in sc)
         )
+        for r in sc:
+            out("    event-loop lag, whole run " + lag_line(r.extra))
     if latency is not None:
         rows = latency["rows"]
         out(
@@ -1115,6 +1152,7 @@ def report(bench: Bench, results: dict[str, list[Run]], latency: dict[str, Any] 
             f" {sum(int(r['queued']) for r in rows)}; failures logged: {latency['failures']};"
             f" copies gone after FINISHED: {latency['abandoned']}"
         )
+        out("    event-loop lag, whole run " + lag_line(latency["lag"]))
     return "\n".join(lines)
 
 
