@@ -5,6 +5,8 @@
   everything and the process exits non-zero for Kubernetes or systemd to restart it.
 * :func:`capture_signals`: the first SIGTERM/SIGINT only sets the ``stopping`` event (phased,
   graceful shutdown); a second one cancels the main task at once.
+* :func:`acquire_in_thread`: open a resource (a file, a descriptor) in a worker thread without
+  leaking it when the caller is cancelled while the thread runs.
 """
 
 from __future__ import annotations
@@ -12,16 +14,56 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
-from collections.abc import Coroutine, Iterator
+import threading
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sidecar.errors import SidecarError
 from sidecar.observability.logging import get_logger
 
-__all__ = ["RootTaskExitedError", "capture_signals", "freeze_startup_heap", "guard", "wait_any"]
+__all__ = [
+    "RootTaskExitedError",
+    "acquire_in_thread",
+    "capture_signals",
+    "freeze_startup_heap",
+    "guard",
+    "wait_any",
+]
+
+_T = TypeVar("_T")
 
 log = get_logger(__name__)
+
+
+async def acquire_in_thread(acquire: Callable[[], _T], release: Callable[[_T], None]) -> _T:
+    """``acquire()`` in a worker thread, handing its result to the caller.
+
+    A cancellation cannot stop the thread, and the event loop may be gone by the time it is
+    done: whichever of the thread and the cancelled caller comes second calls ``release`` on the
+    result, so nothing acquired for a caller that went away is leaked.
+    """
+    lock = threading.Lock()
+    abandoned = False
+    handed: list[_T] = []
+
+    def hand_over() -> _T:
+        result = acquire()
+        with lock:
+            if abandoned:
+                release(result)
+            else:
+                handed.append(result)
+        return result
+
+    try:
+        return await asyncio.to_thread(hand_over)
+    except asyncio.CancelledError:
+        with lock:
+            abandoned = True
+            for result in handed:
+                release(result)
+        raise
 
 
 class RootTaskExitedError(SidecarError):

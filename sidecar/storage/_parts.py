@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from sidecar._aio import acquire_in_thread
 from sidecar.errors import InvalidRangeError, TruncatedFileError
 from sidecar.storage._crc import crc32c, crc32c_combine
 from sidecar.storage.base import DEFAULT_PAGE_SIZE, MAX_PARTS, MIN_PART_SIZE
@@ -311,7 +313,9 @@ async def open_parts(
 ) -> AsyncIterator[PartReader]:
     """Open ``path`` for positional reads; its size is taken once, at open."""
     file = Path(path)
-    fd, size = await asyncio.to_thread(_open, file)
+    fd, size = await acquire_in_thread(
+        functools.partial(_open, file), lambda opened: os.close(opened[0])
+    )
     try:
         yield PartReader(file, fd, size, pool)
     finally:

@@ -38,6 +38,7 @@ FINISHED coverage of the lineage, fills whatever hole such a race still leaves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sidecar import __version__
+from sidecar._aio import acquire_in_thread
 from sidecar.errors import (
     FormatError,
     SegmentVanishedError,
@@ -198,22 +200,6 @@ def _open_segment(scan: PartitionScan, segment: Segment) -> _OpenSegment:
     return _OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)
 
 
-async def _open_in_thread(scan: PartitionScan, segment: Segment) -> _OpenSegment:
-    """``_open_segment`` in a worker thread. A cancellation cannot stop the thread: the files it
-    opens anyway are closed when it is done, never leaked."""
-    opening = asyncio.ensure_future(asyncio.to_thread(_open_segment, scan, segment))
-    try:
-        return await asyncio.shield(opening)
-    except asyncio.CancelledError:
-        opening.add_done_callback(_close_opened)
-        raise
-
-
-def _close_opened(opening: asyncio.Future[_OpenSegment]) -> None:
-    if not opening.cancelled() and opening.exception() is None:
-        opening.result().log.close()
-
-
 def _check_still_leader(metadata: SegmentMetadata, may_continue: Callable[[], bool]) -> None:
     """Before FINISHED: a copy whose partition moved away during the upload is abandoned."""
     if not may_continue():
@@ -296,7 +282,9 @@ class SegmentUploader:
             raise SegmentVanishedError(f"{segment.log_path} is the active segment")
         started = time.monotonic()
         tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
-        opened = await _open_in_thread(scan, segment)
+        opened = await acquire_in_thread(
+            functools.partial(_open_segment, scan, segment), lambda o: o.log.close()
+        )
         try:
             metadata = SegmentMetadata(
                 segment_id=RemoteLogSegmentId(tip, uuid.uuid4()),
@@ -341,7 +329,8 @@ class SegmentUploader:
             # From here on FINISHED may be on the topic: the copy is never abandoned.
             await self._finish(metadata)
         finally:
-            await asyncio.to_thread(opened.log.close)
+            # never blocks for a regular file, and must run even when cancelled again
+            opened.log.close()
         return UploadOutcome(metadata, opened.size, index_bytes, time.monotonic() - started)
 
     async def _finish(self, metadata: SegmentMetadata) -> None:

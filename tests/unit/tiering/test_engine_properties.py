@@ -228,8 +228,22 @@ async def _scenario(tmp_path: Path, ops: list[str], phases: list[int], seed: int
         assert r.objects.violations == [], "objects of a FINISHED copy were deleted"
         assert set(r.objects.objects) == r.expected_objects()
         assert [u async for u in r.objects.list_multipart_uploads("t/")] == []
+        assert _open_files(tmp_path / "logs") == [], "segment files left open"
     finally:
         r.store.close()
+
+
+def _open_files(under: Path) -> list[str]:
+    """The files under ``under`` that this process holds open."""
+    found = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = fd.readlink()
+        except OSError:
+            continue
+        if target.is_relative_to(under):
+            found.append(str(target))
+    return found
 
 
 @settings(
