@@ -198,6 +198,10 @@ class RetentionManager:
         await self._check_lost()
         topic_ids = await self._topic_ids()
         partitions = await asyncio.to_thread(self._store.partitions)
+        # topic ids the store no longer holds (their partitions were forgotten) are not tracked
+        stored_ids = {tp.topic_id for tp in partitions}
+        self._gone_since = {i: t for i, t in self._gone_since.items() if i in stored_ids}
+        self._unconfirmed = {i: s for i, s in self._unconfirmed.items() if i in stored_ids}
         candidates: list[TopicIdPartition] = []
         for tp in partitions:
             if stop.is_set():
@@ -326,6 +330,15 @@ class RetentionManager:
         if not ready:
             return
         doomed = {tp: await asyncio.to_thread(self._store.segments, tp) for tp in ready}
+        for tp in [tp for tp, segments in doomed.items() if not segments]:
+            # nothing of it is left: every sidecar drops it from its store
+            if await asyncio.to_thread(self._store.forget_partition, tp):
+                log.info(
+                    "deleted_topic_partition_forgotten",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    topic_id=str(tp.topic_id),
+                )
         count = sum(len(segments) for segments in doomed.values())
         if count == 0:
             return

@@ -20,8 +20,11 @@ from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import PassSummary, RetentionManager
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView, TopicConfig
+from sidecar.tiering.planner import RemoteCoverage
 from tests.unit.retention.test_safety_and_scrub import _scan
 
+# nothing of the partition is remote yet
+NOTHING_TIERED = RemoteCoverage.of((), floor=0, highest=-1)
 # local retention by size just below the partition's size: the oldest segment is at risk
 CONFIG = TopicConfig(retention_ms=-1, retention_bytes=1, remote_storage_enable=True)
 
@@ -55,7 +58,7 @@ def _manager(tmp_path: Path, scans: dict[Path, PartitionScan], metrics: Metrics)
 
 def _warn(manager: Any, scan: PartitionScan) -> list[int]:
     with capture_logs() as logs:
-        manager._check_at_risk(scan, -1, CONFIG, 0, PassSummary(), {})
+        manager._check_at_risk(scan, -1, NOTHING_TIERED, CONFIG, 0, PassSummary(), {})
     return [e["base_offset"] for e in logs if e["event"] == "segment_at_risk"]
 
 
