@@ -431,6 +431,12 @@ class ReadServerConfig(_Section):
     prefetch_chunks: int = Field(
         2, ge=0, le=64, description="chunks fetched ahead of a sequential reader"
     )
+    cache_max_pending_write_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="fetched chunks waiting to be written to the chunk cache (bytes); past it a"
+        " chunk is served from memory and not cached (disk slower than S3)",
+    )
     index_cache_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="memory for remote offset/time indexes and manifests"
     )

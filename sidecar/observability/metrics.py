@@ -358,6 +358,19 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.read_cache_pending_write_bytes = Gauge(
+            "read_cache_pending_write_bytes",
+            "Bytes of fetched chunks waiting to be written to the disk cache.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_writes_skipped = Counter(
+            "read_cache_writes_skipped",
+            "Fetched chunks served from memory only, not written to the disk cache: the writes"
+            " behind already held read_server.cache_max_pending_write_bytes (disk slower than S3).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_fetches = Counter(
             "read_fetches",
             "Ranged GETs of the read path, by kind (demand, prefetch, index) and outcome.",

@@ -8,7 +8,10 @@ import dataclasses
 import uuid
 
 from sidecar.observability.metrics import Metrics
-from tests.unit.tiering.test_engine import OTHER, TOPIC, Rig, rig  # noqa: F401 - fixture
+from tests.unit.tiering import test_engine
+from tests.unit.tiering.test_engine import OTHER, TOPIC, Rig
+
+rig = test_engine.rig  # the engine test's fixture: a partition and an engine for it
 
 
 def _lag(metrics: Metrics) -> float | None:
@@ -33,7 +36,8 @@ async def _tiered_with_state(r: Rig) -> None:
     await r.until(lambda: _lag(r.metrics) == 0)
     key = (TOPIC, 0)
     await r.until(lambda: key in r.engine._workers and r.engine._workers[key].task.done())
-    assert key in r.engine._repaired and key in r.engine._led_since
+    assert key in r.engine._repaired
+    assert key in r.engine._led_since
     # what a failure and a foreign copy waited for leave behind
     r.engine.last_errors[key] = (0.0, "StorageError: S3 down")
     r.engine._waiting_for[uuid.uuid4()] = key
@@ -62,7 +66,8 @@ async def test_a_partition_led_elsewhere_is_forgotten(rig):
     r.cluster.set_leader(OTHER)
     r.engine.poke()
     await r.until(lambda: not r.engine._workers)
-    assert not r.engine._waiting_for and not r.engine.last_errors
+    assert not r.engine._waiting_for
+    assert not r.engine.last_errors
     await r.stop()
 
 
