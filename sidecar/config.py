@@ -142,6 +142,11 @@ class S3Config(_Section):
     )
     max_concurrency: int = Field(2, ge=1, le=64, description="parallel part uploads per segment")
     request_timeout_s: float = Field(30.0, gt=0, description="timeout of one S3 request")
+    checksum_echo: Literal["verify", "refuse"] = Field(
+        "verify",
+        description="an upload answered without its CRC-32C echo: verify = check the stored"
+        " object (HEAD with checksums, else read back its last part), refuse = fail the upload",
+    )
 
 
 ClientValue = str | int | float | bool

@@ -267,6 +267,14 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.s3_unechoed_uploads = Counter(
+            "s3_unechoed_uploads",
+            "Uploads whose response carried no CRC-32C echo, by resolution: verified_head (a HEAD"
+            " returned the checksum), verified_get (the read-back matched), mismatch, refused.",
+            ["resolution"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.s3_request_seconds = Histogram(
             "s3_request_seconds",
             "Time of one S3 request attempt (failed ones too), by operation.",
