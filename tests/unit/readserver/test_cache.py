@@ -150,7 +150,8 @@ class TestChunkCacheEviction:
             assert store.calls["get_range"] == 6
 
     async def test_disk_never_exceeds_the_budget(self, tmp_path):
-        """Many reads of many objects never leave more than max_bytes on disk."""
+        """Many reads of many objects never leave more than max_bytes on disk, and the bytes the
+        cache counts are the bytes on disk once the writes ended."""
         objects = {f"o{i}": os.urandom(3 * CHUNK) for i in range(5)}
         store = await _store(**objects)
         async with _cache(store, tmp_path, max_bytes=5 * CHUNK) as cache:
@@ -159,7 +160,11 @@ class TestChunkCacheEviction:
                     obj = ObjectRef(key, len(body))
                     assert body[index * CHUNK] == (await cache.read(obj, index * CHUNK, 1))[0]
                     assert _disk_bytes(tmp_path) <= 5 * CHUNK
-            assert cache.cached_bytes == 5 * CHUNK
+            # a chunk evicted while its write is in flight counts until the write ends, so how
+            # full the cache ends up depends on the disk's speed; the accounting must not
+            await cache.idle()
+            assert cache.cached_bytes == _disk_bytes(tmp_path) <= 5 * CHUNK
+            assert cache.cached_bytes == cache.cached_chunks * CHUNK > 0
 
     async def test_reopen_keeps_chunks_and_drops_partial_files(self, tmp_path):
         """A reopened cache serves the chunks on disk, removes .tmp leftovers and evicts down to
