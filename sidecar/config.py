@@ -142,6 +142,11 @@ class S3Config(_Section):
     )
     max_concurrency: int = Field(2, ge=1, le=64, description="parallel part uploads per segment")
     request_timeout_s: float = Field(30.0, gt=0, description="timeout of one S3 request")
+    checksum_echo: Literal["verify", "refuse"] = Field(
+        "verify",
+        description="an upload answered without its CRC-32C echo: verify = check the stored"
+        " object (HEAD with checksums, else read back its last part), refuse = fail the upload",
+    )
 
 
 ClientValue = str | int | float | bool
@@ -430,6 +435,12 @@ class ReadServerConfig(_Section):
     )
     prefetch_chunks: int = Field(
         2, ge=0, le=64, description="chunks fetched ahead of a sequential reader"
+    )
+    cache_max_pending_write_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="fetched chunks waiting to be written to the chunk cache (bytes); past it a"
+        " chunk is served from memory and not cached (disk slower than S3)",
     )
     index_cache_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="memory for remote offset/time indexes and manifests"

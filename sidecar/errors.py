@@ -18,6 +18,7 @@ The type carries the retry policy (``retriable``); workers decide from the type,
     - KeyNotFoundError           the key does not exist (not retriable)
     - InvalidRangeError          the byte range is outside the object (not retriable)
     - ChecksumMismatchError      the store rejected or returned data whose checksum did not match
+      . ChecksumNotEchoedError   the store did not echo an upload's checksum and that is refused
     - StorageAccessError         credentials refused, access denied, no bucket (not retriable)
   + MetadataPublishError (R)     publishing to the remote log metadata topic failed
   + StackError                   the local development stack could not be started or stopped
@@ -30,6 +31,7 @@ from typing import ClassVar
 __all__ = [
     "CheckpointFormatError",
     "ChecksumMismatchError",
+    "ChecksumNotEchoedError",
     "ConfigError",
     "CorruptRecordError",
     "FormatError",
@@ -150,6 +152,13 @@ class InvalidRangeError(StorageError):
 
 class ChecksumMismatchError(StorageError):
     """The store rejected our checksum, or returned bytes whose checksum does not match."""
+
+
+class ChecksumNotEchoedError(ChecksumMismatchError):
+    """The store stored an upload without echoing its CRC-32C, and ``s3.checksum_echo`` is
+    ``refuse``: a store that does not echo will not on a retry either (not retriable)."""
+
+    retriable: ClassVar[bool] = False
 
 
 class StorageAccessError(StorageError):

@@ -20,7 +20,11 @@ apply them (kafka-kip405-internals.md §2.6; upstream
 * Kafka's ``unreferencedSegmentIds`` is not stored: for an epoch it is exactly the live segments
   that carry the epoch and are not in its ``offsetToId``, so listing by epoch reads the segments.
 * partition deletes are not validated (as in Kafka); the latest one is kept, and
-  DELETE_PARTITION_FINISHED drops the partition's segments and epoch state.
+  DELETE_PARTITION_FINISHED drops the partition: its segments, epoch state, remote floor, delete
+  marker and the partition row itself (``partitions`` no longer lists it), so the store holds the
+  partitions that exist now. ``forget_partition`` drops a partition left without segments after
+  its topic was deleted (topic deletion goes segment by segment and never finishes a partition
+  delete).
 
 Layout: ``_apply_event`` is the state machine, written against the small ``_StateAccess`` protocol
 and free of SQL; ``_Writer`` implements that protocol over the writer connection with a per-batch
@@ -482,6 +486,7 @@ class _Writer:
         self._dirty_highest: set[tuple[int, int]] = set()
         self._highest_loaded: set[int] = set()  # pids whose epoch_highest rows are all loaded
         self._absent_sids: set[bytes] = set()  # segment ids known to be in no stored segment
+        self.dropped = False  # a partition row was deleted: pid caches must be forgotten
 
     # --- _StateAccess
 
@@ -579,13 +584,19 @@ class _Writer:
     def drop_partition(self, pid: int) -> None:
         self.flush()
         self._forget_values()  # simpler than removing the partition's keys from every cache
-        for table in ("segment", "epoch_entry", "epoch_highest"):
+        for table in ("segment", "epoch_entry", "epoch_highest", "partition_delete"):
             self.db.execute(f"DELETE FROM {table} WHERE pid = ?", (pid,))  # noqa: S608
         self.db.execute(
             "DELETE FROM remote_floor WHERE (topic_id, partition) IN"
             " (SELECT topic_id, partition FROM partition WHERE pid = ?)",
             (pid,),
         )
+        self.db.execute("DELETE FROM partition WHERE pid = ?", (pid,))  # after remote_floor's
+        # the id may be given to the next new partition: no cache may map a partition to it
+        for pids in (self._pids, self._new_pids):
+            for tp in [tp for tp, known in pids.items() if known == pid]:
+                del pids[tp]
+        self.dropped = True
 
     # --- batches
 
@@ -670,6 +681,7 @@ class _Writer:
     def rollback(self) -> None:
         self._pids.clear()  # may hold an id read back inside the rolled-back transaction
         self._new_pids.clear()
+        self.dropped = False
         self._forget_values()
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
@@ -871,6 +883,7 @@ class RemoteSegmentStore:
             except BaseException:
                 writer.rollback()
                 raise
+            self._forget_dropped_pids()
             self._counters = counters
             if consumed:
                 self._consumed.update(consumed)
@@ -881,6 +894,42 @@ class RemoteSegmentStore:
                 if index not in skipped and not isinstance(event, SegmentMetadataSnapshot)
             )
             return ApplyResult(applied, tuple(rejected))
+
+    def forget_partition(self, tp: TopicIdPartition) -> bool:
+        """Drop ``tp`` from the store if nothing of it is left: no segment in any state and no
+        partition delete under way (its topic was deleted and its segments deleted one by one).
+        Returns whether it was dropped. A later event for ``tp`` simply adds it again."""
+        with self._write_lock, self._translate_errors():
+            self._check_open()
+            writer = self._writer
+            writer.begin()
+            try:
+                pid = writer.pid(tp)
+                if pid is None:
+                    writer.rollback()
+                    return False
+                busy = writer.db.execute(
+                    "SELECT EXISTS (SELECT 1 FROM segment WHERE pid = ?)"
+                    " OR EXISTS (SELECT 1 FROM partition_delete WHERE pid = ? AND state <> ?)",
+                    (pid, pid, int(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)),
+                ).fetchone()[0]
+                if busy:
+                    writer.rollback()
+                    return False
+                writer.drop_partition(pid)
+                writer.commit()
+            except BaseException:
+                writer.rollback()
+                raise
+            self._forget_dropped_pids()
+            return True
+
+    def _forget_dropped_pids(self) -> None:
+        """After a commit that deleted partition rows: readers look partition ids up again."""
+        if self._writer.dropped:
+            with self._read_lock:
+                self._reader_pids.clear()
+            self._writer.dropped = False
 
     def raise_remote_floor(self, tp: TopicIdPartition, offset: int) -> int:
         """Record that remote data below ``offset`` of ``tp`` was deleted on purpose (remote

@@ -275,6 +275,14 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.s3_unechoed_uploads = Counter(
+            "s3_unechoed_uploads",
+            "Uploads whose response carried no CRC-32C echo, by resolution: verified_head (a HEAD"
+            " returned the checksum), verified_get (the read-back matched), mismatch, refused.",
+            ["resolution"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.s3_request_seconds = Histogram(
             "s3_request_seconds",
             "Time of one S3 request attempt (failed ones too), by operation.",
@@ -363,6 +371,19 @@ class Metrics:
         self.read_cache_bytes = Gauge(
             "read_cache_bytes",
             "Bytes of chunks in the disk cache.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_pending_write_bytes = Gauge(
+            "read_cache_pending_write_bytes",
+            "Bytes of fetched chunks waiting to be written to the disk cache.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_writes_skipped = Counter(
+            "read_cache_writes_skipped",
+            "Fetched chunks served from memory only, not written to the disk cache: the writes"
+            " behind already held read_server.cache_max_pending_write_bytes (disk slower than S3).",
             namespace=NAMESPACE,
             registry=r,
         )

@@ -142,6 +142,7 @@ class ReadServer:
             readahead_chunks=read.prefetch_chunks,
             fetch_timeout_s=read.fetch_timeout_s,
             max_concurrent_fetches=read.max_concurrent_fetches,
+            max_pending_write_bytes=read.cache_max_pending_write_bytes,
             metrics=metrics,
         )
         service = ReadService(

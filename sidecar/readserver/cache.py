@@ -20,7 +20,9 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   at most ``max_concurrent_fetches`` GETs run at once, and read-ahead takes at most half of them.
 * **memory**: the last ``memory_chunks`` chunks fetched (at least two groups) stay in memory
   too (a sequential reader reads a chunk right after its GET), and a chunk being written is
-  served from memory.
+  served from memory. The writes behind are bounded (``max_pending_write_bytes``): when the disk
+  is slower than S3 and the bound is reached, a fetched chunk is served from memory only and not
+  written (counted in ``read_cache_writes_skipped_total``) rather than queued without limit.
 * **files**: ``<dir>/<ab>/<blake2b(key)>-<chunk size>-<index>.chunk``, written to ``.tmp`` and
   renamed, so a file with the final name is complete. Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
@@ -148,6 +150,7 @@ class ChunkCache:
         max_concurrent_fetches: int = 16,
         memory_chunks: int = 4,
         group_chunks: int | None = None,
+        max_pending_write_bytes: int = 256 * 1024 * 1024,
         metrics: Metrics | None = None,
     ) -> None:
         if chunk_size <= 0:
@@ -160,6 +163,8 @@ class ChunkCache:
             group_chunks = max(1, min(_GROUP_CHUNKS, _GROUP_BYTES // chunk_size))
         if group_chunks < 1:
             raise ValueError(f"group_chunks must be >= 1, not {group_chunks}")
+        if max_pending_write_bytes < 0:
+            raise ValueError(f"max_pending_write_bytes must be >= 0, not {max_pending_write_bytes}")
         self._objects = objects
         self.directory = directory
         self.max_bytes = max_bytes
@@ -190,6 +195,13 @@ class ChunkCache:
         #: evicted while still being written: counted until the writer removes the file
         self._doomed: dict[str, int] = {}
         self._writers: set[asyncio.Task[None]] = set()
+        #: bytes held by the writes in flight, at most ``_max_pending`` (one write always may)
+        self._pending_write_bytes = 0
+        self._max_pending = max_pending_write_bytes
+        #: file opens in worker threads, and those whose caller was cancelled (their fd is
+        #: closed when it arrives)
+        self._opening: set[asyncio.Task[int]] = set()
+        self._unclaimed: set[asyncio.Task[int]] = set()
         #: the write of each chunk's current copy (a forgotten or evicted copy's write never
         #: becomes the chunk's file, whatever order the writes end in)
         self._write_tags: dict[str, int] = {}
@@ -222,7 +234,7 @@ class ChunkCache:
         gets = list(self._gets)
         for task in gets:
             task.cancel()
-        await asyncio.gather(*gets, *self._writers, return_exceptions=True)
+        await asyncio.gather(*gets, *self._writers, *self._opening, return_exceptions=True)
         for future in list(self._inflight.values()):
             future.cancel()
 
@@ -270,9 +282,13 @@ class ChunkCache:
 
     async def idle(self) -> None:
         """Wait until no GET is in flight (read-ahead included); for tests and benchmarks."""
-        while self._gets or self._inflight or self._writers:
+        while self._gets or self._inflight or self._writers or self._opening:
             await asyncio.gather(
-                *self._gets, *self._inflight.values(), *self._writers, return_exceptions=True
+                *self._gets,
+                *self._inflight.values(),
+                *self._writers,
+                *self._opening,
+                return_exceptions=True,
             )
 
     def copy_id(self, obj: ObjectRef, index: int) -> int | None:
@@ -302,7 +318,7 @@ class ChunkCache:
         if memory is not None:
             return memory
         try:
-            fd = await asyncio.to_thread(os.open, self._path(name), os.O_RDONLY)
+            fd = await self._open_file(self._path(name))
         except FileNotFoundError:
             self._forget(name)
             return None
@@ -311,6 +327,28 @@ class ChunkCache:
             return None
         self._count("hit")
         return fd
+
+    async def _open_file(self, path: Path) -> int:
+        """``os.open`` in a worker thread. The thread cannot be stopped: if the caller is
+        cancelled meanwhile, the fd it opens is closed when it arrives instead of leaking."""
+        opening = asyncio.create_task(asyncio.to_thread(os.open, path, os.O_RDONLY))
+        self._opening.add(opening)
+        opening.add_done_callback(self._opened)
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            self._unclaimed.add(opening)
+            if opening.done():  # its callback may have run already: close it here
+                self._opened(opening)
+            raise
+
+    def _opened(self, opening: asyncio.Task[int]) -> None:
+        """An open ended: one whose caller was cancelled gets its fd closed here."""
+        if opening in self._unclaimed:
+            self._unclaimed.discard(opening)
+            if not opening.cancelled() and opening.exception() is None:
+                os.close(opening.result())
+        self._opening.discard(opening)
 
     def _name(self, key: str, index: int) -> str:
         return _chunk_name(key, self.chunk_size, index)
@@ -536,14 +574,19 @@ class ChunkCache:
         return chunks
 
     def _keep(self, name: str, data: _Chunk) -> None:
-        """A chunk just fetched: served from memory at once, written to disk behind."""
+        """A chunk just fetched: served from memory at once, written to disk behind (unless the
+        writes behind already hold ``max_pending_write_bytes``: then from memory only)."""
+        if self._writers and self._pending_write_bytes + len(data) > self._max_pending:
+            # the disk is behind: queueing more would hold fetched bytes without bound
+            self._forget(name)
+            self._remember(name, data)
+            if self._metrics is not None:
+                self._metrics.read_cache_writes_skipped.inc()
+            return
         # waiters get the bytes now; the disk write runs behind, served from memory
         # in the LRU order from now (reads come from memory until the file is written)
         self._writing[name] = data
-        if self._memory_chunks:
-            self._recent[name] = data
-            while len(self._recent) > self._memory_chunks:
-                self._recent.popitem(last=False)
+        self._remember(name, data)
         self._make_room(len(data))
         self._copies.pop(name, None)  # a new copy
         self._lru[name] = len(data)
@@ -551,11 +594,27 @@ class ChunkCache:
         self._gauge()
         self._next_tag += 1
         self._write_tags[name] = self._next_tag
+        self._pending_write_bytes += len(data)
+        self._gauge_pending()
         writer = asyncio.create_task(self._store(name, data, self._next_tag), name=f"write {name}")
         self._writers.add(writer)
         writer.add_done_callback(self._writers.discard)
 
+    def _remember(self, name: str, data: _Chunk) -> None:
+        """Keep ``data`` among the last ``memory_chunks`` chunks fetched."""
+        if self._memory_chunks:
+            self._recent[name] = data
+            while len(self._recent) > self._memory_chunks:
+                self._recent.popitem(last=False)
+
     async def _store(self, name: str, data: _Chunk, tag: int) -> None:
+        try:
+            await self._write(name, data, tag)
+        finally:
+            self._pending_write_bytes -= len(data)
+            self._gauge_pending()
+
+    async def _write(self, name: str, data: _Chunk, tag: int) -> None:
         path = self._path(name)
         current = False
         try:
@@ -634,6 +693,10 @@ class ChunkCache:
     def _gauge(self) -> None:
         if self._metrics is not None:
             self._metrics.read_cache_bytes.set(self._bytes)
+
+    def _gauge_pending(self) -> None:
+        if self._metrics is not None:
+            self._metrics.read_cache_pending_write_bytes.set(self._pending_write_bytes)
 
 
 class MemoryCache(Generic[K, V]):

@@ -156,7 +156,10 @@ class RetentionManager:
         #: the last unconfirming answer logged per topic id (logged again when it changes)
         self._unconfirmed: dict[uuid.UUID, TopicIdState] = {}
         self._removed: list[tuple[PartitionScan, PartitionScan | None]] = []
-        self._warned_at_risk: set[tuple[str, int, int]] = set()
+        # (topic, partition) -> base offsets already warned about; pruned every pass to the
+        # partitions and segments in the log dir now (see _prune_warned)
+        self._warned_at_risk: dict[tuple[str, int], set[int]] = {}
+        self._at_risk_topics: set[str] = set()
         self._next_scrub_at = 0.0
         self.passes = 0
 
@@ -195,6 +198,10 @@ class RetentionManager:
         await self._check_lost()
         topic_ids = await self._topic_ids()
         partitions = await asyncio.to_thread(self._store.partitions)
+        # topic ids the store no longer holds (their partitions were forgotten) are not tracked
+        stored_ids = {tp.topic_id for tp in partitions}
+        self._gone_since = {i: t for i, t in self._gone_since.items() if i in stored_ids}
+        self._unconfirmed = {i: s for i, s in self._unconfirmed.items() if i in stored_ids}
         candidates: list[TopicIdPartition] = []
         for tp in partitions:
             if stop.is_set():
@@ -323,6 +330,15 @@ class RetentionManager:
         if not ready:
             return
         doomed = {tp: await asyncio.to_thread(self._store.segments, tp) for tp in ready}
+        for tp in [tp for tp, segments in doomed.items() if not segments]:
+            # nothing of it is left: every sidecar drops it from its store
+            if await asyncio.to_thread(self._store.forget_partition, tp):
+                log.info(
+                    "deleted_topic_partition_forgotten",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    topic_id=str(tp.topic_id),
+                )
         count = sum(len(segments) for segments in doomed.values())
         if count == 0:
             return
@@ -404,7 +420,9 @@ class RetentionManager:
         view = self._cluster.view
         led: list[tuple[PartitionScan, TopicIdPartition]] = []
         at_risk: dict[str, int] = {}
-        for scan in self._views().values():
+        scans = self._views()
+        self._prune_warned(scans.values())
+        for scan in scans.values():
             if scan.topic_id is None or not self._cluster.selected(scan.topic):
                 continue
             at_risk.setdefault(scan.topic, 0)
@@ -520,10 +538,10 @@ class RetentionManager:
         at_risk[scan.topic] = at_risk.get(scan.topic, 0) + len(risky)
         summary.at_risk += len(risky)
         for segment in risky:
-            key = (scan.topic, scan.partition, segment.base_offset)
-            if key in self._warned_at_risk:
+            warned = self._warned_at_risk.setdefault((scan.topic, scan.partition), set())
+            if segment.base_offset in warned:
                 continue
-            self._warned_at_risk.add(key)
+            warned.add(segment.base_offset)
             log.warning(
                 "segment_at_risk",
                 base_offset=segment.base_offset,
@@ -532,9 +550,27 @@ class RetentionManager:
                 local_retention_bytes=retention.bytes,
             )
 
+    def _prune_warned(self, scans: Iterable[PartitionScan]) -> None:
+        """Forget warnings for partitions and segments no longer in the log dir, so the memory
+        follows the partitions present now (topics deleted or moved away, segments deleted)."""
+        present = {(s.topic, s.partition): s for s in scans}
+        for key in list(self._warned_at_risk):
+            scan = present.get(key)
+            if scan is None:
+                del self._warned_at_risk[key]
+                continue
+            warned = self._warned_at_risk[key]
+            warned &= {s.base_offset for s in scan.segments}
+            if not warned:
+                del self._warned_at_risk[key]
+
     def _publish_at_risk(self, at_risk: Mapping[str, int]) -> None:
         for topic, count in at_risk.items():
             self._metrics.segments_at_risk.labels(topic).set(count)
+        # a topic no longer in the log dir (deleted, moved away) drops its series
+        for topic in self._at_risk_topics - at_risk.keys():
+            self._metrics.segments_at_risk.remove(topic)
+        self._at_risk_topics = set(at_risk)
 
     async def _check_lost(self) -> None:
         removed, self._removed = self._removed, []

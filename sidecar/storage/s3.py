@@ -1,11 +1,18 @@
 """The S3 backend of :class:`~sidecar.storage.base.ObjectStore`, on aiobotocore.
 
-* Integrity: every upload carries a CRC-32C we compute (``x-amz-checksum-crc32c``), which the
-  store verifies; botocore adds no checksum of its own (``when_required``), and by default the
-  payload is not SHA-256 signed either (the signed checksum header protects it for a fraction
-  of the CPU). Each part's echoed checksum and the multipart object's composite checksum
-  (CRC-32C of the part CRCs, ``-N``) are compared with ours; the whole-file CRC-32C we return is
-  combined from the part CRCs. Full-object checksums returned by ``get`` are verified.
+* Integrity: every upload carries a CRC-32C we compute (``x-amz-checksum-crc32c``), which a
+  store that supports it verifies; botocore adds no checksum of its own (``when_required``), and
+  by default the payload is not SHA-256 signed either (the signed checksum header protects it
+  for a fraction of the CPU). Each part's echoed checksum and the multipart object's composite
+  checksum (CRC-32C of the part CRCs, ``-N``) are compared with ours; the whole-file CRC-32C we
+  return is combined from the part CRCs. Full-object checksums returned by ``get`` are verified.
+  A store may store an upload without echoing the checksum (it may not have checked it at all).
+  Then ``checksum_echo`` decides: ``"verify"`` (default) asks for the stored object's checksum
+  with a HEAD (``ChecksumMode=ENABLED``) and, when that has none either, checks the stored size
+  and reads back the last part (a single PUT: the whole object) to compare its CRC-32C, so a
+  multipart upload's earlier parts are then covered only by the size and the transport's own
+  checks; ``"refuse"`` fails the upload (:class:`~sidecar.errors.ChecksumNotEchoedError`) and
+  deletes what was stored. Each case is counted in ``s3_unechoed_uploads_total``.
 * Errors are translated here and nowhere else, always ``from`` the original: see
   :mod:`sidecar.storage.base`. Messages name the operation and the key, never a credential.
 * Every request attempt has a timeout; transient failures are retried by the one policy in
@@ -31,7 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -49,6 +56,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from sidecar.errors import (
     ChecksumMismatchError,
+    ChecksumNotEchoedError,
     InvalidRangeError,
     KeyNotFoundError,
     StorageAccessError,
@@ -81,7 +89,10 @@ from sidecar.storage.base import (
     ObjectInfo,
 )
 
-__all__ = ["S3ObjectStore", "S3Settings"]
+__all__ = ["ChecksumEcho", "S3ObjectStore", "S3Settings"]
+
+#: what to do with an upload the store answered without its CRC-32C echo (see the docstring)
+ChecksumEcho = Literal["verify", "refuse"]
 
 T = TypeVar("T")
 
@@ -153,6 +164,8 @@ class S3Settings(Protocol):
     def request_timeout_s(self) -> float: ...
     @property
     def max_concurrency(self) -> int: ...
+    @property
+    def checksum_echo(self) -> ChecksumEcho: ...
 
 
 class _State(enum.Enum):
@@ -283,11 +296,15 @@ class S3ObjectStore:
         max_backoff_s: float = 5.0,
         max_connections: int = 32,
         sign_payload: bool = False,
+        checksum_echo: ChecksumEcho = "verify",
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         metrics: Metrics | None = None,
     ) -> None:
         if request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
+        if checksum_echo not in ("verify", "refuse"):
+            raise ValueError(f"checksum_echo must be 'verify' or 'refuse', not {checksum_echo!r}")
+        self._checksum_echo = checksum_echo
         self._bucket = bucket
         self._endpoint_url = endpoint_url
         self._timeout_s = request_timeout_s
@@ -347,6 +364,7 @@ class S3ObjectStore:
             "path_style": config.path_style,
             "request_timeout_s": config.request_timeout_s,
             "max_connections": max(32, 2 * config.max_concurrency),
+            "checksum_echo": config.checksum_echo,
         }
         arguments.update(overrides)
         return cls(**arguments)
@@ -494,7 +512,9 @@ class S3ObjectStore:
 
         response = await self._call("put", key, request)
         returned = response.get("ChecksumCRC32C")
-        if returned is not None and returned != checksum:
+        if returned is None:
+            await self._unechoed(key, size, whole=crc, parts=[(0, size, crc)])
+        elif returned != checksum:
             raise ChecksumMismatchError(
                 f"{self._where('put', key)}: the store answered CRC-32C {returned}, "
                 f"we sent {checksum}"
@@ -548,7 +568,15 @@ class S3ObjectStore:
                 raise
         whole = combine_parts([(p.crc32c, p.length) for p in uploaded])
         returned = response.get("ChecksumCRC32C")
-        if returned is not None:
+        if returned is None:
+            offsets = {p.number: p.offset for p in parts}
+            await self._unechoed(
+                key,
+                reader.size,
+                whole=whole,
+                parts=[(offsets[p.number], p.length, p.crc32c) for p in uploaded],
+            )
+        else:
             matches = (
                 returned == composite_checksum(p.crc32c for p in uploaded)
                 if "-" in returned
@@ -621,6 +649,13 @@ class S3ObjectStore:
 
         response = await self._call("upload_part", key, request)
         returned = response.get("ChecksumCRC32C")
+        if returned is None and self._checksum_echo == "refuse":
+            self._count_unechoed("refused")
+            raise ChecksumNotEchoedError(
+                f"{self._where('upload_part', key)}: part {number}: the store did not echo its "
+                "CRC-32C (s3.checksum_echo = refuse)"
+            )
+        # None otherwise: the completed object is verified (see _unechoed)
         if returned is not None and returned != checksum:
             raise ChecksumMismatchError(
                 f"{self._where('upload_part', key)}: part {number}: the store answered CRC-32C "
@@ -630,6 +665,47 @@ class S3ObjectStore:
         if etag is None:
             raise StorageError(f"{self._where('upload_part', key)}: part {number} has no ETag")
         return etag
+
+    async def _unechoed(
+        self, key: str, size: int, *, whole: int, parts: Sequence[tuple[int, int, int]]
+    ) -> None:
+        """The store answered an upload of ``size`` bytes (CRC-32C ``whole``; ``parts`` are its
+        (offset, length, CRC-32C), one for a single PUT) without echoing the checksum: refuse it,
+        or verify the stored object (module docstring). A failure deletes the object."""
+        where = self._where("put", key)
+        if self._checksum_echo == "refuse":
+            self._count_unechoed("refused")
+            await self._delete_quietly(key)
+            raise ChecksumNotEchoedError(
+                f"{where}: the store did not echo the upload's CRC-32C (s3.checksum_echo = refuse)"
+            )
+        head = await self._request("head", key, "head_object", Key=key, ChecksumMode="ENABLED")
+        stored = head.get("ChecksumCRC32C")
+        problem: str | None = None
+        if int(head["ContentLength"]) != size:
+            problem = f"the stored object has {head['ContentLength']} bytes, we sent {size}"
+        elif stored is not None:
+            expected = (
+                composite_checksum(crc for _, _, crc in parts)
+                if "-" in stored
+                else encode_checksum(whole)
+            )
+            if stored != expected:
+                problem = f"the stored object's CRC-32C is {stored}, ours {expected}"
+        elif size > 0:
+            offset, length, crc = parts[-1]
+            body = await self.get_range(key, offset, offset + length - 1)
+            if await crc32c_off_loop(body) != crc:
+                problem = f"bytes {offset}-{offset + length - 1} read back do not match our CRC-32C"
+        if problem is not None:
+            self._count_unechoed("mismatch")
+            await self._delete_quietly(key)
+            raise ChecksumMismatchError(f"{where}: no CRC-32C echo, and {problem}")
+        self._count_unechoed("verified_get" if stored is None and size > 0 else "verified_head")
+
+    def _count_unechoed(self, resolution: str) -> None:
+        if self._metrics is not None:
+            self._metrics.s3_unechoed_uploads.labels(resolution).inc()
 
     async def _abort_quietly(self, key: str, upload_id: str) -> None:
         try:

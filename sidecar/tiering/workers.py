@@ -200,12 +200,14 @@ class TieringEngine:
         self._workers: dict[_PartitionKey, _Worker] = {}
         self._repaired: set[_PartitionKey] = set()
         self._led_since: dict[_PartitionKey, float] = {}  # monotonic time leadership was seen
-        self._waiting_for: set[uuid.UUID] = set()  # foreign copies already reported
+        # foreign copies already reported → their partition
+        self._waiting_for: dict[uuid.UUID, _PartitionKey] = {}
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
         self._next_quarantine_check = 0.0
         self._quarantine_task: asyncio.Task[None] | None = None
+        self._lag_topics: set[str] = set()  # topics with copy-lag series
         self.uploaded = 0
         #: (topic, partition) → (unix time, message) of the last failure; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
@@ -277,9 +279,12 @@ class TieringEngine:
             lag_inputs = []  # copy lag costs store queries: not on every wake-up
             self._next_lag_at = now + self._settings.lag_interval_s
         tracked: set[int] = set()
+        kept: set[_PartitionKey] = set()  # partitions whose per-partition state is kept
         for scan in self._views().values():
             if scan.topic_id is None or not self._cluster.selected(scan.topic):
                 continue
+            if view.may_upload(scan.topic, scan.partition) or not view.fresh:
+                kept.add((scan.topic, scan.partition))
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             mp = metadata_partition(tip, self._settings.num_metadata_partitions)
             tracked.add(mp)  # followers read their partitions' metadata too, as Kafka's do
@@ -313,6 +318,7 @@ class TieringEngine:
             retry_at = worker.retry_at if worker is not None else 0.0
             task = tg.create_task(self._work(key), name=f"tiering {scan.topic}-{scan.partition}")
             self._workers[key] = _Worker(task, failures, retry_at, scan=scan, lso=lso)
+        self._forget_except(kept)
         new = tracked - set(self._tailer.tracked)
         if new:
             self._tailer.track(new)
@@ -361,6 +367,19 @@ class TieringEngine:
             self._account_lag(lag_by_topic, scan, tip, lso)
         return lag_by_topic
 
+    def _forget_except(self, kept: set[_PartitionKey]) -> None:
+        """Drop the state of partitions that left the log dir, are no longer selected, or are
+        led by another broker (a fresh view says so), once their worker has ended: the maps
+        follow the partitions present now. A stale view forgets nothing (backoffs survive it)."""
+        for key in [k for k, w in self._workers.items() if k not in kept and w.task.done()]:
+            del self._workers[key]
+        for key in [k for k in self.last_errors if k not in kept]:
+            del self.last_errors[key]
+        running = self._workers.keys()
+        self._repaired = {k for k in self._repaired if k in kept or k in running}
+        self._led_since = {k: t for k, t in self._led_since.items() if k in kept}
+        self._waiting_for = {i: k for i, k in self._waiting_for.items() if k in kept}
+
     def _lost(self, key: _PartitionKey, worker: _Worker | None, *, stale: bool) -> None:
         """This broker does not (or cannot tell that it does) lead the partition any more."""
         self._repaired.discard(key)  # catch up and repair again when leadership comes back
@@ -404,6 +423,15 @@ class TieringEngine:
             self._metrics.copy_lag_bytes.labels(topic).set(lag.bytes)
             seconds = 0.0 if lag.oldest_ms is None else max(0.0, (now_ms - lag.oldest_ms) / 1000)
             self._metrics.copy_lag_seconds.labels(topic).set(seconds)
+        # a topic this broker no longer tiers (deleted, led elsewhere) drops its series
+        for topic in self._lag_topics - lag_by_topic.keys():
+            for gauge in (
+                self._metrics.copy_lag_segments,
+                self._metrics.copy_lag_bytes,
+                self._metrics.copy_lag_seconds,
+            ):
+                gauge.remove(topic)
+        self._lag_topics = set(lag_by_topic)
 
     def _scan_for(self, key: _PartitionKey) -> PartitionScan | None:
         for scan in self._views().values():
@@ -594,13 +622,17 @@ class TieringEngine:
             >= self._led_since.get(key, time.monotonic()) + self._settings.foreign_copy_grace_s
         )
         pending = False
-        for metadata in await asyncio.to_thread(self._store.unfinished_copies, tip):
+        unfinished = await asyncio.to_thread(self._store.unfinished_copies, tip)
+        ids = {m.segment_id.id for m in unfinished}
+        for gone in [i for i, k in self._waiting_for.items() if k == key and i not in ids]:
+            del self._waiting_for[gone]  # finished or deleted by its owner
+        for metadata in unfinished:
             if self._owned(metadata):
                 continue  # ours: repaired above, or in flight in this very worker
             if not grace_over:
                 pending = True
                 if metadata.segment_id.id not in self._waiting_for:
-                    self._waiting_for.add(metadata.segment_id.id)
+                    self._waiting_for[metadata.segment_id.id] = key
                     log.info(
                         "waiting_for_foreign_copy",
                         segment_id=str(metadata.segment_id.id),
@@ -626,7 +658,7 @@ class TieringEngine:
             start_offset=metadata.start_offset,
         )
         deleted = await self._uploader.delete_segment(metadata, unfinished=True)
-        self._waiting_for.discard(metadata.segment_id.id)
+        self._waiting_for.pop(metadata.segment_id.id, None)
         if deleted:
             self._metrics.repairs.labels(kind).inc()
 

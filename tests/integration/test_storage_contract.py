@@ -449,3 +449,117 @@ class TestS3Failures:
                 assert access_key not in message
                 assert secret not in message
                 assert s3.secret_key not in message
+
+
+def _strip_echoes(store: S3ObjectStore, client: Any, *methods: str) -> list[str]:
+    """Make ``methods`` of the real client answer as a store that does not echo checksums
+    (the request still goes to SeaweedFS); returns the methods that had an echo removed."""
+    stripped: list[str] = []
+    for method in methods:
+        original = getattr(client, method)
+
+        async def without_echo(*args: Any, _original: Any = original, **params: Any) -> Any:
+            response = await _original(*args, **params)
+            if response.pop("ChecksumCRC32C", None) is not None:
+                stripped.append(_original.__name__)
+            return response
+
+        setattr(client, method, without_echo)
+    return stripped
+
+
+def _unechoed(metrics: Any, resolution: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "kafka_tiered_sidecar_s3_unechoed_uploads_total", {"resolution": resolution}
+    )
+    return 0.0 if value is None else value
+
+
+class TestS3ChecksumEcho:
+    """SeaweedFS behind a client whose upload answers lose the CRC-32C echo: the upload is
+    verified another way (checksum_echo = verify) or refused and removed (refuse)."""
+
+    @pytest.mark.parametrize(
+        ("head_echoes", "resolution"),
+        [(True, "verified_head"), (False, "verified_get")],
+        ids=["by-head", "by-read-back"],
+    )
+    async def test_unechoed_uploads_are_verified(
+        self, s3: Any, s3_prefix: str, tmp_path: Path, head_echoes: bool, resolution: str
+    ) -> None:
+        """SeaweedFS returns the stored checksum to a HEAD with ChecksumMode=ENABLED; without
+        it (a store that keeps no checksums) the last part is read back and compared."""
+        from sidecar.observability.metrics import Metrics
+
+        metrics = Metrics()
+        async with _s3_store(s3, metrics=metrics) as store:
+            client = await store._ensure_client()
+            methods = ["put_object", "upload_part", "complete_multipart_upload"]
+            stripped = _strip_echoes(
+                store, client, *methods, *([] if head_echoes else ["head_object"])
+            )
+            small, large = _payload(70_000, seed=1), _payload(11 * MiB, seed=2)
+            await store.put(f"{s3_prefix}small", small)
+            info = await store.put_file(
+                f"{s3_prefix}large.log", _write(tmp_path / "f", large), part_size=5 * MiB
+            )
+            assert info.crc32c == crc32c(large)
+            assert set(stripped) >= {"put_object", "complete_multipart_upload"}
+            assert _unechoed(metrics, resolution) == 2
+            assert _unechoed(metrics, "mismatch") == 0
+            assert await store.get(f"{s3_prefix}small") == small
+            assert await store.get(f"{s3_prefix}large.log") == large
+            await store.delete([f"{s3_prefix}small", f"{s3_prefix}large.log"])
+
+    @pytest.mark.parametrize("head_echoes", [True, False], ids=["by-head", "by-read-back"])
+    async def test_unechoed_upload_of_other_bytes_is_caught_and_deleted(
+        self, s3: Any, s3_prefix: str, head_echoes: bool
+    ) -> None:
+        """The store keeps other bytes than we sent (consistent with their own checksum, so
+        it accepts them) and echoes nothing: the verification catches it, deletes the object
+        and raises ChecksumMismatchError."""
+        from sidecar.observability.metrics import Metrics
+        from sidecar.storage._crc import encode_checksum
+
+        metrics = Metrics()
+        async with _s3_store(s3, metrics=metrics, max_attempts=1) as store:
+            client = await store._ensure_client()
+            original = client.put_object
+
+            async def store_other_bytes(**params: Any) -> Any:
+                other = bytes(params["Body"])[::-1]
+                params.update(Body=other, ChecksumCRC32C=encode_checksum(crc32c(other)))
+                response = await original(**params)
+                response.pop("ChecksumCRC32C", None)
+                return response
+
+            client.put_object = store_other_bytes
+            if not head_echoes:
+                _strip_echoes(store, client, "head_object")
+            key = f"{s3_prefix}swapped"
+            with pytest.raises(ChecksumMismatchError, match="no CRC-32C echo"):
+                await store.put(key, b"the bytes the broker wrote" * 100)
+            assert _unechoed(metrics, "mismatch") == 1
+            with pytest.raises(KeyNotFoundError):
+                await store.head(key)
+
+    async def test_refuse_fails_and_leaves_nothing(
+        self, s3: Any, s3_prefix: str, tmp_path: Path
+    ) -> None:
+        from sidecar.errors import ChecksumNotEchoedError
+        from sidecar.observability.metrics import Metrics
+
+        metrics = Metrics()
+        async with _s3_store(s3, metrics=metrics, checksum_echo="refuse") as store:
+            client = await store._ensure_client()
+            _strip_echoes(store, client, "put_object", "upload_part", "complete_multipart_upload")
+            with pytest.raises(ChecksumNotEchoedError, match="refuse"):
+                await store.put(f"{s3_prefix}small", b"x" * 1000)
+            with pytest.raises(ChecksumNotEchoedError, match="refuse"):
+                await store.put_file(
+                    f"{s3_prefix}large.log",
+                    _write(tmp_path / "f", _payload(11 * MiB)),
+                    part_size=5 * MiB,
+                )
+            assert _unechoed(metrics, "refused") >= 2
+            assert await _leftovers(store, s3_prefix) == ([], [])

@@ -387,18 +387,60 @@ class TestQueries:
 
 
 class TestPartitionDelete:
-    """Partition deletes are kept (latest) and FINISHED forgets the partition's segments."""
+    """Partition deletes are kept (latest) and FINISHED forgets the partition."""
 
-    def test_latest_is_kept_and_finished_drops_segments(self, store):
-        """MARKED, STARTED, FINISHED: each replaces the last; FINISHED drops every segment."""
+    def test_latest_is_kept_and_finished_drops_the_partition(self, store):
+        """MARKED, STARTED: each replaces the last; FINISHED drops every segment, the marker and
+        the partition itself (the store holds the partitions that exist now)."""
         store.apply([*copied(1, 0, 9), *copied(2, 0, 9, tp=OTHER)])
-        for state in RemotePartitionDeleteState:
+        for state in (
+            RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+            RemotePartitionDeleteState.DELETE_PARTITION_STARTED,
+        ):
             store.apply([partition_delete(state)])
             assert store.partition_delete(TP).state == state
+        store.apply([partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)])
+        assert store.partition_delete(TP) is None
+        assert store.partitions() == [OTHER]
         assert store.segments(TP) == []
         assert store.highest_offset_for_epoch(TP, 0) is None
         assert ids(store.segments(OTHER)) == [2]
         assert store.partition_delete(OTHER) is None
+
+    def test_a_dropped_partition_id_is_not_served_for_another_partition(self, store):
+        """The newest partition's id is given again after it is dropped: a partition looked up
+        before the drop must not read the next partition's segments under that id."""
+        third = TopicIdPartition(uuid.UUID(int=99), "third", 0)
+        store.apply(copied(1, 0, 9))
+        store.apply(copied(2, 0, 9, tp=OTHER))
+        assert ids(store.segments(OTHER)) == [2]  # the reader knows OTHER's id
+        store.apply([partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, OTHER)])
+        store.apply(copied(3, 0, 9, tp=third))
+        assert store.segments(OTHER) == []
+        assert ids(store.segments(third)) == [3]
+        assert sorted(store.partitions(), key=str) == sorted([TP, third], key=str)
+
+    def test_forget_partition_only_when_nothing_is_left(self, store):
+        """A partition whose topic was deleted segment by segment is dropped once no segment
+        and no partition delete under way is left; a later event adds it again."""
+        store.apply(copied(1, 0, 9))
+        assert store.forget_partition(TP) is False  # a segment is left
+        store.apply([update(1, DELETE_STARTED)])
+        assert store.forget_partition(TP) is False
+        store.apply([update(1, DELETE_FINISHED)])
+        store.apply([partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_MARKED)])
+        assert store.forget_partition(TP) is False  # a partition delete is under way
+        store.apply([partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)])
+        store.apply(copied(2, 0, 9, tp=OTHER))
+        store.apply([update(2, DELETE_STARTED, tp=OTHER), update(2, DELETE_FINISHED, tp=OTHER)])
+        assert store.highest_offset_for_epoch(OTHER, 0) == 9
+        assert store.partitions() == [OTHER]
+        assert store.forget_partition(OTHER) is True
+        assert store.partitions() == []
+        assert store.highest_offset_for_epoch(OTHER, 0) is None
+        assert store.forget_partition(OTHER) is False  # already gone
+        store.apply(copied(3, 0, 9, tp=OTHER))
+        assert ids(store.segments(OTHER)) == [3]
 
     def test_transitions_are_not_validated(self, store):
         """Like Kafka's store, any partition-delete state is accepted in any order."""
@@ -676,6 +718,7 @@ class StoreAgainstKafka(RuleBasedStateMachine):
             self.deletes[event.topic_id_partition] = event
             if event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
                 self.model.pop(event.topic_id_partition, None)
+                self.deletes.pop(event.topic_id_partition)
             reason = None
         elif isinstance(event, SegmentMetadataSnapshot):
             reason = RejectReason.SNAPSHOT_RECORD

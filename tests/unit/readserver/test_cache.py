@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from sidecar.errors import KeyNotFoundError, StorageError
 from sidecar.observability.metrics import Metrics
+from sidecar.readserver import cache as cache_module
 from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
 from sidecar.readserver.errors import RemoteDataError, StorageTimeoutError
 from sidecar.storage.memory import MemoryObjectStore
@@ -148,7 +150,8 @@ class TestChunkCacheEviction:
             assert store.calls["get_range"] == 6
 
     async def test_disk_never_exceeds_the_budget(self, tmp_path):
-        """Many reads of many objects never leave more than max_bytes on disk."""
+        """Many reads of many objects never leave more than max_bytes on disk, and the bytes the
+        cache counts are the bytes on disk once the writes ended."""
         objects = {f"o{i}": os.urandom(3 * CHUNK) for i in range(5)}
         store = await _store(**objects)
         async with _cache(store, tmp_path, max_bytes=5 * CHUNK) as cache:
@@ -157,7 +160,11 @@ class TestChunkCacheEviction:
                     obj = ObjectRef(key, len(body))
                     assert body[index * CHUNK] == (await cache.read(obj, index * CHUNK, 1))[0]
                     assert _disk_bytes(tmp_path) <= 5 * CHUNK
-            assert cache.cached_bytes == 5 * CHUNK
+            # a chunk evicted while its write is in flight counts until the write ends, so how
+            # full the cache ends up depends on the disk's speed; the accounting must not
+            await cache.idle()
+            assert cache.cached_bytes == _disk_bytes(tmp_path) <= 5 * CHUNK
+            assert cache.cached_bytes == cache.cached_chunks * CHUNK > 0
 
     async def test_reopen_keeps_chunks_and_drops_partial_files(self, tmp_path):
         """A reopened cache serves the chunks on disk, removes .tmp leftovers and evicts down to
@@ -428,3 +435,122 @@ class TestMemoryCache:
         assert await cache.get("k", load, lambda _: 1) == 42
         assert calls == 2
         await cache.aclose()
+
+
+class _SlowDisk:
+    """Chunk writes block in their worker thread until released (a disk slower than S3)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        real = cache_module._write_tmp
+
+        def write(path: Path, data: bytes | memoryview, tag: int) -> Path:
+            self.release.wait(30)
+            return real(path, data, tag)
+
+        monkeypatch.setattr(cache_module, "_write_tmp", write)
+
+
+class _GatedOs:
+    """The cache module's ``os`` with an ``open`` that blocks in its worker thread until
+    released, then opens for real and records the fd."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.done = threading.Event()
+        self.opened: list[int] = []
+
+    def open(self, path: Path, flags: int) -> int:
+        self.entered.set()
+        self.release.wait(30)
+        fd = os.open(path, flags)
+        self.opened.append(fd)
+        self.done.set()
+        return fd
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+class TestChunkCacheBounds:
+    """Writes behind are bounded, and no file descriptor outlives a cancelled open."""
+
+    async def test_pending_writes_are_bounded_then_chunks_are_served_from_memory(
+        self, tmp_path, monkeypatch
+    ):
+        """With the disk stuck, chunks beyond the pending-write bound are served (from memory)
+        but not queued for the disk; they are counted and the pending bytes stay bounded."""
+        body = os.urandom(4 * CHUNK)
+        metrics = Metrics()
+        disk = _SlowDisk(monkeypatch)
+        cache = _cache(
+            await _store(obj=body),
+            tmp_path / "c",
+            max_bytes=16 * CHUNK,
+            max_pending_write_bytes=2 * CHUNK,
+            metrics=metrics,
+        )
+        obj = ObjectRef("obj", len(body))
+        try:
+            async with cache:
+                for i in range(4):
+                    got = await cache.read(obj, i * CHUNK, CHUNK)
+                    assert bytes(got) == body[i * CHUNK : (i + 1) * CHUNK]
+                assert [cache.is_cached(obj, i) for i in range(4)] == [True, True, False, False]
+                value = metrics.registry.get_sample_value
+                assert value("kafka_tiered_sidecar_read_cache_writes_skipped_total") == 2
+                assert value("kafka_tiered_sidecar_read_cache_pending_write_bytes") == 2 * CHUNK
+                # the skipped chunks are still served from memory, without a GET
+                got = await cache.read(obj, 3 * CHUNK, CHUNK)
+                assert bytes(got) == body[3 * CHUNK :]
+                assert (
+                    value(
+                        "kafka_tiered_sidecar_read_fetches_total",
+                        {"kind": "demand", "outcome": "ok"},
+                    )
+                    == 4
+                )
+                disk.release.set()
+                await cache.idle()
+                assert value("kafka_tiered_sidecar_read_cache_pending_write_bytes") == 0
+                assert len([p for p in _files(tmp_path / "c") if p.suffix == ".chunk"]) == 2
+        finally:
+            disk.release.set()
+
+    async def test_an_open_cancelled_in_its_thread_closes_the_fd(self, tmp_path, monkeypatch):
+        """open_chunk is cancelled while its worker thread is inside os.open: the fd that
+        thread then returns is closed, not leaked."""
+        body = os.urandom(CHUNK)
+        cache = _cache(await _store(obj=body), tmp_path / "c", memory_chunks=0)
+        obj = ObjectRef("obj", len(body))
+        gated = _GatedOs()
+        async with cache:
+            await cache.read(obj, 0, CHUNK)
+            await cache.idle()  # on disk, not in memory
+            copy = cache.copy_id(obj, 0)
+            assert copy is not None
+            monkeypatch.setattr(cache_module, "os", gated)
+            try:
+                opening = asyncio.create_task(cache.open_chunk(obj, 0, copy))
+                assert await asyncio.to_thread(gated.entered.wait, 30)
+                opening.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await opening
+            finally:
+                gated.release.set()
+            assert await asyncio.to_thread(gated.done.wait, 30)  # the thread opened the fd
+            await cache.idle()
+            [fd] = gated.opened
+            leaked = _is_open(fd)
+            if leaked:
+                os.close(fd)
+            assert not leaked

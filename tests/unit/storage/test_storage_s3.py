@@ -4,6 +4,7 @@ refused connections on loopback (on injected sleep), configuration and secrets."
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,11 +22,13 @@ from botocore.exceptions import (
 from sidecar.config import S3Config
 from sidecar.errors import (
     ChecksumMismatchError,
+    ChecksumNotEchoedError,
     InvalidRangeError,
     KeyNotFoundError,
     StorageAccessError,
     StorageError,
 )
+from sidecar.observability.metrics import Metrics
 from sidecar.storage import open_store
 from sidecar.storage.s3 import S3ObjectStore, _is_transient
 
@@ -236,8 +239,9 @@ class TestConfiguration:
 
 
 class _RecordingServer:
-    """A loopback HTTP/1.1 server that answers every request 200 with an ETag and records each
-    request's head (lower-cased header names) and body size."""
+    """A loopback HTTP/1.1 server that answers every request 200 with an ETag (and the echo of
+    the request's CRC-32C) and records each request's head (lower-cased header names) and body
+    size."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, str], int]] = []
@@ -265,7 +269,11 @@ class _RecordingServer:
                 size = int(headers.get("content-length", "0"))
                 await reader.readexactly(size)
                 self.requests.append((line, headers, size))
-                writer.write(b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n')
+                echo = headers.get("x-amz-checksum-crc32c")
+                extra = f"x-amz-checksum-crc32c: {echo}\r\n".encode() if echo else b""
+                writer.write(
+                    b'HTTP/1.1 200 OK\r\nETag: "e"\r\n' + extra + b"Content-Length: 0\r\n\r\n"
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -311,3 +319,141 @@ class TestPerRequestWork:
                 await store.get("")
             assert [i async for i in store.list("")] == []  # a prefix may be empty
         assert [r[0].split()[0] for r in server.requests] == ["GET"]
+
+
+class _UnechoingS3:
+    """A loopback S3 for single PUTs, HEAD, ranged GET and batch delete that never echoes a
+    checksum (a store without checksum support); ``alter`` changes the bytes it keeps."""
+
+    def __init__(self, alter: Any = None) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.methods: list[str] = []
+        self.alter = alter or (lambda body: body)
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _UnechoingS3:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    def _answer(self, method: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
+        path, _, query = target.partition("?")
+        key = path.split("/", 2)[2] if path.count("/") >= 2 else ""
+        if method == "PUT":
+            self.objects[key] = self.alter(body)
+            return b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n'
+        if method == "HEAD":
+            size = len(self.objects[key])
+            return f'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: {size}\r\n\r\n'.encode()
+        if method == "GET":
+            data = self.objects[key]
+            first, last = (int(x) for x in headers["range"].removeprefix("bytes=").split("-"))
+            last = min(last, len(data) - 1)
+            part = data[first : last + 1]
+            head = (
+                f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {first}-{last}/{len(data)}"
+                f"\r\nContent-Length: {len(part)}\r\n\r\n"
+            )
+            return head.encode() + part
+        if method == "POST" and query.startswith("delete"):
+            for deleted in re.findall(rb"<Key>(.*?)</Key>", body):
+                self.objects.pop(deleted.decode(), None)
+            xml = b"<DeleteResult></DeleteResult>"
+            return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(xml) + xml
+        return b"HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                line, *fields = head.decode("latin-1").split("\r\n")
+                headers = {
+                    name.strip().lower(): value.strip()
+                    for name, _, value in (f.partition(":") for f in fields if f)
+                }
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                method, target, _ = line.split(" ", 2)
+                self.methods.append(method)
+                writer.write(self._answer(method, target, headers, body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def _unechoed(metrics: Metrics, resolution: str) -> float | None:
+    return metrics.registry.get_sample_value(
+        "kafka_tiered_sidecar_s3_unechoed_uploads_total", {"resolution": resolution}
+    )
+
+
+class TestChecksumEcho:
+    """An upload answered without its CRC-32C echo is verified by reading it back, or refused;
+    the module docstring's integrity claim holds either way."""
+
+    async def test_verify_reads_back_and_accepts_the_same_bytes(self, tmp_path: Any) -> None:
+        metrics = Metrics()
+        body = b"the bytes the broker wrote" * 100
+        async with (
+            _UnechoingS3() as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", metrics=metrics) as store,
+        ):
+            await store.put("t/0.idx", body)
+            (tmp_path / "f").write_bytes(body)
+            await store.put_file("t/0.log", tmp_path / "f")
+        assert server.methods == ["PUT", "HEAD", "GET", "PUT", "HEAD", "GET"]
+        assert server.objects == {"t/0.idx": body, "t/0.log": body}
+        assert _unechoed(metrics, "verified_get") == 2
+
+    async def test_verify_deletes_other_bytes_and_raises(self) -> None:
+        metrics = Metrics()
+        async with (
+            _UnechoingS3(alter=lambda body: body[::-1]) as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}", metrics=metrics, max_attempts=1
+            ) as store,
+        ):
+            with pytest.raises(ChecksumMismatchError, match="no CRC-32C echo"):
+                await store.put("t/0.idx", b"abc" * 1000)
+        assert server.objects == {}
+        assert server.methods == ["PUT", "HEAD", "GET", "POST"]
+        assert _unechoed(metrics, "mismatch") == 1
+
+    async def test_verify_catches_a_short_object_from_the_head(self) -> None:
+        async with (
+            _UnechoingS3(alter=lambda body: body[:-1]) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", max_attempts=1) as store,
+        ):
+            with pytest.raises(ChecksumMismatchError, match="has 2999 bytes, we sent 3000"):
+                await store.put("t/0.idx", b"abc" * 1000)
+        assert server.methods == ["PUT", "HEAD", "POST"]
+
+    async def test_refuse_deletes_and_raises_a_non_retriable_error(self) -> None:
+        metrics = Metrics()
+        async with (
+            _UnechoingS3() as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}",
+                metrics=metrics,
+                checksum_echo="refuse",
+            ) as store,
+        ):
+            with pytest.raises(ChecksumNotEchoedError) as raised:
+                await store.put("t/0.idx", b"abc")
+        assert not raised.value.retriable
+        assert server.objects == {}
+        assert server.methods == ["PUT", "POST"]
+        assert _unechoed(metrics, "refused") == 1
+
+    def test_the_knob_is_typed(self) -> None:
+        with pytest.raises(ValueError, match="checksum_echo"):
+            _store(checksum_echo="ignore")
+        assert S3Config(checksum_echo="refuse").checksum_echo == "refuse"
+        with pytest.raises(ValueError, match="checksum_echo"):
+            S3Config(checksum_echo="ignore")
