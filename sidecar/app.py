@@ -54,7 +54,7 @@ from sidecar.retention.scrub import OrphanScrubber
 from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
-from sidecar.storage.ownership import PrefixOwner, claim_prefix
+from sidecar.storage.ownership import PrefixOwner, PrefixOwnershipError, claim_prefix
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.quarantine import Quarantine
@@ -142,6 +142,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self._infra_stop = asyncio.Event()  # set once the engine has drained
         self._s3_down = False  # the last S3 probe failed (logged once per outage)
+        self._prefix_owner: PrefixOwner | None = None  # set once the bucket prefix is ours
         self.engine: TieringEngine | None = None
         self._gauges = _LocalTotals()  # the local-segment gauges, kept per change
         self.retention: RetentionManager | None = None  # issue 6
@@ -277,8 +278,6 @@ class Daemon:
             client_options=options,
         )
         resources.push_async_callback(retention_kafka.aclose)
-        # the prefix belongs to one cluster: claim it, or refuse to start on another's
-        owner = await self._claim_prefix(objects, retention_kafka)
         tailer = MetadataTailer(
             bootstrap_servers=bootstrap,
             store=store,
@@ -379,7 +378,7 @@ class Daemon:
                 objects=objects,
                 store=store,
                 layout=layout,
-                owner=owner,
+                owner=lambda: self._prefix_owner,  # no scrub before the claim
                 object_grace_s=config.retention.orphan_grace_s,
                 upload_grace_s=config.retention.multipart_grace_s,
                 in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
@@ -435,6 +434,9 @@ class Daemon:
             ):
                 tg.create_task(guard(coro, name=name, stopping=infra), name=name)
             tg.create_task(self._mark_ready_after_first_scan(), name="first scan")
+            # the prefix belongs to one cluster: claim it (no upload or scrub before), or stop
+            # the daemon when another cluster owns it
+            tg.create_task(self._claim_prefix(objects, retention_kafka), name="prefix claim")
             # remote retention and deletions (issue 6); stops with the engine, before the
             # publisher and tailer it deletes through
             retention_task = tg.create_task(
@@ -446,26 +448,48 @@ class Daemon:
             await asyncio.wait([engine_task, retention_task])
             infra.set()
 
-    async def _claim_prefix(self, objects: ObjectStore, kafka: RetentionKafka) -> PrefixOwner:
-        """Write or check the prefix's ownership marker (:mod:`sidecar.storage.ownership`)."""
-        cluster_id = await kafka.cluster_id()
+    async def _claim_prefix(self, objects: ObjectStore, kafka: RetentionKafka) -> None:
+        """Write or check the prefix's ownership marker (:mod:`sidecar.storage.ownership`),
+        retrying while Kafka or S3 cannot answer (the daemon keeps serving meanwhile); another
+        cluster's marker raises PrefixOwnershipError, which stops the daemon."""
         topic = self.config.remote_log_metadata.topic
-        owner, created = await claim_prefix(
-            objects, self.config.s3.prefix, cluster_id=cluster_id, metadata_topic=topic
-        )
-        log.info(
-            "prefix_claimed" if created else "prefix_owner_checked",
-            prefix=self.config.s3.prefix,
-            cluster_id=owner.cluster_id,
-            metadata_topic=owner.metadata_topic,
-            created_at=owner.created_at,
-        )
-        return owner
+        delay = 1.0
+        while not self.stopping.is_set():
+            try:
+                cluster_id = await kafka.cluster_id()
+                owner, created = await claim_prefix(
+                    objects, self.config.s3.prefix, cluster_id=cluster_id, metadata_topic=topic
+                )
+            except PrefixOwnershipError:
+                raise
+            except SidecarError as exc:
+                log.warning(
+                    "prefix_claim_retry",
+                    error=str(exc),
+                    error_type=type(exc).__name__,
+                    retry_in_s=delay,
+                )
+                await wait_any(self.stopping, within=delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            log.info(
+                "prefix_claimed" if created else "prefix_owner_checked",
+                prefix=self.config.s3.prefix,
+                cluster_id=owner.cluster_id,
+                metadata_topic=owner.metadata_topic,
+                created_at=owner.created_at,
+            )
+            self._prefix_owner = owner
+            if self.engine is not None:
+                self.engine.retry_now()
+            return
 
     def _pause_reason(self, cluster: ClusterWatcher) -> str | None:
         """Why no copy should start now: a dependency the last probe or refresh found down."""
         if self._s3_down:
             return "S3 is unreachable"
+        if self._prefix_owner is None:
+            return "the bucket prefix's ownership is not confirmed yet"
         if cluster.last_error is not None:
             return "Kafka is unreachable"
         return None
@@ -556,9 +580,11 @@ def run_daemon(config: SidecarConfig) -> int:
         return 130
     except BaseExceptionGroup as group:
         # each root task's traceback was logged by guard(); this is the one-line summary
-        for exc in _leaves(group):
+        leaves = _leaves(group)
+        for exc in leaves:
             log.error("sidecar_failed", error=str(exc), error_type=type(exc).__name__)  # noqa: TRY400
-        return 1
+        codes = {exc.exit_code for exc in leaves if isinstance(exc, SidecarError)}
+        return codes.pop() if len(codes) == 1 and len(leaves) == 1 else 1
     except SidecarError as exc:
         log.error("sidecar_failed", error=str(exc), error_type=type(exc).__name__)  # noqa: TRY400
         return exc.exit_code

@@ -168,7 +168,7 @@ class OrphanScrubber:
         objects: ObjectStore,
         store: RemoteSegmentStore,
         layout: KeyLayout,
-        owner: PrefixOwner,
+        owner: PrefixOwner | Callable[[], PrefixOwner | None],
         object_grace_s: float,
         upload_grace_s: float,
         in_scope: Callable[[TopicIdPartition], bool] = lambda tp: True,
@@ -191,11 +191,17 @@ class OrphanScrubber:
         :class:`UnsafeScrubError` and deletes nothing, a dry run reports it. A prefix whose
         ownership marker is not ours raises :class:`UnsafeScrubError`, dry run or not."""
         prefix = self._layout.prefix
+        owner = self._owner if isinstance(self._owner, PrefixOwner) else self._owner()
+        if owner is None:
+            log.warning("scrub_refused", dry_run=dry_run, reason="prefix ownership not confirmed")
+            raise UnsafeScrubError(
+                "orphan scrub refused: this sidecar has not confirmed yet that it owns the prefix"
+            )
         foreign_owner = await ownership_problem(
             self._objects,
             prefix,
-            cluster_id=self._owner.cluster_id,
-            metadata_topic=self._owner.metadata_topic,
+            cluster_id=owner.cluster_id,
+            metadata_topic=owner.metadata_topic,
         )
         if foreign_owner is not None:
             log.error("scrub_refused", dry_run=dry_run, reason=foreign_owner)
