@@ -299,6 +299,10 @@ class ClusterWatcher:
     def selected(self, topic: str) -> bool:
         return self._selector.selected(topic, self.view.configs.get(topic))
 
+    def broker_driven(self, topic: str) -> bool:
+        """The broker tiers ``topic`` through the plugin (``remote.storage.enable=true``)."""
+        return self._selector.broker_driven(self.view.configs.get(topic))
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: refresh every ``refresh_interval_s`` or when asked; back off on errors."""
         backoff = 0.5
