@@ -219,6 +219,14 @@ class PluggedBroker:
     socket: Path
     prefix: str
     state: Path
+    config: Path
+    env: dict[str, str]
+    logs: Path
+
+    async def restart_sidecar(self) -> None:
+        """Start the sidecar again (after the test stopped it) and wait for its socket."""
+        self.sidecar = await Sidecar.start(self.config, self.env, self.logs / "sidecar-2.log")
+        await self.sidecar.wait_for("read_server_listening", timeout=60)
 
 
 @pytest.fixture
@@ -255,12 +263,22 @@ async def plugged(s3: Any, stack_root: Path, tmp_path: Path) -> AsyncIterator[Pl
     # copy and expire every second, so the test does not wait for the 30 s default
     cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
     cluster.start()
-    sidecar = await Sidecar.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
+    env = sidecar_env(s3)
+    broker = PluggedBroker(
+        cluster,
+        await Sidecar.start(config, env, tmp_path / "sidecar.log"),
+        state / "read.sock",
+        prefix,
+        state,
+        config,
+        env,
+        tmp_path,
+    )
     try:
-        await sidecar.wait_for("read_server_listening", timeout=60)
-        yield PluggedBroker(cluster, sidecar, state / "read.sock", prefix, state)
+        await broker.sidecar.wait_for("read_server_listening", timeout=60)
+        yield broker
     finally:
-        await sidecar.stop()
+        await broker.sidecar.stop()
         cluster.stop()
         clean_prefix(s3, prefix)
 
@@ -378,3 +396,59 @@ async def test_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
         what="remote deletion by the broker",
     )
     assert len(sidecar.matching("broker_delete_finished")) >= len(finished)
+
+
+async def test_sidecar_down_is_retried_and_nothing_is_deleted_locally(
+    plugged: PluggedBroker, s3: Any, topic_name: str, tmp_path: Path
+) -> None:
+    """With the sidecar stopped, every copy fails with a retriable error: the broker keeps
+    retrying (new COPY_SEGMENT_STARTED records, never FINISHED) and deletes nothing locally.
+    Once the sidecar is back, the copies go through, the broker deletes locally, and a consumer
+    from offset 0 reads everything."""
+    cluster = plugged.cluster
+    bootstrap = cluster.bootstrap_servers
+    await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+    await plugged.sidecar.stop()
+    assert not plugged.socket.exists()
+    expected = []
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(3000):
+            key, value = f"k{i}".encode(), os.urandom(1024).hex().encode()
+            await producer.send(topic_name, key=key, value=value, partition=0)
+            expected.append((key, value, []))
+        await producer.flush()
+    finally:
+        await producer.stop()
+    partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+    tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+    async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+        # two attempts started and none finished: the first failed retriably and was retried
+        await metadata.wait_until(
+            lambda: len(metadata.copies(tip)) >= 2, timeout=120, what="a retried copy"
+        )
+        assert metadata.finished(tip) == []
+        assert _local_start(partition_dir) == 0  # nothing deleted locally
+        assert _offset(cluster, topic_name, "-4") == 0
+
+        await plugged.restart_sidecar()
+        local_start = await _poll(
+            lambda: (s := _local_start(partition_dir)) > 0 and s,
+            timeout=300,
+            what="local deletion once the sidecar is back",
+        )
+        await metadata.wait_until(
+            lambda: (
+                bool(metadata.finished(tip))
+                and metadata.finished(tip)[-1].end_offset + 1 >= local_start
+            ),
+            timeout=120,
+            what="FINISHED copies up to the local start",
+        )
+        finished = metadata.finished(tip)
+    assert finished[0].start_offset == 0
+    got = await _consume(bootstrap, topic_name, "read_uncommitted", len(expected))
+    assert got == expected
+    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+    assert len(logs) == len(finished)  # the failed attempts left no object behind
