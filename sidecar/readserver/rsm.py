@@ -41,6 +41,7 @@ from sidecar.metadata.events import (
     SegmentMetadata,
     TopicIdPartition,
 )
+from sidecar.observability.logging import get_logger
 from sidecar.readserver.errors import (
     BadRequestError,
     BrokerCopyUnavailableError,
@@ -55,6 +56,8 @@ from sidecar.readserver.service import ByteStream
 from sidecar.storage.manifest import IndexKind
 
 __all__ = ["COPIER_KEY", "add_rsm_routes", "segment_metadata"]
+
+log = get_logger(__name__)
 
 COPIER_KEY: Final = web.AppKey("broker_copier", SegmentCopier)
 _PREFIX: Final = RSM_ROUTE_PREFIX
@@ -185,13 +188,25 @@ async def _copy(request: web.Request) -> web.StreamResponse:
     copier = request.app.get(COPIER_KEY)
     if copier is None:
         raise BrokerCopyUnavailableError("this read server was started without the copier")
+    segment = copy.metadata
     try:
         await copier.copy(copy)
-    except BrokerPathError as exc:
-        raise BadRequestError(str(exc)) from exc
-    except NotCopyable as exc:
-        raise SegmentNotCopyableError(str(exc)) from exc
-    except SidecarError as exc:
+    except (BrokerPathError, NotCopyable, SidecarError) as exc:
+        log.warning(
+            "broker_copy_refused"
+            if isinstance(exc, BrokerPathError | NotCopyable)
+            else "broker_copy_failed",
+            topic=segment.segment_id.topic_id_partition.topic,
+            partition=segment.segment_id.topic_id_partition.partition,
+            base_offset=segment.start_offset,
+            segment_id=str(segment.segment_id.id),
+            error=str(exc),
+            error_type=type(exc).__name__,
+        )
+        if isinstance(exc, BrokerPathError):
+            raise BadRequestError(str(exc)) from exc
+        if isinstance(exc, NotCopyable):
+            raise SegmentNotCopyableError(str(exc)) from exc
         if getattr(exc, "retriable", False) and not isinstance(exc, KeyNotFoundError):
             raise CopyInterruptedError(str(exc)) from exc
         raise

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.kafka.indexes import AbortedTxn
@@ -226,9 +227,13 @@ class TestCopyRefusals:
         data = bytearray(log.read_bytes())
         data[len(data) // 2] ^= 0xFF
         log.write_bytes(bytes(data))
-        status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
+        with capture_logs() as logs:
+            status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
         assert (status, json.loads(body)["code"]) == (422, "segment_not_copyable")
         assert rsm.objects.objects == {}
+        refused = [e for e in logs if e["event"] == "broker_copy_refused"]
+        assert refused
+        assert refused[0]["base_offset"] == 0
 
     async def test_size_mismatch_is_refused(self, rsm, broker):
         body = _copy_body(broker, 0, 30, uuid.uuid4())
