@@ -300,8 +300,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             topic_id=args.topic_id,
             out=sys.stdout,
             err=sys.stderr,
-    )
-
+        )
     if args.command == "broker-config":
         from sidecar.broker_config import DEFAULT_PLUGIN_JAR, broker_config_command
 
