@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,6 @@ from tests.e2e._support import (
     MetadataTopic,
     Sidecar,
     bucket_keys,
-    clean_prefix,
     topic_id_partition,
     write_config,
 )
@@ -230,13 +230,15 @@ class PluggedBroker:
 
 
 @pytest.fixture
-async def plugged(s3: Any, stack_root: Path, tmp_path: Path) -> AsyncIterator[PluggedBroker]:
+async def plugged(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path
+) -> AsyncIterator[PluggedBroker]:
     """A one-node broker tiering through the plugin, configured from `sidecar broker-config`,
-    and the sidecar beside it."""
+    and the sidecar beside it; the test's bucket prefix is emptied after it."""
     jar = plugin_jar()
     # a short state dir: the read socket's path must fit in 107 bytes
     state = Path(tempfile.mkdtemp(prefix="rsm-", dir="/tmp"))
-    prefix = f"tests/broker-plugin-{state.name}/"
+    prefix = s3_prefix
     cluster = stack.KafkaCluster.create(stack_root / f"kafka-{state.name}", nodes=1)
     config = write_config(
         tmp_path / "sidecar.toml",
@@ -280,7 +282,7 @@ async def plugged(s3: Any, stack_root: Path, tmp_path: Path) -> AsyncIterator[Pl
     finally:
         await broker.sidecar.stop()
         cluster.stop()
-        clean_prefix(s3, prefix)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 async def _set_topic_config(bootstrap: str, topic: str, configs: dict[str, str]) -> None:

@@ -30,7 +30,8 @@ import org.apache.kafka.server.log.remote.storage.RetriableRemoteStorageExceptio
  *   <li>{@code tcp.port} (and {@code tcp.host}, default 127.0.0.1): use loopback TCP instead;</li>
  *   <li>{@code connect.timeout.ms} (5000), {@code request.timeout.ms} (30000: fetches, deletes),
  *       {@code copy.timeout.ms} (600000: a copy uploads a whole segment),
- *       {@code read.idle.timeout.ms} (30000: each wait for body bytes of a fetch).</li>
+ *       {@code read.idle.timeout.ms} (30000: each wait for body bytes of a fetch);</li>
+ *   <li>{@code fetch.window.bytes} (1 MiB): a fetch asks the sidecar for this much at a time.</li>
  * </ul>
  *
  * <p>Errors: the sidecar unreachable, a timeout, or the sidecar saying a dependency is down
@@ -49,6 +50,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private int requestTimeoutMs = 30_000;
     private int copyTimeoutMs = 600_000;
     private int idleTimeoutMs = 30_000;
+    private int fetchWindowBytes = 1024 * 1024;
 
     @Override
     public void configure(Map<String, ?> configs) {
@@ -56,6 +58,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         requestTimeoutMs = intSetting(configs, "request.timeout.ms", 30_000);
         copyTimeoutMs = intSetting(configs, "copy.timeout.ms", 600_000);
         idleTimeoutMs = intSetting(configs, "read.idle.timeout.ms", 30_000);
+        fetchWindowBytes = intSetting(configs, "fetch.window.bytes", 1024 * 1024);
         Object port = configs.get("tcp.port");
         SidecarHttp.Endpoint endpoint;
         if (port != null && !port.toString().isBlank()) {
@@ -125,8 +128,84 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (start < 0 || end != null && end < start) {
             throw new IllegalArgumentException("invalid range " + start + ".." + end + " of " + describe(metadata));
         }
+        // the end is inclusive, and never past the segment's last byte
+        long last = Math.min(end == null ? Long.MAX_VALUE : end, metadata.segmentSizeInBytes() - 1L);
+        return new WindowedStream(metadata, start, Math.max(last, start));
+    }
+
+    private InputStream fetchWindow(RemoteLogSegmentMetadata metadata, long start, long end)
+            throws RemoteStorageException {
         Json body = metadataJson(metadata).field("start", start).field("end", end);
         return stream("/v1/rsm/fetch-segment", body, "fetch of " + describe(metadata) + " from byte " + start);
+    }
+
+    /**
+     * A segment range read in windows of {@code fetch.window.bytes}: the broker reads one fetch's
+     * worth (about {@code max.partition.fetch.bytes}) from the stream and closes it, so asking the
+     * sidecar for the rest of a segment would make it read and send bytes nobody reads. The first
+     * window is requested at once (so a missing segment fails the call itself); the next one when
+     * the reader gets to it.
+     */
+    private final class WindowedStream extends InputStream {
+        private final RemoteLogSegmentMetadata metadata;
+        private final long last;
+        private long next;
+        private InputStream current;
+        private boolean closed;
+
+        WindowedStream(RemoteLogSegmentMetadata metadata, long start, long last) throws RemoteStorageException {
+            this.metadata = metadata;
+            this.last = last;
+            this.next = start;
+            this.current = open();
+        }
+
+        private InputStream open() throws RemoteStorageException {
+            long end = Math.min(last, next + fetchWindowBytes - 1);
+            InputStream window = fetchWindow(metadata, next, end);
+            next = end + 1;
+            return window;
+        }
+
+        @Override
+        public int read() throws IOException {
+            byte[] one = new byte[1];
+            int n = read(one, 0, 1);
+            return n < 0 ? -1 : one[0] & 0xff;
+        }
+
+        @Override
+        public int read(byte[] b, int off, int len) throws IOException {
+            if (closed) {
+                throw new IOException("stream closed");
+            }
+            if (len == 0) {
+                return 0;
+            }
+            while (true) {
+                int n = current.read(b, off, len);
+                if (n >= 0) {
+                    return n;
+                }
+                if (next > last) {
+                    return -1;
+                }
+                current.close();
+                try {
+                    current = open();
+                } catch (RemoteStorageException e) {
+                    throw new IOException(e.getMessage(), e);
+                }
+            }
+        }
+
+        @Override
+        public void close() throws IOException {
+            if (!closed) {
+                closed = true;
+                current.close();
+            }
+        }
     }
 
     @Override

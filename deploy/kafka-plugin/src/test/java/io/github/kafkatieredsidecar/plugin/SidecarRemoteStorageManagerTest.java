@@ -73,7 +73,7 @@ class SidecarRemoteStorageManagerTest {
         TopicIdPartition tip = new TopicIdPartition(Uuid.fromString("AAAAAAAAAAAAAAAAAAAAAQ"),
                 new TopicPartition("orders\"x", 3));
         return new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.fromString("AAAAAAAAAAAAAAAAAAAAAg")),
-                100L, 199L, 1_700_000_000_000L, 7, 1_700_000_000_500L, 4096, Map.of(0, 100L, 2, 150L));
+                100L, 199L, 1_700_000_000_000L, 7, 1_700_000_000_500L, 1_000_000, Map.of(0, 100L, 2, 150L));
     }
 
     @Test
@@ -124,12 +124,42 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
-    void fetchWithoutEndSendsNull() throws Exception {
+    void fetchWithoutEndAsksForOneWindowUpToTheSegmentEnd() throws Exception {
         sidecar.answer(200, new byte[] {1});
         try (InputStream in = rsm.fetchLogSegment(metadata(), 5)) {
             assertEquals(1, in.read());
         }
-        assertTrue(sidecar.requests.take().body.contains("\"start\":5,\"end\":null"));
+        String body = sidecar.requests.take().body;
+        assertTrue(body.contains("\"start\":5,\"end\":999999"), body);
+    }
+
+    @Test
+    void aLongRangeIsFetchedWindowByWindowAsItIsRead() throws Exception {
+        SidecarRemoteStorageManager windowed = new SidecarRemoteStorageManager();
+        windowed.configure(Map.of("socket.path", sidecar.path.toString(), "fetch.window.bytes", "100"));
+        byte[] payload = new byte[250];
+        for (int i = 0; i < payload.length; i++) {
+            payload[i] = (byte) i;
+        }
+        sidecar.answer(200, java.util.Arrays.copyOfRange(payload, 0, 100));
+        sidecar.answer(200, java.util.Arrays.copyOfRange(payload, 100, 200));
+        sidecar.answer(200, java.util.Arrays.copyOfRange(payload, 200, 250));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 1000, 1249)) {
+            assertEquals(1, sidecar.requests.size(), "only the first window before reading");
+            assertArrayEquals(payload, in.readAllBytes());
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1000,\"end\":1099"));
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1100,\"end\":1199"));
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1200,\"end\":1249"));
+    }
+
+    @Test
+    void anEndPastTheSegmentIsClamped() throws Exception {
+        sidecar.answer(200, new byte[] {1});
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 999_999, 5_000_000)) {
+            assertEquals(1, in.read());
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":999999,\"end\":999999"));
     }
 
     @Test
