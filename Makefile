@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint type test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
+.PHONY: install lint type plugin test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (found %s); install python3.11 and run make PYTHON=python3.11" % sys.version.split()[0])'
@@ -42,8 +42,15 @@ deploy-tools:
 	  else echo "missing tools: sudo apt-get install -y --no-install-recommends$$missing" >&2; exit 3; fi; \
 	fi
 
+# The broker plugin (Kafka's RemoteStorageManager backed by the sidecar): compiles, runs its JUnit
+# tests and builds deploy/kafka-plugin/target/kafka-tiered-sidecar-plugin.jar. Maven fetches into
+# ~/.m2 on first use only.
+MVN ?= mvn
+plugin:
+	$(MVN) -B -q -Dstyle.color=never -f deploy/kafka-plugin/pom.xml package
+
 # Every tier: unit, integration, e2e and deploy, against the real broker and S3 the session starts.
-test: lint type deploy-tools
+test: lint type deploy-tools plugin
 	$(BIN)/python deploy/local/stack.py fetch
 	$(BIN)/python -m pytest tests
 
@@ -73,7 +80,7 @@ bench: $(STAMP)
 	$(BIN)/python tests/bench/bench_scrub.py
 	$(BIN)/python tests/bench/bench_spark.py
 
-demo: $(STAMP)
+demo: $(STAMP) plugin
 	$(BIN)/python deploy/local/demo.py
 
 stack-up: $(STAMP)

@@ -55,6 +55,7 @@ from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
 from sidecar.storage.ownership import PrefixOwner, PrefixOwnershipError, claim_prefix
+from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.quarantine import Quarantine
@@ -388,8 +389,17 @@ class Daemon:
             num_metadata_partitions=meta.num_partitions,
         )
         retention = self.retention
+        # the broker plugin's copies and deletes (topics with remote.storage.enable=true)
+        copier = BrokerCopier(
+            objects=objects,
+            layout=layout,
+            log_dirs=config.broker.log_dirs,
+            path_map=config.broker.path_map,
+            part_size=config.s3.part_size_bytes,
+            concurrency=config.s3.max_concurrency,
+        )
         read_server = ReadServer.from_config(
-            config, store=store, objects=objects, metrics=self.metrics
+            config, store=store, objects=objects, metrics=self.metrics, copier=copier
         )
 
         async def status() -> dict[str, Any]:

@@ -124,6 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="only entries of this topic id (default: every topic that had this name)",
     )
 
+    broker = sub.add_parser(
+        "broker-config",
+        help="print the broker properties for broker-driven tiering through this sidecar",
+    )
+    _add_config_args(broker)
+    broker.add_argument(
+        "--plugin-jar",
+        type=Path,
+        default=None,
+        help="where the broker finds the plugin jar"
+        " (default /opt/kafka-tiered-sidecar/kafka-tiered-sidecar-plugin.jar)",
+    )
+    broker.add_argument(
+        "--listener",
+        default="PLAINTEXT",
+        help="the broker listener its metadata manager's clients use (default PLAINTEXT)",
+    )
+    broker.add_argument(
+        "--tcp", action="store_true", help="the plugin uses read_server.tcp_port, not the socket"
+    )
+
     metadata = sub.add_parser("metadata", help="remote log metadata tools")
     metadata_sub = metadata.add_subparsers(
         dest="metadata_command", metavar="SUBCOMMAND", required=True
@@ -279,6 +300,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             topic_id=args.topic_id,
             out=sys.stdout,
             err=sys.stderr,
+        )
+    if args.command == "broker-config":
+        from sidecar.broker_config import DEFAULT_PLUGIN_JAR, broker_config_command
+
+        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        return broker_config_command(
+            config,
+            plugin_jar=args.plugin_jar or DEFAULT_PLUGIN_JAR,
+            listener=args.listener,
+            tcp=args.tcp,
+            out=sys.stdout,
         )
     if args.command == "metadata":
         from sidecar.metadata_cli import decode_command

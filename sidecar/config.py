@@ -118,6 +118,11 @@ class BrokerConfig(_Section):
     broker_id: int | None = Field(
         None, ge=0, description="node.id; read from meta.properties when not set"
     )
+    path_map: dict[str, Path] = Field(
+        default_factory=dict,
+        description="broker-driven copies: a path prefix as the broker names its files → where"
+        " this sidecar mounts that directory (read-only); empty = the same paths",
+    )
 
 
 class S3Config(_Section):
@@ -281,7 +286,8 @@ class TieringConfig(_Section):
 
     include_topics: list[str] = Field(
         default_factory=list,
-        description="regexes of topics to tier even without remote.storage.enable=true",
+        description="regexes of topics the sidecar tiers on its own (never a topic with"
+        " remote.storage.enable=true: the broker tiers those through the plugin)",
     )
     exclude_topics: list[str] = Field(
         default_factory=lambda: [r"__.*"], description="regexes of topics never tiered"
@@ -602,6 +608,11 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
                 raise ConfigError(f"{source}: {dotted}: not a JSON list: {exc}") from None
         else:
             value = [item.strip() for item in raw.split(",") if item.strip()]
+    elif info is not None and "dict[" in str(info.annotation) and raw.strip().startswith("{"):
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source}: {dotted}: not a JSON object: {exc}") from None
     elif raw.strip().lower() in {"null", "none"}:
         value = None
     node = data

@@ -6,7 +6,10 @@
 3. start ``sidecar run`` beside the broker and wait until it is ready;
 4. show the partitions and segments the sidecar sees (from its logs and ``/metrics``),
    then ``sidecar inspect`` of the broker's log dir;
-5. stop the sidecar with SIGTERM (it must exit 0) and stop the stack.
+5. broker-driven tiering: the broker runs the Kafka plugin (configured from
+   ``sidecar broker-config``); a topic with ``remote.storage.enable=true`` is copied by Kafka's
+   RLM through the sidecar, deleted locally, and Kafka's console consumer reads it from offset 0;
+6. stop the sidecar with SIGTERM (it must exit 0) and stop the stack.
 
 Exit code 0 when every step worked. ``--keep`` leaves the stack running for exploration.
 """
@@ -29,6 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack
 
 TOPIC = "demo.orders"
+#: the broker-driven topic (remote.storage.enable=true): Kafka's RLM tiers it through the plugin
+TIERED_TOPIC = "demo.tiered"
+TIERED_RECORDS = 4000
+PLUGIN_POM = stack.REPO / "deploy" / "kafka-plugin" / "pom.xml"
+PLUGIN_JAR = stack.REPO / "deploy" / "kafka-plugin" / "target" / "kafka-tiered-sidecar-plugin.jar"
 PARTITIONS = 3
 RECORDS = 7500
 VALUE_BYTES = 1024
@@ -64,6 +72,112 @@ async def create_and_produce(bootstrap: str) -> None:
         await producer.flush()
     finally:
         await producer.stop()
+
+
+def plugin_jar() -> Path:
+    """The plugin jar (`make demo` builds it first); built here when missing."""
+    if not PLUGIN_JAR.exists():
+        subprocess.run(
+            [stack.require_maven(), "-B", "-q", "-f", str(PLUGIN_POM), "-DskipTests", "package"],
+            check=True,
+        )
+    return PLUGIN_JAR
+
+
+async def produce_tiered(bootstrap: str) -> None:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    configs = {
+        "remote.storage.enable": "true",
+        "segment.bytes": str(1024 * 1024),
+        "local.retention.bytes": "1",  # keep (almost) nothing locally once it is remote
+    }
+    try:
+        await admin.create_topics([NewTopic(TIERED_TOPIC, 1, 1, topic_configs=configs)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(TIERED_RECORDS):
+            value = json.dumps({"event": i, "pad": os.urandom(480).hex()}).encode()
+            await producer.send(TIERED_TOPIC, value=value, key=f"k{i}".encode(), partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def local_start(partition_dir: Path) -> int:
+    bases = [int(p.name.split(".")[0]) for p in partition_dir.glob("*.log")]
+    return min(bases) if bases else -1
+
+
+def offset_shell(local: stack.Stack, time_spec: str) -> str:
+    result = local.kafka.tool(
+        "org.apache.kafka.tools.GetOffsetShell",
+        "--bootstrap-server",
+        local.kafka.bootstrap_servers,
+        "--topic",
+        TIERED_TOPIC,
+        "--time",
+        time_spec,
+    )
+    return result.stdout.strip()
+
+
+def broker_driven(local: stack.Stack) -> None:
+    """A topic tiered by the broker's RLM through the plugin, read back from offset 0."""
+    say(
+        f"creating {TIERED_TOPIC!r} with remote.storage.enable=true and producing"
+        f" {TIERED_RECORDS} records: Kafka's RLM copies it through the plugin and the sidecar"
+    )
+    asyncio.run(produce_tiered(local.kafka.bootstrap_servers))
+    partition_dir = local.kafka.nodes[0].log_dir / f"{TIERED_TOPIC}-0"
+    deadline = time.monotonic() + 180
+    while local_start(partition_dir) <= 0:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the broker deleted no local segment of {TIERED_TOPIC} in 180 s")
+        time.sleep(0.5)
+    say(
+        f"the broker deleted its local segments below offset {local_start(partition_dir)};"
+        f" ListOffsets earliest (-2): {offset_shell(local, '-2')},"
+        f" earliest-local (-4): {offset_shell(local, '-4')}"
+    )
+    say("Kafka's console consumer, from offset 0 (the first segments come from S3):")
+    result = local.kafka.tool(
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server",
+        local.kafka.bootstrap_servers,
+        "--topic",
+        TIERED_TOPIC,
+        "--from-beginning",
+        "--max-messages",
+        str(TIERED_RECORDS),
+        "--timeout-ms",
+        "120000",
+        "--formatter-property",
+        "print.offset=true",
+        "--formatter-property",
+        "print.key=true",
+        timeout=300,
+    )
+    lines = result.stdout.splitlines()
+    for line in lines[:2]:
+        print(f"    {line[:120]}")
+    if len(lines) != TIERED_RECORDS or not lines[0].startswith("Offset:0"):
+        raise SystemExit(
+            f"the console consumer read {len(lines)} records:\n{result.stderr[-3000:]}"
+        )
+    say(
+        f"Kafka's console consumer read all {TIERED_RECORDS} records of {TIERED_TOPIC!r}"
+        " from offset 0"
+    )
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -148,6 +262,26 @@ def compare_with_broker(local: stack.Stack, keys: list[str]) -> list[str]:
     return bad
 
 
+def write_config(config: Path, root: Path, local: stack.Stack | None = None) -> int:
+    """The sidecar's config; before the stack exists only what `sidecar broker-config` reads."""
+    metrics_port = stack.free_port()
+    text = (
+        f'state_dir = "{root / "sidecar-state"}"\n'
+        f"[remote_log_metadata]\nreplication_factor = 1\n"
+        f"[metrics]\nport = {metrics_port}\n"
+        f'[logging]\nformat = "json"\n'
+        f'[tiering]\nrescan_interval_s = 5.0\ninclude_topics = ["demo\\\\.orders"]\n'
+    )
+    if local is not None:
+        text += (
+            f'[broker]\nlog_dirs = ["{local.kafka.nodes[0].log_dir}"]\n'
+            f'[kafka]\nbootstrap_servers = ["{local.kafka.bootstrap_servers}"]\n'
+            f'[s3]\nendpoint_url = "{local.s3.endpoint}"\nbucket = "{local.s3.bucket}"\n'
+        )
+    config.write_text(text)
+    return metrics_port
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=stack.REPO / ".stack" / "demo")
@@ -155,9 +289,29 @@ def main() -> int:
     args = parser.parse_args()
     root: Path = args.root.resolve()
 
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "sidecar.toml"
+    # the broker loads the plugin on the sidecar's socket: its properties come from the config
+    write_config(config, root)
+    printed = subprocess.run(
+        [sys.executable, "-m", "sidecar", "broker-config", "--config", str(config),
+         "--plugin-jar", str(plugin_jar())],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    overrides = dict(
+        line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#")
+    )
+    overrides["remote.log.manager.task.interval.ms"] = "1000"  # copy within seconds
     say(f"starting the local stack in {root} (Kafka {stack.KAFKA_VERSION} + SeaweedFS)")
+    say("the broker's tiered-storage properties, from `sidecar broker-config`:")
+    for key in sorted(overrides):
+        if key.startswith(("remote.log.storage", "rsm.config")):
+            print(f"    {key}={overrides[key]}")
     started = time.monotonic()
-    local = stack.Stack.create(root).start()
+    local = stack.Stack.create(root, overrides=overrides)
+    local.kafka.overrides.update(overrides)  # also on a stack created by an earlier run
+    metrics_port = write_config(config, root, local)
+    local.start()
     say(
         f"stack up in {time.monotonic() - started:.1f} s: Kafka {local.kafka.bootstrap_servers}, "
         f"S3 {local.s3.endpoint} bucket {local.s3.bucket!r}"
@@ -170,18 +324,6 @@ def main() -> int:
         )
         asyncio.run(create_and_produce(local.kafka.bootstrap_servers))
 
-        metrics_port = stack.free_port()
-        config = root / "sidecar.toml"
-        config.write_text(
-            f'state_dir = "{root / "sidecar-state"}"\n'
-            f'[broker]\nlog_dirs = ["{local.kafka.nodes[0].log_dir}"]\n'
-            f'[kafka]\nbootstrap_servers = ["{local.kafka.bootstrap_servers}"]\n'
-            f'[s3]\nendpoint_url = "{local.s3.endpoint}"\nbucket = "{local.s3.bucket}"\n'
-            f'[tiering]\nrescan_interval_s = 5.0\ninclude_topics = ["demo\\\\.orders"]\n'
-            f"[remote_log_metadata]\nreplication_factor = 1\n"
-            f"[metrics]\nport = {metrics_port}\n"
-            f'[logging]\nformat = "json"\n'
-        )
         # credentials come from the environment, never from the file
         env = {
             **os.environ,
@@ -283,6 +425,8 @@ def main() -> int:
             check=True,
         )
 
+        broker_driven(local)
+
         say("stopping the sidecar with SIGTERM")
         sidecar_proc.send_signal(signal.SIGTERM)
         code = sidecar_proc.wait(timeout=30)
@@ -301,7 +445,10 @@ def main() -> int:
         else:
             local.stop()
             say("stack stopped")
-    say("demo finished: the sidecar saw the segments roll and tiered them to S3")
+    say(
+        "demo finished: the sidecar tiered the rolled segments to S3, and the broker read a"
+        " tiered topic back from offset 0 through the plugin"
+    )
     return 0
 
 

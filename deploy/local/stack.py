@@ -518,6 +518,30 @@ class KafkaCluster:
             "logger.request.name = kafka.request.logger\nlogger.request.level = WARN\n"
         )
 
+    def _log4j1(self, node: KafkaNode) -> str:
+        """The same logging for Kafka 3.x, whose jars bind SLF4J to reload4j (log4j 1)."""
+        return (
+            "log4j.rootLogger=INFO, file\n"
+            "log4j.appender.file=org.apache.log4j.FileAppender\n"
+            f"log4j.appender.file.File={node.log_file}\n"
+            "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+            "log4j.logger.kafka=INFO\n"
+            "log4j.logger.kafka.request.logger=WARN\n"
+        )
+
+    def _write_logging(self, node: KafkaNode) -> None:
+        # Both files, always: Kafka 4 logs through log4j 2, Kafka 3.x through reload4j, and a 3.x
+        # class path holds both SLF4J bindings, of which the JVM picks one by jar order.
+        (node.home / "log4j2.properties").write_text(self._log4j(node))
+        (node.home / "log4j.properties").write_text(self._log4j1(node))
+
+    def _logging_flags(self, node: KafkaNode) -> list[str]:
+        return [
+            f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}",
+            f"-Dlog4j.configuration={(node.home / 'log4j.properties').as_uri()}",
+        ]
+
     def _java_cmd(self, libs: Path, node: KafkaNode, main: list[str]) -> list[str]:
         return [
             require_java(),
@@ -526,7 +550,7 @@ class KafkaCluster:
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",  # start fast; the local stack is for tests, not throughput
             "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}",
+            *self._logging_flags(node),
             f"-Dkafka.logs.dir={node.home}",
             "-cp",
             f"{libs}/*",
@@ -542,7 +566,7 @@ class KafkaCluster:
                 continue
             node.home.mkdir(parents=True, exist_ok=True)
             (node.home / "server.properties").write_text(self._properties(node))
-            (node.home / "log4j2.properties").write_text(self._log4j(node))
+            self._write_logging(node)
             if not (node.log_dir / "meta.properties").exists():
                 fmt = subprocess.run(
                     self._java_cmd(
@@ -626,7 +650,7 @@ class KafkaCluster:
             "-Xmx256m",
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",
-            f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}",
+            *self._logging_flags(node),
             "-cp",
             f"{libs}/*",
             main,

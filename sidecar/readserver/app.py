@@ -23,6 +23,7 @@ from typing import Final
 
 from aiohttp import web
 
+from sidecar.brokerapi import SegmentCopier
 from sidecar.config import SidecarConfig
 from sidecar.errors import ConfigError
 from sidecar.metadata.store import RemoteSegmentStore
@@ -37,6 +38,7 @@ from sidecar.readserver.routes import (
     add_routes,
     limits_middleware,
 )
+from sidecar.readserver.rsm import COPIER_KEY, add_rsm_routes
 from sidecar.readserver.service import ReadService
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout
@@ -58,15 +60,23 @@ def socket_path_for(config: SidecarConfig) -> Path:
 
 
 def build_app(
-    service: ReadService, *, limits: ReadLimits | None = None, metrics: Metrics | None = None
+    service: ReadService,
+    *,
+    limits: ReadLimits | None = None,
+    metrics: Metrics | None = None,
+    copier: SegmentCopier | None = None,
 ) -> web.Application:
-    """The v1 application: routes, limits and JSON errors, with its dependencies as app keys."""
+    """The v1 application: routes, limits and JSON errors, with its dependencies as app keys.
+    Without ``copier`` the plugin's copy and delete answer 503 ``copy_unavailable``."""
     app = web.Application(middlewares=[limits_middleware], client_max_size=1024)
     app[SERVICE_KEY] = service
     app[LIMITS_KEY] = limits if limits is not None else ReadLimits()
     if metrics is not None:
         app[METRICS_KEY] = metrics
+    if copier is not None:
+        app[COPIER_KEY] = copier
     add_routes(app)
+    add_rsm_routes(app)
     return app
 
 
@@ -110,8 +120,10 @@ class ReadServer:
         limits: ReadLimits | None = None,
         metrics: Metrics | None = None,
         shutdown_timeout_s: float = 5.0,
+        copier: SegmentCopier | None = None,
     ) -> None:
         self.service = service
+        self.copier = copier
         self.socket_path = socket_path
         self.tcp_port = tcp_port
         self._limits = limits if limits is not None else ReadLimits()
@@ -131,6 +143,7 @@ class ReadServer:
         objects: ObjectStore,
         metrics: Metrics | None = None,
         log_dirs: Sequence[Path] | None = None,
+        copier: SegmentCopier | None = None,
     ) -> ReadServer:
         """The read server the configuration describes, over the caller's store and objects."""
         read = config.read_server
@@ -165,6 +178,7 @@ class ReadServer:
         )
         return cls(
             service=service,
+            copier=copier,
             socket_path=socket_path_for(config),
             tcp_port=read.tcp_port,
             limits=limits,
@@ -182,7 +196,9 @@ class ReadServer:
                 await self.service.aclose()
 
     async def _serve(self, stopping: asyncio.Event) -> None:
-        app = build_app(self.service, limits=self._limits, metrics=self._metrics)
+        app = build_app(
+            self.service, limits=self._limits, metrics=self._metrics, copier=self.copier
+        )
         runner = web.AppRunner(
             app,
             access_log=None,

@@ -19,6 +19,15 @@ by the client when the server answers with an error, so callers handle one tree 
   + MetadataUnavailableError (R) the local metadata store failed          503  metadata_unavailable
   + StorageTimeoutError (R)    an S3 call passed its deadline            504  storage_timeout
 
+The plugin's routes (``/v1/rsm/...``, :mod:`sidecar.readserver.rsm`) add:
+
+  + RemoteObjectNotFoundError  an object of the segment is not in the bucket
+                               (RemoteResourceNotFoundException)        404  remote_object_not_found
+  + SegmentNotCopyableError    the broker's segment is corrupt, missing on the sidecar's mount
+                               or not the size its metadata says         422  segment_not_copyable
+  + CopyInterruptedError (R)   the copy failed in a way worth retrying   503  copy_interrupted
+  + BrokerCopyUnavailableError (R) this server does no copies            503  copy_unavailable
+
 The client adds two of its own: ``ServerUnreachableError`` (``unreachable``: no server at the
 socket or URL) and ``TruncatedResponseError`` (``truncated_response``: the server closed the
 connection mid-body, its sign of a failure after the status line).
@@ -39,12 +48,16 @@ from sidecar.errors import SidecarError
 __all__ = [
     "AmbiguousTopicError",
     "BadRequestError",
+    "BrokerCopyUnavailableError",
+    "CopyInterruptedError",
     "IndexNotFoundError",
     "MetadataUnavailableError",
     "OffsetOutOfRangeError",
     "RangeNotSatisfiableError",
     "ReadError",
     "RemoteDataError",
+    "RemoteObjectNotFoundError",
+    "SegmentNotCopyableError",
     "ServerUnreachableError",
     "StorageTimeoutError",
     "StorageUnavailableError",
@@ -178,6 +191,35 @@ class TruncatedResponseError(ReadError):
     code = "truncated_response"
 
 
+class RemoteObjectNotFoundError(ReadError):
+    """An object of a segment the broker asked for is not in the bucket."""
+
+    status = 404
+    code = "remote_object_not_found"
+
+
+class SegmentNotCopyableError(ReadError):
+    """The broker's segment cannot be copied: corrupt, missing on the sidecar's mount, or not the
+    size its metadata says. Not worth retrying as is."""
+
+    status = 422
+    code = "segment_not_copyable"
+
+
+class CopyInterruptedError(ReadError):
+    """A copy failed in a way worth retrying (the ``.log`` changed during the upload)."""
+
+    status = 503
+    code = "copy_interrupted"
+
+
+class BrokerCopyUnavailableError(ReadError):
+    """This read server was started without the broker copier."""
+
+    status = 503
+    code = "copy_unavailable"
+
+
 _BY_CODE: dict[str, type[ReadError]] = {
     cls.code: cls
     for cls in (
@@ -193,6 +235,10 @@ _BY_CODE: dict[str, type[ReadError]] = {
         StorageUnavailableError,
         MetadataUnavailableError,
         StorageTimeoutError,
+        RemoteObjectNotFoundError,
+        SegmentNotCopyableError,
+        CopyInterruptedError,
+        BrokerCopyUnavailableError,
     )
 }
 

@@ -123,6 +123,10 @@ _INDEX_TYPES: Final = {
     "leader_epoch": IndexKind.LEADER_EPOCH_CHECKPOINT,
 }
 _STATES: Final = {state.name: state for state in RemoteSegmentStore.LIVE_STATES}
+#: the names of the broker plugin's routes start with this (``sidecar.readserver.rsm``)
+RSM_ROUTE_PREFIX: Final = "rsm_"
+#: the largest body of a plugin request (a copy's leader-epoch checkpoint is its largest part)
+RSM_MAX_BODY_BYTES: Final = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,10 +273,28 @@ async def _admit(
             "headers_too_large",
             f"the request headers are larger than {limits.max_header_bytes} bytes",
         )
+    if (request.match_info.route.name or "").startswith(RSM_ROUTE_PREFIX):
+        return await _admit_rsm(request, handler)
     if request.content_length or request.headers.get("Transfer-Encoding"):
         return _error(413, "request_too_large", "requests to this API have no body")
     if request.method not in ("GET", "HEAD"):
         return _error(405, "method_not_allowed", f"{request.method} is not allowed; use GET")
+    return await handler(request)
+
+
+async def _admit_rsm(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The broker plugin's routes (``sidecar.readserver.rsm``): POST with a JSON body of a
+    declared length, at most ``RSM_MAX_BODY_BYTES``."""
+    if request.method != "POST":
+        return _error(405, "method_not_allowed", f"{request.method} is not allowed; use POST")
+    if request.headers.get("Transfer-Encoding") or request.content_length is None:
+        return _error(411, "length_required", "the request body needs a Content-Length")
+    if request.content_length > RSM_MAX_BODY_BYTES:
+        return _error(
+            413, "request_too_large", f"the request body is larger than {RSM_MAX_BODY_BYTES} bytes"
+        )
     return await handler(request)
 
 

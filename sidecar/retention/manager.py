@@ -81,7 +81,7 @@ from sidecar.retention.policy import (
 from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segments
 from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError, metadata_retention_problem
 from sidecar.storage.base import ObjectStore
-from sidecar.tiering.cluster import ClusterWatcher, TopicConfig
+from sidecar.tiering.cluster import ClusterWatcher, TopicConfig, TopicSelector
 from sidecar.tiering.planner import RemoteCoverage, find_highest_remote_offset
 from sidecar.tiering.uploader import SegmentUploader
 from sidecar.tiering.workers import remote_coverage
@@ -155,6 +155,8 @@ class RetentionManager:
         self._gone_since: dict[uuid.UUID, float] = {}
         #: the last unconfirming answer logged per topic id (logged again when it changes)
         self._unconfirmed: dict[uuid.UUID, TopicIdState] = {}
+        #: topic ids seen with remote.storage.enable=true (their remote data is the broker's)
+        self._broker_driven_ids: set[uuid.UUID] = set()
         self._removed: list[tuple[PartitionScan, PartitionScan | None]] = []
         # (topic, partition) -> base offsets already warned about; pruned every pass to the
         # partitions and segments in the log dir now (see _prune_warned)
@@ -206,6 +208,8 @@ class RetentionManager:
         for tp in partitions:
             if stop.is_set():
                 break
+            if self._broker_driven(tp):
+                continue  # Kafka's RLM deletes these itself, partition and topic deletion too
             await self._guarded(summary, tp, self._deletions(tp, topic_ids, summary, candidates))
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
@@ -246,6 +250,14 @@ class RetentionManager:
             log.warning("topic_ids_unavailable", error=str(exc))
             return None
         return set(ids.values())
+
+    def _broker_driven(self, tp: TopicIdPartition) -> bool:
+        """The topic has (or had, while this process ran) remote.storage.enable=true: the
+        broker's RLM owns its remote data. Remembered by topic id, so the topic's deletion does
+        not hand its cleanup to the sidecar."""
+        if TopicSelector.broker_driven(self._cluster.view.configs.get(tp.topic)):
+            self._broker_driven_ids.add(tp.topic_id)
+        return tp.topic_id in self._broker_driven_ids
 
     def _caught_up(self, tp: TopicIdPartition) -> bool:
         return self._tailer.caught_up(metadata_partition(tp, self._num_mp))

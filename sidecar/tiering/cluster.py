@@ -112,8 +112,13 @@ async def describe_topic_configs(admin: Any, topics: Iterable[str]) -> dict[str,
 
 @dataclass(frozen=True, slots=True)
 class TopicSelector:
-    """Which topics are tiered: ``remote.storage.enable=true`` or an include pattern, never an
-    exclude pattern, never a compacted topic (Kafka's ``UnifiedLog.isRemoteLogEnabled``)."""
+    """Which topics the sidecar tiers on its own (standalone mode): an include pattern, never an
+    exclude pattern, never a compacted topic (Kafka's ``UnifiedLog.isRemoteLogEnabled``).
+
+    A topic with ``remote.storage.enable=true`` is broker-driven: the broker's RLM copies it
+    through the plugin and its RLMM publishes the events and runs remote retention, so the
+    sidecar never selects it here (the leader computes its copied offset once per leadership
+    and would never see the sidecar's own events)."""
 
     include: Sequence[str] = ()
     exclude: Sequence[str] = (r"__.*",)
@@ -127,11 +132,14 @@ class TopicSelector:
     def selected(self, topic: str, config: TopicConfig | None) -> bool:
         if any(p.fullmatch(topic) for p in self._exclude_re):
             return False
-        if config is not None and config.compacted:
+        if config is not None and (config.compacted or config.remote_storage_enable):
             return False
-        if config is not None and config.remote_storage_enable:
-            return True
         return any(p.fullmatch(topic) for p in self._include_re)
+
+    @staticmethod
+    def broker_driven(config: TopicConfig | None) -> bool:
+        """The broker tiers this topic through the plugin (``remote.storage.enable=true``)."""
+        return config is not None and config.remote_storage_enable
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +298,10 @@ class ClusterWatcher:
 
     def selected(self, topic: str) -> bool:
         return self._selector.selected(topic, self.view.configs.get(topic))
+
+    def broker_driven(self, topic: str) -> bool:
+        """The broker tiers ``topic`` through the plugin (``remote.storage.enable=true``)."""
+        return self._selector.broker_driven(self.view.configs.get(topic))
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: refresh every ``refresh_interval_s`` or when asked; back off on errors."""

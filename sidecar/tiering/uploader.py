@@ -75,10 +75,13 @@ from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pa
 __all__ = [
     "CorruptSegmentError",
     "LeadershipLostError",
+    "OpenSegment",
     "SegmentChangedError",
     "SegmentCopyPreemptedError",
     "SegmentUploader",
     "UploadOutcome",
+    "segment_keys",
+    "write_segment_objects",
 ]
 
 log = get_logger(__name__)
@@ -251,18 +254,7 @@ class SegmentUploader:
 
     def keys(self, metadata: SegmentMetadata) -> dict[ObjectSuffix, str]:
         """Every object key of a segment, derived from its metadata alone."""
-        tip = metadata.segment_id.topic_id_partition
-        return {
-            suffix: self._layout.segment_key(
-                topic=tip.topic,
-                topic_id=tip.topic_id,
-                partition=tip.partition,
-                base_offset=metadata.start_offset,
-                segment_id=metadata.segment_id.id,
-                suffix=suffix,
-            )
-            for suffix in ObjectSuffix
-        }
+        return segment_keys(self._layout, metadata)
 
     async def upload(
         self,
@@ -444,47 +436,14 @@ class SegmentUploader:
             )
 
     async def _write_objects(self, metadata: SegmentMetadata, opened: _OpenSegment) -> int:
-        keys = self.keys(metadata)
-        log_info = await self._objects.put_file(
-            keys[ObjectSuffix.LOG],
-            opened.log_path,
+        return await write_segment_objects(
+            self._objects,
+            self._layout,
+            metadata,
+            opened,
             part_size=self._part_size,
             concurrency=self._concurrency,
         )
-        after = await asyncio.to_thread(os.fstat, opened.log.fileno())
-        if (
-            log_info.size != opened.size
-            or after.st_size != opened.size
-            or after.st_mtime_ns != opened.mtime_ns
-        ):
-            raise SegmentChangedError(
-                f"{keys[ObjectSuffix.LOG]}: the local .log changed during the upload"
-                f" ({opened.size} → {after.st_size} bytes)"
-            )
-        blob, ranges = pack_indexes(opened.index_files)
-        index_info = await self._objects.put(keys[ObjectSuffix.INDEXES], blob)
-        tip = metadata.segment_id.topic_id_partition
-        manifest = SegmentManifest(
-            topic=tip.topic,
-            topic_id=tip.topic_id,
-            partition=tip.partition,
-            segment_id=metadata.segment_id.id,
-            start_offset=metadata.start_offset,
-            end_offset=metadata.end_offset,
-            max_timestamp_ms=metadata.max_timestamp_ms,
-            size_bytes=metadata.segment_size_in_bytes,
-            leader_epochs=metadata.segment_leader_epochs,
-            txn_index_empty=metadata.txn_index_empty,
-            broker_id=metadata.broker_id,
-            event_timestamp_ms=metadata.event_timestamp_ms,
-            log=ObjectEntry(keys[ObjectSuffix.LOG], log_info.size, log_info.crc32c or 0),
-            indexes=ObjectEntry(
-                keys[ObjectSuffix.INDEXES], index_info.size, index_info.crc32c or 0, ranges
-            ),
-            created_by=f"kafka-tiered-sidecar {__version__}",
-        )
-        await self._objects.put(keys[ObjectSuffix.MANIFEST], manifest.to_json())
-        return index_info.size
 
     async def delete_segment(self, metadata: SegmentMetadata, *, unfinished: bool = False) -> bool:
         """DELETE_SEGMENT_STARTED → delete every object → DELETE_SEGMENT_FINISHED; returns
@@ -555,3 +514,78 @@ class SegmentUploader:
                 segment_id=str(metadata.segment_id.id),
                 error=str(exc) or type(exc).__name__,
             )
+
+
+#: an opened segment, for callers that open the files themselves (the broker-driven copy)
+OpenSegment = _OpenSegment
+
+
+def segment_keys(layout: KeyLayout, metadata: SegmentMetadata) -> dict[ObjectSuffix, str]:
+    """Every object key of a segment, derived from its metadata alone."""
+    tip = metadata.segment_id.topic_id_partition
+    return {
+        suffix: layout.segment_key(
+            topic=tip.topic,
+            topic_id=tip.topic_id,
+            partition=tip.partition,
+            base_offset=metadata.start_offset,
+            segment_id=metadata.segment_id.id,
+            suffix=suffix,
+        )
+        for suffix in ObjectSuffix
+    }
+
+
+async def write_segment_objects(
+    objects: ObjectStore,
+    layout: KeyLayout,
+    metadata: SegmentMetadata,
+    opened: OpenSegment,
+    *,
+    part_size: int,
+    concurrency: int,
+) -> int:
+    """Write a segment's objects (``.log``, indexes, manifest) and publish nothing: the
+    standalone upload wraps this in its metadata events, the broker-driven copy leaves the events
+    to the broker's RLMM. Returns the size of the indexes object."""
+    keys = segment_keys(layout, metadata)
+    log_info = await objects.put_file(
+        keys[ObjectSuffix.LOG],
+        opened.log_path,
+        part_size=part_size,
+        concurrency=concurrency,
+    )
+    after = await asyncio.to_thread(os.fstat, opened.log.fileno())
+    if (
+        log_info.size != opened.size
+        or after.st_size != opened.size
+        or after.st_mtime_ns != opened.mtime_ns
+    ):
+        raise SegmentChangedError(
+            f"{keys[ObjectSuffix.LOG]}: the local .log changed during the upload"
+            f" ({opened.size} → {after.st_size} bytes)"
+        )
+    blob, ranges = pack_indexes(opened.index_files)
+    index_info = await objects.put(keys[ObjectSuffix.INDEXES], blob)
+    tip = metadata.segment_id.topic_id_partition
+    manifest = SegmentManifest(
+        topic=tip.topic,
+        topic_id=tip.topic_id,
+        partition=tip.partition,
+        segment_id=metadata.segment_id.id,
+        start_offset=metadata.start_offset,
+        end_offset=metadata.end_offset,
+        max_timestamp_ms=metadata.max_timestamp_ms,
+        size_bytes=metadata.segment_size_in_bytes,
+        leader_epochs=metadata.segment_leader_epochs,
+        txn_index_empty=metadata.txn_index_empty,
+        broker_id=metadata.broker_id,
+        event_timestamp_ms=metadata.event_timestamp_ms,
+        log=ObjectEntry(keys[ObjectSuffix.LOG], log_info.size, log_info.crc32c or 0),
+        indexes=ObjectEntry(
+            keys[ObjectSuffix.INDEXES], index_info.size, index_info.crc32c or 0, ranges
+        ),
+        created_by=f"kafka-tiered-sidecar {__version__}",
+    )
+    await objects.put(keys[ObjectSuffix.MANIFEST], manifest.to_json())
+    return index_info.size

@@ -281,13 +281,18 @@ class TieringEngine:
         tracked: set[int] = set()
         kept: set[_PartitionKey] = set()  # partitions whose per-partition state is kept
         for scan in self._views().values():
-            if scan.topic_id is None or not self._cluster.selected(scan.topic):
+            if scan.topic_id is None:
+                continue
+            selected = self._cluster.selected(scan.topic)
+            if not selected and not self._cluster.broker_driven(scan.topic):
                 continue
             if view.may_upload(scan.topic, scan.partition) or not view.fresh:
                 kept.add((scan.topic, scan.partition))
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             mp = metadata_partition(tip, self._settings.num_metadata_partitions)
             tracked.add(mp)  # followers read their partitions' metadata too, as Kafka's do
+            if not selected:
+                continue  # broker-driven: its metadata is tailed for reads, never copied here
             key = (scan.topic, scan.partition)
             worker = self._workers.get(key)
             if not view.may_upload(scan.topic, scan.partition):

@@ -29,6 +29,9 @@ def test_demo_runs_and_exits_zero(tmp_path):
     assert "every tiered .log object is byte-identical to the broker's file" in out
     assert 'kafka_tiered_sidecar_segments_copied_total{topic="demo.orders"}' in out
     assert "3 tiered records read back from S3 through the read socket" in out
+    # broker-driven: the broker tiers through the plugin and reads back from offset 0
+    assert "rsm.config.socket.path=" in out
+    assert "Kafka's console consumer read all 4000 records of 'demo.tiered' from offset 0" in out
     assert "sidecar stopped cleanly (exit 0)" in out
     assert "stack stopped" in out
     # the stack was stopped by PID: nothing it started is still running

@@ -42,7 +42,8 @@ def _operations() -> list[tuple[re.Pattern[str], set[int]]]:
     found = []
     for template, item in document["paths"].items():
         pattern = re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(template))
-        found.append((re.compile(pattern + r"\Z"), {int(s) for s in item["get"]["responses"]}))
+        if "get" in item:  # the plugin's POST routes are covered by their own tests
+            found.append((re.compile(pattern + r"\Z"), {int(s) for s in item["get"]["responses"]}))
     return found
 
 

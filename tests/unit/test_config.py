@@ -78,6 +78,14 @@ class TestLoadConfig:
         assert config.kafka.bootstrap_servers == ["a:1", "b:2"]
         assert config.broker.log_dirs == [Path("/d1"), Path("/d2")]
 
+    def test_environment_maps_are_json_objects(self):
+        """A map field (broker.path_map: paths with slashes as keys) is given as a JSON object."""
+        env = {"SIDECAR_BROKER__PATH_MAP": '{"/var/lib/kafka/data": "/mnt/kafka"}'}
+        config = load_config(None, environ=env)
+        assert config.broker.path_map == {"/var/lib/kafka/data": Path("/mnt/kafka")}
+        with pytest.raises(ConfigError, match=r"broker\.path_map: not a JSON object"):
+            load_config(None, environ={"SIDECAR_BROKER__PATH_MAP": "{nope"})
+
     def test_unrelated_environment_is_ignored(self):
         """Only SIDECAR_-prefixed variables are read."""
         config = load_config(None, environ={"S3__BUCKET": "nope", "HOME": "/root"})

@@ -57,3 +57,22 @@ class TestClusterId:
 
         ids = [stack._kafka_uuid() for _ in range(5000)]
         assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+class TestLogging:
+    def test_both_log4j_generations_are_configured(self, tmp_path):
+        """Kafka 3.x binds SLF4J to reload4j (log4j 1) and 4.x to log4j 2: the stack writes a
+        config for each and passes both to the JVM, so the broker's "started" line reaches
+        server.log whichever binding wins."""
+        from tests.conftest import stack
+
+        cluster = stack.KafkaCluster.create(tmp_path / "kafka", nodes=1, version="3.9.1")
+        node = cluster.nodes[0]
+        node.home.mkdir(parents=True)
+        cluster._write_logging(node)
+        log4j1 = (node.home / "log4j.properties").read_text()
+        assert f"log4j.appender.file.File={node.log_file}" in log4j1
+        assert str(node.log_file) in (node.home / "log4j2.properties").read_text()
+        cmd = cluster._java_cmd(Path("/libs"), node, ["kafka.Kafka"])
+        assert f"-Dlog4j.configuration={(node.home / 'log4j.properties').as_uri()}" in cmd
+        assert f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}" in cmd

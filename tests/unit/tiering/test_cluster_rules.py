@@ -13,7 +13,12 @@ class TestTopicSelector:
     @pytest.mark.parametrize(
         ("topic", "config", "expected"),
         [
-            pytest.param("orders", TopicConfig(remote_storage_enable=True), True, id="enabled"),
+            pytest.param(
+                "orders", TopicConfig(remote_storage_enable=True), False, id="broker-driven"
+            ),
+            pytest.param(
+                "logs.app", TopicConfig(remote_storage_enable=True), False, id="broker-driven-inc"
+            ),
             pytest.param("orders", TopicConfig(), False, id="not-enabled"),
             pytest.param("logs.app", TopicConfig(), True, id="include-pattern"),
             pytest.param(
@@ -29,9 +34,11 @@ class TestTopicSelector:
         ],
     )
     def test_selection(self, topic, config, expected):
-        """remote.storage.enable or an include pattern selects; excludes and compaction win."""
+        """An include pattern selects; excludes, compaction and remote.storage.enable=true (the
+        broker tiers those through the plugin) win."""
         selector = TopicSelector(include=[r"logs\..*"])
         assert selector.selected(topic, config) is expected
+        assert TopicSelector.broker_driven(config) is bool(config and config.remote_storage_enable)
 
     def test_config_parsing_defaults(self):
         """Absent or malformed config values fall back to Kafka's defaults."""

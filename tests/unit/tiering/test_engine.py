@@ -49,6 +49,8 @@ class FakeCluster:
 
     def __init__(self, leader: int, lso: int) -> None:
         self.lso = lso
+        #: topics with remote.storage.enable=true: the broker tiers them through the plugin
+        self.broker_driven_topics: set[str] = set()
         self.set_leader(leader)
 
     def set_leader(self, leader: int) -> None:
@@ -66,7 +68,10 @@ class FakeCluster:
         return ME
 
     def selected(self, topic: str) -> bool:
-        return topic == TOPIC
+        return topic == TOPIC and topic not in self.broker_driven_topics
+
+    def broker_driven(self, topic: str) -> bool:
+        return topic in self.broker_driven_topics
 
 
 class FakeTailer:
@@ -302,6 +307,24 @@ class TestEngineTiering:
         await r.until(r.all_tiered)
         await r.stop()
         assert r.publisher.events[0][0] - started >= 0.3
+
+
+class TestBrokerDriven:
+    """A topic with remote.storage.enable=true belongs to the broker's RLM."""
+
+    async def test_broker_driven_topic_is_tailed_but_never_copied_or_repaired(self, rig):
+        """Its metadata partition is tailed (reads, Spark, status), but the engine starts no
+        copy and leaves the broker's unfinished copy alone: no event, no object."""
+        r = rig()
+        r.cluster.broker_driven_topics.add(TOPIC)
+        r.copy_started(0, broker=ME)  # what the broker's RLM writes before copyLogSegmentData
+        r.start()
+        await r.until(lambda: bool(r.tailer.tracked))
+        # the pass that tracked the partition is the one that would have started its worker
+        await r.stop()
+        assert r.publisher.events == []
+        assert r.objects.objects == {}
+        assert r.finished() == []
 
 
 class TestEngineRepair:

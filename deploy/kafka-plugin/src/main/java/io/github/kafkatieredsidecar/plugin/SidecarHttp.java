@@ -1,0 +1,339 @@
+package io.github.kafkatieredsidecar.plugin;
+
+import java.io.EOFException;
+import java.io.IOException;
+import java.io.InputStream;
+import java.net.InetSocketAddress;
+import java.net.SocketAddress;
+import java.net.SocketTimeoutException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.SelectionKey;
+import java.nio.channels.Selector;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.util.Locale;
+
+/**
+ * A minimal HTTP/1.1 client for the sidecar's local socket: one request per connection
+ * ({@code Connection: close}), a JSON request body, a response with a {@code Content-Length}.
+ *
+ * <p>The channel is non-blocking and every wait goes through a {@link Selector} with a timeout, so
+ * no call blocks past its deadline: connecting, writing the request and each read of the response
+ * (an idle timeout while a fetch is streamed to the broker). The JDK's blocking {@code SocketChannel}
+ * ignores {@code SO_TIMEOUT}, which is why the selector is used.
+ */
+final class SidecarHttp {
+
+    /** Where the sidecar listens: a Unix domain socket (the default) or a loopback TCP port. */
+    static final class Endpoint {
+        final Path socketPath;
+        final String host;
+        final int port;
+
+        private Endpoint(Path socketPath, String host, int port) {
+            this.socketPath = socketPath;
+            this.host = host;
+            this.port = port;
+        }
+
+        static Endpoint unix(Path path) {
+            return new Endpoint(path, null, -1);
+        }
+
+        static Endpoint tcp(String host, int port) {
+            return new Endpoint(null, host, port);
+        }
+
+        SocketAddress address() {
+            return socketPath != null
+                    ? UnixDomainSocketAddress.of(socketPath)
+                    : new InetSocketAddress(host, port);
+        }
+
+        @Override
+        public String toString() {
+            return socketPath != null ? "unix:" + socketPath : "tcp:" + host + ":" + port;
+        }
+    }
+
+    /** The status line and the body of a response; the body is read on demand. */
+    static final class Response implements AutoCloseable {
+        final int status;
+        final long contentLength;
+        final BodyStream body;
+
+        Response(int status, long contentLength, BodyStream body) {
+            this.status = status;
+            this.contentLength = contentLength;
+            this.body = body;
+        }
+
+        byte[] readAll() throws IOException {
+            if (contentLength > Integer.MAX_VALUE - 8) {
+                throw new IOException("response of " + contentLength + " bytes is too large to buffer");
+            }
+            return body.readNBytes((int) contentLength);
+        }
+
+        @Override
+        public void close() throws IOException {
+            body.close();
+        }
+    }
+
+    private static final int MAX_HEAD_BYTES = 16 * 1024;
+
+    private final Endpoint endpoint;
+    private final int connectTimeoutMs;
+
+    SidecarHttp(Endpoint endpoint, int connectTimeoutMs) {
+        this.endpoint = endpoint;
+        this.connectTimeoutMs = connectTimeoutMs;
+    }
+
+    Endpoint endpoint() {
+        return endpoint;
+    }
+
+    /**
+     * POST {@code body} to {@code path} and return the response once its head has arrived. The
+     * caller closes the response (which closes the connection). {@code timeoutMs} bounds writing the
+     * request and waiting for the response head (the sidecar's work); {@code idleTimeoutMs} bounds
+     * each wait for body bytes afterwards.
+     */
+    Response post(String path, byte[] body, int timeoutMs, int idleTimeoutMs) throws IOException {
+        SocketChannel channel = endpoint.socketPath != null
+                ? SocketChannel.open(StandardProtocolFamily.UNIX)
+                : SocketChannel.open(StandardProtocolFamily.INET);
+        Selector selector = null;
+        boolean handedOver = false;
+        try {
+            channel.configureBlocking(false);
+            selector = Selector.open();
+            connect(channel, selector);
+            long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+            String head = "POST " + path + " HTTP/1.1\r\n"
+                    + "Host: sidecar\r\n"
+                    + "User-Agent: kafka-tiered-sidecar-plugin\r\n"
+                    + "Content-Type: application/json\r\n"
+                    + "Content-Length: " + body.length + "\r\n"
+                    + "Connection: close\r\n\r\n";
+            write(channel, selector, ByteBuffer.wrap(head.getBytes(StandardCharsets.US_ASCII)), deadline);
+            write(channel, selector, ByteBuffer.wrap(body), deadline);
+            Response response = readHead(channel, selector, deadline, idleTimeoutMs);
+            handedOver = true;
+            return response;
+        } finally {
+            if (!handedOver) {
+                closeQuietly(selector);
+                closeQuietly(channel);
+            }
+        }
+    }
+
+    private void connect(SocketChannel channel, Selector selector) throws IOException {
+        if (channel.connect(endpoint.address())) {
+            return;
+        }
+        SelectionKey key = channel.register(selector, SelectionKey.OP_CONNECT);
+        long deadline = System.nanoTime() + connectTimeoutMs * 1_000_000L;
+        while (!channel.finishConnect()) {
+            await(selector, deadline, "connecting to the sidecar at " + endpoint);
+        }
+        key.interestOps(0);
+    }
+
+    private static void write(SocketChannel channel, Selector selector, ByteBuffer buffer, long deadline)
+            throws IOException {
+        while (buffer.hasRemaining()) {
+            if (channel.write(buffer) == 0) {
+                SelectionKey key = channel.keyFor(selector);
+                key = key == null ? channel.register(selector, SelectionKey.OP_WRITE) : key;
+                key.interestOps(SelectionKey.OP_WRITE);
+                await(selector, deadline, "sending a request to the sidecar");
+                key.interestOps(0);
+            }
+        }
+    }
+
+    /** Wait for the selector's one key until {@code deadline}; a timeout is an exception. */
+    private static void await(Selector selector, long deadline, String what) throws IOException {
+        long remainingMs = (deadline - System.nanoTime()) / 1_000_000L;
+        if (remainingMs <= 0 || selector.select(remainingMs) == 0 && System.nanoTime() >= deadline) {
+            throw new SocketTimeoutException("timed out " + what);
+        }
+        selector.selectedKeys().clear();
+    }
+
+    private static Response readHead(SocketChannel channel, Selector selector, long deadline, int idleTimeoutMs)
+            throws IOException {
+        ByteBuffer buffer = ByteBuffer.allocate(MAX_HEAD_BYTES);
+        SelectionKey key = channel.keyFor(selector);
+        key = key == null ? channel.register(selector, 0) : key;
+        int headEnd;
+        while ((headEnd = indexOfHeadEnd(buffer)) < 0) {
+            if (!buffer.hasRemaining()) {
+                throw new IOException("the sidecar's response head is larger than " + MAX_HEAD_BYTES + " bytes");
+            }
+            int n = channel.read(buffer);
+            if (n < 0) {
+                throw new EOFException("the sidecar closed the connection before answering");
+            }
+            if (n == 0) {
+                key.interestOps(SelectionKey.OP_READ);
+                await(selector, deadline, "waiting for the sidecar's answer");
+                key.interestOps(0);
+            }
+        }
+        String head = new String(buffer.array(), 0, headEnd, StandardCharsets.ISO_8859_1);
+        String[] lines = head.split("\r\n");
+        String[] statusLine = lines[0].split(" ", 3);
+        if (statusLine.length < 2 || !statusLine[0].startsWith("HTTP/1.")) {
+            throw new IOException("not an HTTP response from the sidecar: " + lines[0]);
+        }
+        int status;
+        try {
+            status = Integer.parseInt(statusLine[1]);
+        } catch (NumberFormatException e) {
+            throw new IOException("bad status line from the sidecar: " + lines[0], e);
+        }
+        long length = -1;
+        for (int i = 1; i < lines.length; i++) {
+            int colon = lines[i].indexOf(':');
+            if (colon <= 0) {
+                continue;
+            }
+            String name = lines[i].substring(0, colon).trim().toLowerCase(Locale.ROOT);
+            String value = lines[i].substring(colon + 1).trim();
+            if (name.equals("content-length")) {
+                try {
+                    length = Long.parseLong(value);
+                } catch (NumberFormatException e) {
+                    throw new IOException("bad Content-Length from the sidecar: " + value, e);
+                }
+            } else if (name.equals("transfer-encoding") && !value.equalsIgnoreCase("identity")) {
+                throw new IOException("the sidecar answered with Transfer-Encoding " + value
+                        + "; this client reads Content-Length bodies only");
+            }
+        }
+        if (length < 0) {
+            throw new IOException("the sidecar's response has no Content-Length");
+        }
+        buffer.flip();
+        buffer.position(headEnd + 4);
+        return new Response(status, length, new BodyStream(channel, selector, buffer, length, idleTimeoutMs));
+    }
+
+    private static int indexOfHeadEnd(ByteBuffer buffer) {
+        byte[] a = buffer.array();
+        for (int i = 0; i + 3 < buffer.position(); i++) {
+            if (a[i] == '\r' && a[i + 1] == '\n' && a[i + 2] == '\r' && a[i + 3] == '\n') {
+                return i;
+            }
+        }
+        return -1;
+    }
+
+    static void closeQuietly(AutoCloseable closeable) {
+        if (closeable == null) {
+            return;
+        }
+        try {
+            closeable.close();
+        } catch (Exception ignored) {
+            // closing a connection we are done with: nothing to recover
+        }
+    }
+
+    /**
+     * A response body of a known length, read from the channel with an idle timeout per wait.
+     * Reading past the length gives -1; a connection that ends early is an {@link EOFException}
+     * (a truncated response, never a short one taken for complete).
+     */
+    static final class BodyStream extends InputStream {
+        private static final int BUFFER_BYTES = 64 * 1024;
+        private final SocketChannel channel;
+        private final Selector selector;
+        private final int idleTimeoutMs;
+        private ByteBuffer buffer;
+        private long remaining;
+        private boolean closed;
+
+        BodyStream(SocketChannel channel, Selector selector, ByteBuffer initial, long length, int idleTimeoutMs) {
+            this.channel = channel;
+            this.selector = selector;
+            this.idleTimeoutMs = idleTimeoutMs;
+            this.buffer = initial;
+            this.remaining = length;
+            if (buffer.remaining() > remaining) {
+                buffer.limit(buffer.position() + (int) remaining);
+            }
+        }
+
+        @Override
+        public int read() throws IOException {
+            byte[] one = new byte[1];
+            int n = read(one, 0, 1);
+            return n < 0 ? -1 : one[0] & 0xff;
+        }
+
+        @Override
+        public int read(byte[] b, int off, int len) throws IOException {
+            if (closed) {
+                throw new IOException("stream closed");
+            }
+            if (len == 0) {
+                return 0;
+            }
+            if (remaining == 0) {
+                return -1;
+            }
+            if (!buffer.hasRemaining()) {
+                fill();
+            }
+            int n = Math.min(len, buffer.remaining());
+            buffer.get(b, off, n);
+            remaining -= n;
+            return n;
+        }
+
+        @Override
+        public int available() {
+            return closed ? 0 : buffer.remaining();
+        }
+
+        private void fill() throws IOException {
+            if (buffer.capacity() < BUFFER_BYTES) {
+                buffer = ByteBuffer.allocate(BUFFER_BYTES);
+            }
+            buffer.clear();
+            if (buffer.remaining() > remaining) {
+                buffer.limit((int) remaining);
+            }
+            SelectionKey key = channel.keyFor(selector);
+            long deadline = System.nanoTime() + idleTimeoutMs * 1_000_000L;
+            int n;
+            while ((n = channel.read(buffer)) == 0) {
+                key.interestOps(SelectionKey.OP_READ);
+                await(selector, deadline, "reading the sidecar's response (idle " + idleTimeoutMs + " ms)");
+                key.interestOps(0);
+            }
+            buffer.flip();
+            if (n < 0) {
+                throw new EOFException("the sidecar's response ended " + remaining + " bytes early");
+            }
+        }
+
+        @Override
+        public void close() {
+            if (!closed) {
+                closed = true;
+                closeQuietly(selector);
+                closeQuietly(channel);
+            }
+        }
+    }
+}

@@ -1,0 +1,410 @@
+package io.github.kafkatieredsidecar.plugin;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.util.Base64;
+import java.util.Map;
+import java.util.Optional;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.server.log.remote.storage.LogSegmentData;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
+import org.apache.kafka.server.log.remote.storage.RetriableRemoteStorageException;
+
+/**
+ * Kafka's {@link RemoteStorageManager} backed by the kafka-tiered-sidecar running beside the
+ * broker. Every method is one request to the sidecar's read socket ({@code /v1/rsm/...}); the
+ * sidecar does every S3 byte (uploads with its own uploader, reads through its chunk cache).
+ *
+ * <p>Settings, under the broker's {@code rsm.config.} prefix:
+ * <ul>
+ *   <li>{@code socket.path}: the sidecar's Unix socket (default {@value #DEFAULT_SOCKET});</li>
+ *   <li>{@code tcp.port} (and {@code tcp.host}, default 127.0.0.1): use loopback TCP instead;</li>
+ *   <li>{@code connect.timeout.ms} (5000), {@code request.timeout.ms} (30000: fetches, deletes),
+ *       {@code copy.timeout.ms} (600000: a copy uploads a whole segment),
+ *       {@code read.idle.timeout.ms} (30000: each wait for body bytes of a fetch);</li>
+ *   <li>{@code fetch.window.bytes} (1 MiB): a fetch asks the sidecar for this much at a time.</li>
+ * </ul>
+ *
+ * <p>Errors: the sidecar unreachable, a timeout, or the sidecar saying a dependency is down
+ * (HTTP 429, 503, 504) are {@link RetriableRemoteStorageException}; a missing segment or index
+ * (HTTP 404) is {@link RemoteResourceNotFoundException}; anything else (a corrupt segment, bad
+ * data in the bucket) is a plain {@link RemoteStorageException}.
+ */
+public class SidecarRemoteStorageManager implements RemoteStorageManager {
+
+    static final String DEFAULT_SOCKET = "/var/run/kafka-tiered-sidecar/read.sock";
+    private static final Pattern CODE = Pattern.compile("\"code\"\\s*:\\s*\"([^\"]*)\"");
+    private static final Pattern MESSAGE = Pattern.compile("\"message\"\\s*:\\s*\"((?:[^\"\\\\]|\\\\.)*)\"");
+    private static final Pattern CUSTOM = Pattern.compile("\"custom_metadata\"\\s*:\\s*\"([A-Za-z0-9+/=]*)\"");
+
+    private SidecarHttp http;
+    private int requestTimeoutMs = 30_000;
+    private int copyTimeoutMs = 600_000;
+    private int idleTimeoutMs = 30_000;
+    private int fetchWindowBytes = 1024 * 1024;
+
+    @Override
+    public void configure(Map<String, ?> configs) {
+        int connectTimeoutMs = intSetting(configs, "connect.timeout.ms", 5_000);
+        requestTimeoutMs = intSetting(configs, "request.timeout.ms", 30_000);
+        copyTimeoutMs = intSetting(configs, "copy.timeout.ms", 600_000);
+        idleTimeoutMs = intSetting(configs, "read.idle.timeout.ms", 30_000);
+        fetchWindowBytes = intSetting(configs, "fetch.window.bytes", 1024 * 1024);
+        Object port = configs.get("tcp.port");
+        SidecarHttp.Endpoint endpoint;
+        if (port != null && !port.toString().isBlank()) {
+            Object host = configs.get("tcp.host");
+            endpoint = SidecarHttp.Endpoint.tcp(
+                    host == null ? "127.0.0.1" : host.toString(), Integer.parseInt(port.toString().trim()));
+        } else {
+            Object socket = configs.get("socket.path");
+            endpoint = SidecarHttp.Endpoint.unix(Path.of(socket == null ? DEFAULT_SOCKET : socket.toString()));
+        }
+        http = new SidecarHttp(endpoint, connectTimeoutMs);
+    }
+
+    private static int intSetting(Map<String, ?> configs, String name, int fallback) {
+        Object value = configs.get(name);
+        if (value == null || value.toString().isBlank()) {
+            return fallback;
+        }
+        int parsed;
+        try {
+            parsed = Integer.parseInt(value.toString().trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + value, e);
+        }
+        if (parsed <= 0) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be positive, not " + parsed);
+        }
+        return parsed;
+    }
+
+    @Override
+    public Optional<RemoteLogSegmentMetadata.CustomMetadata> copyLogSegmentData(
+            RemoteLogSegmentMetadata metadata, LogSegmentData data) throws RemoteStorageException {
+        Json body = metadataJson(metadata);
+        body.object("files")
+                .field("log", data.logSegment().toString())
+                .field("offset_index", data.offsetIndex().toString())
+                .field("time_index", data.timeIndex().toString())
+                .field("txn_index", data.transactionIndex().map(Path::toString).orElse(null))
+                .field("producer_snapshot", data.producerSnapshotIndex().toString())
+                .end();
+        ByteBuffer epochs = data.leaderEpochIndex().duplicate();
+        byte[] epochBytes = new byte[epochs.remaining()];
+        epochs.get(epochBytes);
+        body.field("leader_epoch_index", Base64.getEncoder().encodeToString(epochBytes));
+        byte[] answer = call("/v1/rsm/copy", body, copyTimeoutMs, "copy of " + describe(metadata));
+        Matcher custom = CUSTOM.matcher(new String(answer, StandardCharsets.UTF_8));
+        if (custom.find()) {
+            return Optional.of(new RemoteLogSegmentMetadata.CustomMetadata(Base64.getDecoder().decode(custom.group(1))));
+        }
+        return Optional.empty();
+    }
+
+    @Override
+    public InputStream fetchLogSegment(RemoteLogSegmentMetadata metadata, int startPosition)
+            throws RemoteStorageException {
+        return fetch(metadata, startPosition, null);
+    }
+
+    @Override
+    public InputStream fetchLogSegment(RemoteLogSegmentMetadata metadata, int startPosition, int endPosition)
+            throws RemoteStorageException {
+        return fetch(metadata, startPosition, endPosition);
+    }
+
+    private InputStream fetch(RemoteLogSegmentMetadata metadata, int start, Integer end) throws RemoteStorageException {
+        if (start < 0 || end != null && end < start) {
+            throw new IllegalArgumentException("invalid range " + start + ".." + end + " of " + describe(metadata));
+        }
+        // the end is inclusive, and never past the segment's last byte
+        long last = Math.min(end == null ? Long.MAX_VALUE : end, metadata.segmentSizeInBytes() - 1L);
+        return new WindowedStream(metadata, start, Math.max(last, start));
+    }
+
+    private InputStream fetchWindow(RemoteLogSegmentMetadata metadata, long start, long end)
+            throws RemoteStorageException {
+        Json body = metadataJson(metadata).field("start", start).field("end", end);
+        return stream("/v1/rsm/fetch-segment", body, "fetch of " + describe(metadata) + " from byte " + start);
+    }
+
+    /**
+     * A segment range read in windows of {@code fetch.window.bytes}: the broker reads one fetch's
+     * worth (about {@code max.partition.fetch.bytes}) from the stream and closes it, so asking the
+     * sidecar for the rest of a segment would make it read and send bytes nobody reads. The first
+     * window is requested at once (so a missing segment fails the call itself); the next one when
+     * the reader gets to it.
+     */
+    private final class WindowedStream extends InputStream {
+        private final RemoteLogSegmentMetadata metadata;
+        private final long last;
+        private long next;
+        private InputStream current;
+        private boolean closed;
+
+        WindowedStream(RemoteLogSegmentMetadata metadata, long start, long last) throws RemoteStorageException {
+            this.metadata = metadata;
+            this.last = last;
+            this.next = start;
+            this.current = open();
+        }
+
+        private InputStream open() throws RemoteStorageException {
+            long end = Math.min(last, next + fetchWindowBytes - 1);
+            InputStream window = fetchWindow(metadata, next, end);
+            next = end + 1;
+            return window;
+        }
+
+        @Override
+        public int read() throws IOException {
+            byte[] one = new byte[1];
+            int n = read(one, 0, 1);
+            return n < 0 ? -1 : one[0] & 0xff;
+        }
+
+        @Override
+        public int read(byte[] b, int off, int len) throws IOException {
+            if (closed) {
+                throw new IOException("stream closed");
+            }
+            if (len == 0) {
+                return 0;
+            }
+            while (true) {
+                int n = current.read(b, off, len);
+                if (n >= 0) {
+                    return n;
+                }
+                if (next > last) {
+                    return -1;
+                }
+                current.close();
+                try {
+                    current = open();
+                } catch (RemoteStorageException e) {
+                    throw new IOException(e.getMessage(), e);
+                }
+            }
+        }
+
+        @Override
+        public void close() throws IOException {
+            if (!closed) {
+                closed = true;
+                current.close();
+            }
+        }
+    }
+
+    @Override
+    public InputStream fetchIndex(RemoteLogSegmentMetadata metadata, IndexType indexType) throws RemoteStorageException {
+        Json body = metadataJson(metadata).field("index_type", indexType.name());
+        return stream("/v1/rsm/fetch-index", body, "fetch of the " + indexType + " index of " + describe(metadata));
+    }
+
+    @Override
+    public void deleteLogSegmentData(RemoteLogSegmentMetadata metadata) throws RemoteStorageException {
+        call("/v1/rsm/delete", metadataJson(metadata), requestTimeoutMs, "delete of " + describe(metadata));
+    }
+
+    @Override
+    public void close() {
+        // one connection per call: nothing stays open between calls
+    }
+
+    // -- requests -------------------------------------------------------------------------
+
+    private byte[] call(String path, Json body, int timeoutMs, String what) throws RemoteStorageException {
+        try (SidecarHttp.Response response = send(path, body, timeoutMs, what)) {
+            return response.readAll();
+        } catch (IOException e) {
+            throw unreachable(what, e);
+        }
+    }
+
+    private InputStream stream(String path, Json body, String what) throws RemoteStorageException {
+        return send(path, body, requestTimeoutMs, what).body;
+    }
+
+    /** Send the request; a non-2xx answer becomes the matching exception (and is closed). */
+    private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what) throws RemoteStorageException {
+        if (http == null) {
+            throw new RemoteStorageException("the sidecar plugin is not configured");
+        }
+        SidecarHttp.Response response;
+        try {
+            response = http.post(path, body.bytes(), timeoutMs, idleTimeoutMs);
+        } catch (IOException e) {
+            throw unreachable(what, e);
+        }
+        if (response.status >= 200 && response.status < 300) {
+            return response;
+        }
+        String text;
+        try (response) {
+            text = response.contentLength <= 64 * 1024
+                    ? new String(response.readAll(), StandardCharsets.UTF_8) : "";
+        } catch (IOException e) {
+            text = "";
+        }
+        throw errorFor(response.status, text, what);
+    }
+
+    private RetriableRemoteStorageException unreachable(String what, IOException cause) {
+        return new RetriableRemoteStorageException(
+                what + " failed: the sidecar at " + http.endpoint() + " did not answer (" + cause + ")", cause);
+    }
+
+    static RemoteStorageException errorFor(int status, String body, String what) {
+        Matcher code = CODE.matcher(body);
+        Matcher message = MESSAGE.matcher(body);
+        String detail = (code.find() ? code.group(1) : "http_" + status)
+                + (message.find() ? ": " + message.group(1) : "");
+        String text = what + " failed: the sidecar answered HTTP " + status + " " + detail;
+        if (status == 404) {
+            return new RemoteResourceNotFoundException(text);
+        }
+        if (status == 429 || status == 503 || status == 504) {
+            return new RetriableRemoteStorageException(text);
+        }
+        return new RemoteStorageException(text);
+    }
+
+    // -- the request bodies -----------------------------------------------------------------
+
+    static Json metadataJson(RemoteLogSegmentMetadata metadata) {
+        TopicIdPartition tip = metadata.topicIdPartition();
+        Json json = new Json()
+                .field("topic", tip.topic())
+                .field("topic_id", tip.topicId().toString())
+                .field("partition", tip.partition())
+                .field("segment_id", metadata.remoteLogSegmentId().id().toString())
+                .field("start_offset", metadata.startOffset())
+                .field("end_offset", metadata.endOffset())
+                .field("max_timestamp_ms", metadata.maxTimestampMs())
+                .field("broker_id", metadata.brokerId())
+                .field("event_timestamp_ms", metadata.eventTimestampMs())
+                .field("segment_size_in_bytes", metadata.segmentSizeInBytes())
+                .field("txn_index_empty", metadata.isTxnIdxEmpty());
+        json.array("segment_leader_epochs");
+        for (Map.Entry<Integer, Long> entry : metadata.segmentLeaderEpochs().entrySet()) {
+            json.pair(entry.getKey(), entry.getValue());
+        }
+        return json.endArray();
+    }
+
+    private static String describe(RemoteLogSegmentMetadata metadata) {
+        TopicIdPartition tip = metadata.topicIdPartition();
+        return "segment " + metadata.remoteLogSegmentId().id() + " (" + tip.topic() + "-" + tip.partition()
+                + ", offsets " + metadata.startOffset() + ".." + metadata.endOffset() + ")";
+    }
+
+    /** A small JSON object writer: enough for the request bodies, no dependency. */
+    static final class Json {
+        private final StringBuilder text = new StringBuilder("{");
+        private boolean first = true;
+
+        private Json name(String name) {
+            if (!first) {
+                text.append(',');
+            }
+            first = false;
+            quote(name);
+            text.append(':');
+            return this;
+        }
+
+        Json field(String name, String value) {
+            name(name);
+            if (value == null) {
+                text.append("null");
+            } else {
+                quote(value);
+            }
+            return this;
+        }
+
+        Json field(String name, long value) {
+            name(name).text.append(value);
+            return this;
+        }
+
+        Json field(String name, Integer value) {
+            name(name).text.append(value == null ? "null" : value.toString());
+            return this;
+        }
+
+        Json field(String name, boolean value) {
+            name(name).text.append(value);
+            return this;
+        }
+
+        Json object(String name) {
+            name(name).text.append('{');
+            first = true;
+            return this;
+        }
+
+        Json end() {
+            text.append('}');
+            first = false;
+            return this;
+        }
+
+        Json array(String name) {
+            name(name).text.append('[');
+            first = true;
+            return this;
+        }
+
+        Json pair(long a, long b) {
+            if (!first) {
+                text.append(',');
+            }
+            first = false;
+            text.append('[').append(a).append(',').append(b).append(']');
+            return this;
+        }
+
+        Json endArray() {
+            text.append(']');
+            first = false;
+            return this;
+        }
+
+        private void quote(String value) {
+            text.append('"');
+            for (int i = 0; i < value.length(); i++) {
+                char c = value.charAt(i);
+                if (c == '"' || c == '\\') {
+                    text.append('\\').append(c);
+                } else if (c < 0x20) {
+                    text.append(String.format("\\u%04x", (int) c));
+                } else {
+                    text.append(c);
+                }
+            }
+            text.append('"');
+        }
+
+        String text() {
+            return text + "}";
+        }
+
+        byte[] bytes() {
+            return text().getBytes(StandardCharsets.UTF_8);
+        }
+    }
+}

@@ -1,0 +1,325 @@
+package io.github.kafkatieredsidecar.plugin;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.ByteArrayOutputStream;
+import java.io.EOFException;
+import java.io.IOException;
+import java.io.InputStream;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Map;
+import java.util.Optional;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+import org.apache.kafka.common.TopicIdPartition;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.Uuid;
+import org.apache.kafka.server.log.remote.storage.LogSegmentData;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentId;
+import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
+import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
+import org.apache.kafka.server.log.remote.storage.RemoteStorageManager.IndexType;
+import org.apache.kafka.server.log.remote.storage.RetriableRemoteStorageException;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+import org.junit.jupiter.api.io.TempDir;
+
+/** The plugin against a scripted sidecar on a real Unix socket: requests, answers, errors, deadlines. */
+@Timeout(value = 60, unit = TimeUnit.SECONDS)
+class SidecarRemoteStorageManagerTest {
+
+    @TempDir
+    Path dir;
+
+    private FakeSidecar sidecar;
+    private SidecarRemoteStorageManager rsm;
+
+    @BeforeEach
+    void setUp() throws IOException {
+        sidecar = new FakeSidecar(dir.resolve("read.sock"));
+        rsm = new SidecarRemoteStorageManager();
+        rsm.configure(Map.of(
+                "socket.path", sidecar.path.toString(),
+                "request.timeout.ms", "2000",
+                "copy.timeout.ms", "2000",
+                "read.idle.timeout.ms", "2000",
+                "connect.timeout.ms", "2000"));
+    }
+
+    @AfterEach
+    void tearDown() {
+        rsm.close();
+        sidecar.close();
+    }
+
+    private static RemoteLogSegmentMetadata metadata() {
+        TopicIdPartition tip = new TopicIdPartition(Uuid.fromString("AAAAAAAAAAAAAAAAAAAAAQ"),
+                new TopicPartition("orders\"x", 3));
+        return new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.fromString("AAAAAAAAAAAAAAAAAAAAAg")),
+                100L, 199L, 1_700_000_000_000L, 7, 1_700_000_000_500L, 1_000_000, Map.of(0, 100L, 2, 150L));
+    }
+
+    @Test
+    void copySendsTheBrokersFilesAndLeaderEpochs() throws Exception {
+        sidecar.answer(200, "{\"custom_metadata\":null}");
+        Path log = dir.resolve("00000000000000000100.log");
+        LogSegmentData data = new LogSegmentData(log, dir.resolve("00000000000000000100.index"),
+                dir.resolve("00000000000000000100.timeindex"), Optional.empty(),
+                dir.resolve("00000000000000000200.snapshot"),
+                ByteBuffer.wrap("0\n1\n0 100\n".getBytes(StandardCharsets.UTF_8)));
+        assertEquals(Optional.empty(), rsm.copyLogSegmentData(metadata(), data));
+        FakeSidecar.Request request = sidecar.requests.take();
+        assertEquals("/v1/rsm/copy", request.path);
+        String body = request.body;
+        assertTrue(body.contains("\"topic\":\"orders\\\"x\""), body);
+        assertTrue(body.contains("\"topic_id\":\"AAAAAAAAAAAAAAAAAAAAAQ\""), body);
+        assertTrue(body.contains("\"segment_id\":\"AAAAAAAAAAAAAAAAAAAAAg\""), body);
+        assertTrue(body.contains("\"partition\":3"), body);
+        assertTrue(body.contains("\"segment_leader_epochs\":[[0,100],[2,150]]"), body);
+        assertTrue(body.contains("\"log\":\"" + log + "\""), body);
+        assertTrue(body.contains("\"txn_index\":null"), body);
+        assertTrue(body.contains("\"leader_epoch_index\":\"MAoxCjAgMTAwCg==\""), body);
+    }
+
+    @Test
+    void copyReturnsTheSidecarsCustomMetadata() throws Exception {
+        sidecar.answer(200, "{\"custom_metadata\":\"AQI=\"}");
+        LogSegmentData data = new LogSegmentData(dir.resolve("a.log"), dir.resolve("a.index"),
+                dir.resolve("a.timeindex"), Optional.of(dir.resolve("a.txnindex")), dir.resolve("b.snapshot"),
+                ByteBuffer.allocate(0));
+        Optional<RemoteLogSegmentMetadata.CustomMetadata> custom = rsm.copyLogSegmentData(metadata(), data);
+        assertArrayEquals(new byte[] {1, 2}, custom.orElseThrow().value());
+    }
+
+    @Test
+    void fetchStreamsTheBodyAndSendsAnInclusiveRange() throws Exception {
+        byte[] payload = new byte[300_000];
+        for (int i = 0; i < payload.length; i++) {
+            payload[i] = (byte) (i * 31);
+        }
+        sidecar.answer(200, payload);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 10, 300_009)) {
+            assertArrayEquals(payload, in.readAllBytes());
+            assertEquals(-1, in.read());
+        }
+        String body = sidecar.requests.take().body;
+        assertTrue(body.contains("\"start\":10,\"end\":300009"), body);
+    }
+
+    @Test
+    void fetchWithoutEndAsksForOneWindowUpToTheSegmentEnd() throws Exception {
+        sidecar.answer(200, new byte[] {1});
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 5)) {
+            assertEquals(1, in.read());
+        }
+        String body = sidecar.requests.take().body;
+        assertTrue(body.contains("\"start\":5,\"end\":999999"), body);
+    }
+
+    @Test
+    void aLongRangeIsFetchedWindowByWindowAsItIsRead() throws Exception {
+        SidecarRemoteStorageManager windowed = new SidecarRemoteStorageManager();
+        windowed.configure(Map.of("socket.path", sidecar.path.toString(), "fetch.window.bytes", "100"));
+        byte[] payload = new byte[250];
+        for (int i = 0; i < payload.length; i++) {
+            payload[i] = (byte) i;
+        }
+        sidecar.answer(200, java.util.Arrays.copyOfRange(payload, 0, 100));
+        sidecar.answer(200, java.util.Arrays.copyOfRange(payload, 100, 200));
+        sidecar.answer(200, java.util.Arrays.copyOfRange(payload, 200, 250));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 1000, 1249)) {
+            assertEquals(1, sidecar.requests.size(), "only the first window before reading");
+            assertArrayEquals(payload, in.readAllBytes());
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1000,\"end\":1099"));
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1100,\"end\":1199"));
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1200,\"end\":1249"));
+    }
+
+    @Test
+    void anEndPastTheSegmentIsClamped() throws Exception {
+        sidecar.answer(200, new byte[] {1});
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 999_999, 5_000_000)) {
+            assertEquals(1, in.read());
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":999999,\"end\":999999"));
+    }
+
+    @Test
+    void aMissingIndexIsResourceNotFound() {
+        sidecar.answer(404, "{\"code\":\"index_not_found\",\"message\":\"no txn_index\"}");
+        RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                () -> rsm.fetchIndex(metadata(), IndexType.TRANSACTION));
+        assertInstanceOf(RemoteResourceNotFoundException.class, e);
+        assertTrue(e.getMessage().contains("index_not_found: no txn_index"), e.getMessage());
+    }
+
+    @Test
+    void storageDownIsRetriableAndCorruptDataIsNot() {
+        sidecar.answer(503, "{\"code\":\"storage_unavailable\",\"message\":\"S3 down\"}");
+        assertInstanceOf(RetriableRemoteStorageException.class,
+                assertThrows(RemoteStorageException.class, () -> rsm.deleteLogSegmentData(metadata())));
+        sidecar.answer(502, "{\"code\":\"remote_data_invalid\",\"message\":\"bad crc\"}");
+        RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                () -> rsm.fetchLogSegment(metadata(), 0));
+        assertFalse(e instanceof RetriableRemoteStorageException);
+        assertFalse(e instanceof RemoteResourceNotFoundException);
+    }
+
+    @Test
+    void aMissingSocketIsRetriable() throws Exception {
+        sidecar.close();
+        Files.deleteIfExists(sidecar.path);
+        RemoteStorageException e = assertThrows(RemoteStorageException.class, () -> rsm.deleteLogSegmentData(metadata()));
+        assertInstanceOf(RetriableRemoteStorageException.class, e);
+    }
+
+    @Test
+    void aSilentSidecarIsRetriableAtTheDeadline() {
+        sidecar.silent = true;
+        long started = System.nanoTime();
+        RemoteStorageException e = assertThrows(RemoteStorageException.class, () -> rsm.deleteLogSegmentData(metadata()));
+        assertInstanceOf(RetriableRemoteStorageException.class, e);
+        long ms = (System.nanoTime() - started) / 1_000_000;
+        assertTrue(ms >= 1_900, "gave up after " + ms + " ms, before the 2000 ms deadline");
+    }
+
+    @Test
+    void aStallMidBodyEndsTheReadAtTheIdleDeadline() throws Exception {
+        sidecar.answerTruncated(200, new byte[100], 1000, true);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0)) {
+            assertEquals(100, in.readNBytes(100).length);
+            IOException e = assertThrows(IOException.class, in::read);
+            assertTrue(e.getMessage().contains("idle"), e.getMessage());
+        }
+    }
+
+    @Test
+    void aTruncatedBodyIsAnErrorNotAShortRead() throws Exception {
+        sidecar.answerTruncated(200, new byte[100], 1000, false);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0)) {
+            assertThrows(EOFException.class, in::readAllBytes);
+        }
+    }
+
+    @Test
+    void settingsAreChecked() {
+        SidecarRemoteStorageManager other = new SidecarRemoteStorageManager();
+        assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("request.timeout.ms", "-1")));
+        assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("copy.timeout.ms", "soon")));
+    }
+
+    /** A scripted HTTP/1.1 server on a Unix socket: one queued answer per connection. */
+    static final class FakeSidecar implements AutoCloseable {
+        record Request(String path, String body) { }
+
+        final Path path;
+        final BlockingQueue<Request> requests = new ArrayBlockingQueue<>(16);
+        private final BlockingQueue<byte[]> answers = new ArrayBlockingQueue<>(16);
+        private final ServerSocketChannel server;
+        private final Thread thread;
+        volatile boolean silent;
+
+        FakeSidecar(Path path) throws IOException {
+            this.path = path;
+            server = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
+            server.bind(UnixDomainSocketAddress.of(path));
+            thread = new Thread(this::serve, "fake-sidecar");
+            thread.setDaemon(true);
+            thread.start();
+        }
+
+        void answer(int status, String json) {
+            answer(status, json.getBytes(StandardCharsets.UTF_8));
+        }
+
+        void answer(int status, byte[] body) {
+            answerTruncated(status, body, body.length, false);
+        }
+
+        /** Declare {@code declared} bytes, send {@code body}, then hang ({@code stall}) or close. */
+        void answerTruncated(int status, byte[] body, int declared, boolean stall) {
+            ByteArrayOutputStream out = new ByteArrayOutputStream();
+            String head = "HTTP/1.1 " + status + " X\r\nContent-Type: application/octet-stream\r\nContent-Length: "
+                    + declared + "\r\n\r\n";
+            out.writeBytes(head.getBytes(StandardCharsets.US_ASCII));
+            out.writeBytes(body);
+            byte[] framed = out.toByteArray();
+            byte[] withFlag = new byte[framed.length + 1];
+            withFlag[0] = (byte) (stall ? 1 : 0);
+            System.arraycopy(framed, 0, withFlag, 1, framed.length);
+            answers.add(withFlag);
+        }
+
+        private void serve() {
+            while (server.isOpen()) {
+                try (SocketChannel channel = server.accept()) {
+                    Request request = readRequest(channel);
+                    if (silent) {
+                        Thread.sleep(10_000);
+                        continue;
+                    }
+                    requests.add(request);
+                    byte[] answer = answers.take();
+                    channel.write(ByteBuffer.wrap(answer, 1, answer.length - 1));
+                    if (answer[0] == 1) {
+                        Thread.sleep(10_000);
+                    }
+                } catch (IOException | InterruptedException e) {
+                    return;
+                }
+            }
+        }
+
+        private static Request readRequest(SocketChannel channel) throws IOException {
+            ByteArrayOutputStream seen = new ByteArrayOutputStream();
+            ByteBuffer buffer = ByteBuffer.allocate(8192);
+            while (true) {
+                String text = seen.toString(StandardCharsets.UTF_8);
+                int end = text.indexOf("\r\n\r\n");
+                if (end >= 0) {
+                    int length = 0;
+                    for (String line : text.substring(0, end).split("\r\n")) {
+                        if (line.toLowerCase().startsWith("content-length:")) {
+                            length = Integer.parseInt(line.substring(15).trim());
+                        }
+                    }
+                    byte[] all = seen.toByteArray();
+                    int headBytes = text.substring(0, end + 4).getBytes(StandardCharsets.UTF_8).length;
+                    if (all.length - headBytes >= length) {
+                        String path = text.substring(0, text.indexOf("\r\n")).split(" ")[1];
+                        return new Request(path, new String(all, headBytes, length, StandardCharsets.UTF_8));
+                    }
+                }
+                buffer.clear();
+                if (channel.read(buffer) < 0) {
+                    throw new IOException("client closed");
+                }
+                seen.write(buffer.array(), 0, buffer.position());
+            }
+        }
+
+        @Override
+        public void close() {
+            SidecarHttp.closeQuietly(server);
+            thread.interrupt();
+        }
+    }
+}

@@ -1,0 +1,274 @@
+"""The broker plugin's routes (``/v1/rsm/...``): Kafka's ``RemoteStorageManager`` calls, each a
+POST with a JSON body that carries the broker's ``RemoteLogSegmentMetadata``.
+
+* ``copy``: the broker's files and leader-epoch checkpoint → the copier uploads them;
+  answers ``{"custom_metadata": null}`` (nothing to add to Kafka's metadata).
+* ``fetch-segment``: bytes ``start..end`` (inclusive; no end = to the end) of the ``.log``,
+  streamed through the chunk cache with a Content-Length.
+* ``fetch-index``: one index, byte-exact; a missing one is 404 (the plugin's
+  ``RemoteResourceNotFoundException``).
+* ``delete``: every object of the segment; idempotent.
+
+The segment's object keys follow from the metadata in the request alone, so a fetch does not
+wait for the metadata tailer to have seen the broker's COPY_SEGMENT_FINISHED. Nothing here
+publishes a metadata event: in broker-driven mode the broker's RLMM does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from sidecar.brokerapi import (
+    FILE_SUFFIXES,
+    BrokerCopyRequest,
+    BrokerPathError,
+    SegmentCopier,
+)
+from sidecar.brokerapi import SegmentNotCopyableError as NotCopyable
+from sidecar.errors import KeyNotFoundError, SidecarError
+from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.metadata.errors import InvalidMetadataEventError
+from sidecar.metadata.events import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentState,
+    SegmentMetadata,
+    TopicIdPartition,
+)
+from sidecar.observability.logging import get_logger
+from sidecar.readserver.errors import (
+    BadRequestError,
+    BrokerCopyUnavailableError,
+    CopyInterruptedError,
+    IndexNotFoundError,
+    RangeNotSatisfiableError,
+    RemoteObjectNotFoundError,
+    SegmentNotCopyableError,
+)
+from sidecar.readserver.routes import RSM_ROUTE_PREFIX, SERVICE_KEY, _pieces, _send
+from sidecar.readserver.service import ByteStream
+from sidecar.storage.manifest import IndexKind
+
+__all__ = ["COPIER_KEY", "add_rsm_routes", "segment_metadata"]
+
+log = get_logger(__name__)
+
+COPIER_KEY: Final = web.AppKey("broker_copier", SegmentCopier)
+_PREFIX: Final = RSM_ROUTE_PREFIX
+#: Kafka's RemoteStorageManager.IndexType → the manifest's index kinds
+_INDEX_TYPES: Final = {
+    "OFFSET": IndexKind.OFFSET_INDEX,
+    "TIMESTAMP": IndexKind.TIME_INDEX,
+    "TRANSACTION": IndexKind.TXN_INDEX,
+    "PRODUCER_SNAPSHOT": IndexKind.PRODUCER_SNAPSHOT,
+    "LEADER_EPOCH": IndexKind.LEADER_EPOCH_CHECKPOINT,
+}
+_MAX_INT64: Final = 2**63 - 1
+_MAX_INT32: Final = 2**31 - 1
+
+
+def add_rsm_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/rsm/copy", _copy, name=_PREFIX + "copy")
+    app.router.add_post("/v1/rsm/fetch-segment", _fetch_segment, name=_PREFIX + "fetch_segment")
+    app.router.add_post("/v1/rsm/fetch-index", _fetch_index, name=_PREFIX + "fetch_index")
+    app.router.add_post("/v1/rsm/delete", _delete, name=_PREFIX + "delete")
+
+
+# ---------------------------------------------------------------------------------------------
+# request bodies
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    length = request.content_length or 0
+    raw = await request.content.readexactly(length) if length else b""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    return body
+
+
+def _int(body: dict[str, Any], name: str, low: int, high: int, *, optional: bool = False) -> Any:
+    value = body.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadRequestError(f"{name} must be an integer in [{low}, {high}]")
+    return value
+
+
+def _str(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadRequestError(f"{name} must be a non-empty string")
+    return value
+
+
+def _uuid(body: dict[str, Any], name: str) -> uuid.UUID:
+    try:
+        return decode_kafka_uuid(_str(body, name))
+    except ValueError as exc:
+        raise BadRequestError(f"{name} is not a Kafka Uuid: {exc}") from exc
+
+
+def segment_metadata(body: dict[str, Any]) -> SegmentMetadata:
+    """The broker's ``RemoteLogSegmentMetadata`` from a request body."""
+    epochs = body.get("segment_leader_epochs")
+    if (
+        not isinstance(epochs, list)
+        or not epochs
+        or not all(
+            isinstance(e, list)
+            and len(e) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in e)
+            for e in epochs
+        )
+    ):
+        raise BadRequestError("segment_leader_epochs must be a non-empty list of [epoch, offset]")
+    txn_index_empty = body.get("txn_index_empty", False)
+    if not isinstance(txn_index_empty, bool):
+        raise BadRequestError("txn_index_empty must be a boolean")
+    try:
+        tip = TopicIdPartition(
+            _uuid(body, "topic_id"), _str(body, "topic"), _int(body, "partition", 0, _MAX_INT32)
+        )
+        return SegmentMetadata(
+            segment_id=RemoteLogSegmentId(tip, _uuid(body, "segment_id")),
+            start_offset=_int(body, "start_offset", 0, _MAX_INT64),
+            end_offset=_int(body, "end_offset", 0, _MAX_INT64),
+            broker_id=_int(body, "broker_id", 0, _MAX_INT32),
+            max_timestamp_ms=_int(body, "max_timestamp_ms", -1, _MAX_INT64),
+            event_timestamp_ms=_int(body, "event_timestamp_ms", 0, _MAX_INT64),
+            segment_leader_epochs=tuple((int(e[0]), int(e[1])) for e in epochs),
+            segment_size_in_bytes=_int(body, "segment_size_in_bytes", 0, _MAX_INT32),
+            state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+            txn_index_empty=txn_index_empty,
+        )
+    except InvalidMetadataEventError as exc:
+        raise BadRequestError(f"invalid segment metadata: {exc}") from exc
+
+
+def _copy_request(body: dict[str, Any]) -> BrokerCopyRequest:
+    files = body.get("files")
+    if not isinstance(files, dict) or set(files) - set(FILE_SUFFIXES):
+        raise BadRequestError(f"files must be an object with keys among {sorted(FILE_SUFFIXES)}")
+    paths: dict[str, Path | None] = {}
+    for kind in FILE_SUFFIXES:
+        value = files.get(kind)
+        if value is None and kind == "txn_index":
+            paths[kind] = None
+        elif isinstance(value, str) and value and "\x00" not in value:
+            paths[kind] = Path(value)
+        else:
+            raise BadRequestError(f"files.{kind} must be a path")
+    encoded = body.get("leader_epoch_index", "")
+    if not isinstance(encoded, str):
+        raise BadRequestError("leader_epoch_index must be base64 text")
+    try:
+        epochs = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BadRequestError(f"leader_epoch_index is not base64: {exc}") from exc
+    return BrokerCopyRequest(segment_metadata(body), paths, epochs)
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+
+
+async def _copy(request: web.Request) -> web.StreamResponse:
+    copy = _copy_request(await _body(request))
+    copier = request.app.get(COPIER_KEY)
+    if copier is None:
+        raise BrokerCopyUnavailableError("this read server was started without the copier")
+    segment = copy.metadata
+    try:
+        await copier.copy(copy)
+    except (BrokerPathError, NotCopyable, SidecarError) as exc:
+        log.warning(
+            "broker_copy_refused"
+            if isinstance(exc, BrokerPathError | NotCopyable)
+            else "broker_copy_failed",
+            topic=segment.segment_id.topic_id_partition.topic,
+            partition=segment.segment_id.topic_id_partition.partition,
+            base_offset=segment.start_offset,
+            segment_id=str(segment.segment_id.id),
+            error=str(exc),
+            error_type=type(exc).__name__,
+        )
+        if isinstance(exc, BrokerPathError):
+            raise BadRequestError(str(exc)) from exc
+        if isinstance(exc, NotCopyable):
+            raise SegmentNotCopyableError(str(exc)) from exc
+        if getattr(exc, "retriable", False) and not isinstance(exc, KeyNotFoundError):
+            raise CopyInterruptedError(str(exc)) from exc
+        raise
+    return web.json_response({"custom_metadata": None})
+
+
+async def _fetch_segment(request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    segment = segment_metadata(body)
+    start = _int(body, "start", 0, _MAX_INT32)
+    end = _int(body, "end", 0, _MAX_INT32, optional=True)
+    size = segment.segment_size_in_bytes
+    if start >= size or (end is not None and end < start):
+        raise RangeNotSatisfiableError(
+            f"bytes {start}-{'' if end is None else end} are not within segment"
+            f" {segment.segment_id.id} ({size} bytes)",
+            size=size,
+        )
+    last = size - 1 if end is None else min(end, size - 1)
+    service = request.app[SERVICE_KEY]
+    pieces = service.read_range(service.log_ref(segment), start, last, readahead_limit=last + 1)
+    try:
+        stream = await ByteStream.prime(pieces, length=last - start + 1)
+    except KeyNotFoundError as exc:
+        raise RemoteObjectNotFoundError(
+            f"the .log of segment {segment.segment_id.id} is not in the bucket"
+        ) from exc
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
+    )
+    response.content_length = stream.length
+    return await _send(request, response, _pieces(stream), endpoint="rsm_fetch_segment")
+
+
+async def _fetch_index(request: web.Request) -> web.StreamResponse:
+    body = await _body(request)
+    segment = segment_metadata(body)
+    name = body.get("index_type")
+    kind = _INDEX_TYPES.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise BadRequestError(f"index_type must be one of {', '.join(_INDEX_TYPES)}")
+    service = request.app[SERVICE_KEY]
+    try:
+        manifest = await service.manifest(segment)
+        data = await service.index_bytes(segment, kind) if manifest is not None else None
+    except KeyNotFoundError as exc:
+        raise RemoteObjectNotFoundError(
+            f"the indexes of segment {segment.segment_id.id} are not in the bucket"
+        ) from exc
+    if manifest is None:
+        raise RemoteObjectNotFoundError(
+            f"segment {segment.segment_id.id} has no manifest in the bucket"
+        )
+    if data is None:
+        raise IndexNotFoundError(f"remote segment {segment.segment_id.id} has no {kind.value}")
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
+async def _delete(request: web.Request) -> web.StreamResponse:
+    segment = segment_metadata(await _body(request))
+    copier = request.app.get(COPIER_KEY)
+    if copier is None:
+        raise BrokerCopyUnavailableError("this read server was started without the copier")
+    await copier.delete(segment)
+    return web.json_response({})

@@ -1,0 +1,216 @@
+"""Broker-driven copies: Kafka's RLM calls the plugin's ``copyLogSegmentData`` and
+``deleteLogSegmentData``, the plugin forwards them here, and this module does the S3 work.
+
+A copy names the broker's own files (the ``.log``, ``.index``, ``.timeindex``, the ``.txnindex``
+if any, the ``<nextBase>.snapshot``) and carries the leader-epoch checkpoint the broker built in
+memory. The paths are mapped onto this sidecar's read-only mount of the broker's log dirs
+(``broker.path_map``) and must then lie inside one of ``broker.log_dirs``: the socket never makes
+the sidecar read, let alone upload, anything else. The segment is opened once, every batch's
+CRC-32C is checked, and the objects are written byte-exact with the same keys and manifest as a
+standalone upload (:func:`sidecar.tiering.uploader.write_segment_objects`), keyed by the broker's
+segment id. No metadata event is published: the broker's RLMM writes COPY_SEGMENT_STARTED and
+FINISHED around the call, and DELETE_SEGMENT_* around a delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from sidecar.brokerapi import (
+    FILE_SUFFIXES,
+    BrokerCopyRequest,
+    BrokerPathError,
+    SegmentNotCopyableError,
+)
+from sidecar.errors import FormatError, SegmentVanishedError, SidecarError
+from sidecar.kafka.logdir import open_segment_file
+from sidecar.kafka.records import iter_batches
+from sidecar.metadata.events import SegmentMetadata
+from sidecar.observability.logging import get_logger
+from sidecar.storage.base import ObjectStore
+from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.storage.manifest import IndexKind
+from sidecar.tiering.uploader import OpenSegment, segment_keys, write_segment_objects
+
+__all__ = ["BrokerCopier"]
+
+log = get_logger(__name__)
+
+
+class BrokerCopier:
+    """Copies and deletes segments on the broker's request; publishes nothing
+    (:class:`sidecar.brokerapi.SegmentCopier`)."""
+
+    def __init__(
+        self,
+        *,
+        objects: ObjectStore,
+        layout: KeyLayout,
+        log_dirs: Sequence[Path],
+        path_map: Mapping[str, Path] | None = None,
+        part_size: int,
+        concurrency: int,
+    ) -> None:
+        self._objects = objects
+        self._layout = layout
+        self._log_dirs = [Path(os.path.realpath(d)) for d in log_dirs]
+        # longest prefix first, so a nested mapping wins over its parent
+        self._path_map = sorted(
+            ((Path(k), Path(v)) for k, v in (path_map or {}).items()),
+            key=lambda kv: len(kv[0].parts),
+            reverse=True,
+        )
+        self._part_size = part_size
+        self._concurrency = concurrency
+
+    def local_path(self, broker_path: Path, kind: str) -> Path:
+        """Where this sidecar reads ``broker_path``: mapped, resolved, inside a log dir, and
+        named like a Kafka file of ``kind``; else :class:`BrokerPathError`."""
+        if not broker_path.is_absolute():
+            raise BrokerPathError(f"{kind} path {str(broker_path)[:200]!r} is not absolute")
+        mapped = broker_path
+        for prefix, target in self._path_map:
+            if broker_path.is_relative_to(prefix):
+                mapped = target / broker_path.relative_to(prefix)
+                break
+        if not mapped.name.endswith(FILE_SUFFIXES[kind]):
+            raise BrokerPathError(
+                f"{kind} path {str(broker_path)[:200]!r} does not end with {FILE_SUFFIXES[kind]}"
+            )
+        # resolve symlinks and '..' before the containment check
+        real = Path(os.path.realpath(mapped))
+        if not any(real.is_relative_to(d) for d in self._log_dirs):
+            raise BrokerPathError(
+                f"{kind} path {str(broker_path)[:200]!r} maps to {str(real)[:200]!r}, outside the"
+                f" broker's log dirs {[str(d) for d in self._log_dirs]} (set broker.path_map when"
+                " the sidecar mounts them elsewhere)"
+            )
+        return real
+
+    async def copy(self, request: BrokerCopyRequest) -> int:
+        """Upload the segment's objects; returns the bytes of its ``.log``."""
+        metadata = request.metadata
+        opened = await asyncio.to_thread(self._open, request)
+        try:
+            await write_segment_objects(
+                self._objects,
+                self._layout,
+                metadata,
+                opened,
+                part_size=self._part_size,
+                concurrency=self._concurrency,
+            )
+        except BaseException:
+            # what was written under this attempt's keys is of no use to anyone
+            await asyncio.shield(self._delete_quietly(metadata))
+            raise
+        finally:
+            await asyncio.to_thread(opened.log.close)
+        log.info(
+            "broker_copy_finished",
+            topic=metadata.segment_id.topic_id_partition.topic,
+            partition=metadata.segment_id.topic_id_partition.partition,
+            base_offset=metadata.start_offset,
+            segment_id=str(metadata.segment_id.id),
+            bytes=opened.size,
+        )
+        return opened.size
+
+    def _open(self, request: BrokerCopyRequest) -> OpenSegment:
+        """Map and check the paths (symlinks resolve on disk), then open (thread side)."""
+        paths = {
+            kind: None if path is None else self.local_path(path, kind)
+            for kind, path in request.files.items()
+        }
+        return _open(paths, request.leader_epoch_index, request.metadata.segment_size_in_bytes)
+
+    async def delete(self, metadata: SegmentMetadata) -> None:
+        """Delete every object of the segment and abort an unfinished upload of its ``.log``.
+        Idempotent: deleting what is gone succeeds."""
+        keys = segment_keys(self._layout, metadata)
+        await self._objects.delete(list(keys.values()))
+        log_key = keys[ObjectSuffix.LOG]
+        async for upload in self._objects.list_multipart_uploads(log_key):
+            if upload.key == log_key:
+                await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
+        log.info(
+            "broker_delete_finished",
+            base_offset=metadata.start_offset,
+            segment_id=str(metadata.segment_id.id),
+        )
+
+    async def _delete_quietly(self, metadata: SegmentMetadata) -> None:
+        try:
+            await self.delete(metadata)
+        except SidecarError as exc:  # the orphan scrub removes what this could not
+            log.warning(
+                "broker_copy_cleanup_failed",
+                segment_id=str(metadata.segment_id.id),
+                error=str(exc),
+            )
+
+
+def _read(path: Path | None) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        handle, _ = open_segment_file(path)
+    except SegmentVanishedError as exc:
+        raise SegmentNotCopyableError(f"{path} is missing on the sidecar's mount") from exc
+    with handle:
+        return handle.read()
+
+
+def _open(paths: Mapping[str, Path | None], leader_epochs: bytes, size: int) -> OpenSegment:
+    """Open the ``.log`` (kept open: the broker may delete it while we upload), check it and read
+    the small files (thread side). The caller closes the returned ``log``."""
+    log_path = paths.get("log")
+    if log_path is None:
+        raise BrokerPathError("a copy request must name the segment's log file")
+    try:
+        handle, _name = open_segment_file(log_path)
+    except SegmentVanishedError as exc:
+        raise SegmentNotCopyableError(f"{log_path} is missing on the sidecar's mount") from exc
+    try:
+        return _checked(handle, log_path, paths, leader_epochs, size)
+    except BaseException:
+        handle.close()
+        raise
+
+
+def _checked(
+    handle: BinaryIO,
+    log_path: Path,
+    paths: Mapping[str, Path | None],
+    leader_epochs: bytes,
+    size: int,
+) -> OpenSegment:
+    """The size the broker's metadata says, every batch's CRC, batches that fill the file."""
+    stat = os.fstat(handle.fileno())
+    if stat.st_size != size:
+        raise SegmentNotCopyableError(
+            f"{log_path} has {stat.st_size} bytes, the broker's metadata says {size}"
+        )
+    fd_path = f"/proc/self/fd/{handle.fileno()}"
+    end = 0
+    try:
+        for header in iter_batches(Path(fd_path), verify_crc=True, path=str(log_path)):
+            end = header.end_position
+    except FormatError as exc:
+        raise SegmentNotCopyableError(f"segment {log_path} is corrupt: {exc}") from exc
+    if end != stat.st_size:
+        raise SegmentNotCopyableError(
+            f"segment {log_path}: batches end at byte {end} of {stat.st_size}"
+        )
+    files: dict[IndexKind, bytes | None] = {
+        IndexKind.OFFSET_INDEX: _read(paths.get("offset_index")) or b"",
+        IndexKind.TIME_INDEX: _read(paths.get("time_index")) or b"",
+        IndexKind.TXN_INDEX: _read(paths.get("txn_index")),
+        IndexKind.PRODUCER_SNAPSHOT: _read(paths.get("producer_snapshot")),
+        IndexKind.LEADER_EPOCH_CHECKPOINT: leader_epochs,
+    }
+    return OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)

@@ -1,0 +1,456 @@
+"""Broker-driven tiering end to end: a real Kafka broker runs the plugin (deploy/kafka-plugin) as
+its RemoteStorageManager and Kafka's own TopicBasedRemoteLogMetadataManager, configured from
+`sidecar broker-config`, against a running sidecar and SeaweedFS.
+
+Kafka's RLM copies the rolled segments through the sidecar, the broker deletes them locally, and
+consumers reading from offset 0 get exactly what was produced (every codec, headers, tombstones,
+a 700 KB record, an aborted and a committed transaction) in read_uncommitted and read_committed,
+through the plugin's fetchLogSegment and fetchIndex. The bucket holds one copy per segment; the
+broker's remote retention then deletes them through deleteLogSegmentData."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from sidecar.metadata.events import RemoteLogSegmentState
+from sidecar.storage.keys import KeyLayout
+from tests.conftest import REPO, stack
+from tests.e2e._support import (
+    MetadataTopic,
+    Sidecar,
+    bucket_keys,
+    topic_id_partition,
+    write_config,
+)
+from tests.helpers import create_topic
+from tests.sidecar_runner import sidecar_env
+
+pytestmark = pytest.mark.e2e
+
+PLUGIN_POM = REPO / "deploy" / "kafka-plugin" / "pom.xml"
+PLUGIN_JAR = REPO / "deploy" / "kafka-plugin" / "target" / "kafka-tiered-sidecar-plugin.jar"
+METADATA_TOPIC = "__remote_log_metadata"
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+BIG = 700 * 1024
+#: broker-driven (remote.storage.enable), 1 MiB segments, almost nothing kept locally; AlterConfigs
+#: replaces every topic config, so a change repeats them all
+TOPIC_CONFIGS = {
+    "remote.storage.enable": "true",
+    "segment.bytes": str(1024 * 1024),
+    "local.retention.bytes": "1",
+    "retention.ms": "-1",
+}
+
+
+def plugin_jar() -> Path:
+    """The plugin jar `make test` built; built here (without its unit tests) when missing."""
+    if not PLUGIN_JAR.exists():
+        result = subprocess.run(
+            ["mvn", "-B", "-q", "-f", str(PLUGIN_POM), "-DskipTests", "package"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+    return PLUGIN_JAR
+
+
+@dataclass
+class Produced:
+    """What a consumer must read back, in offset order: (key, value, headers) per record."""
+
+    uncommitted: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]
+    committed: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]
+    #: the offset after the last special record (transactions, the large record)
+    special_end: int
+
+
+async def _produce(bootstrap: str, topic: str) -> Produced:
+    uncommitted: list[Any] = []
+    committed: list[Any] = []
+
+    def expect(key: bytes | None, value: bytes | None, headers: list[Any], *, aborted=False):
+        uncommitted.append((key, value, headers))
+        if not aborted:
+            committed.append((key, value, headers))
+
+    n = 0
+    for codec in CODECS:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            compression_type=None if codec == "none" else codec,
+            linger_ms=5,
+            max_batch_size=64 * 1024,
+        )
+        await producer.start()
+        try:
+            for _ in range(300):
+                key = f"k{n}".encode()
+                # hex of random bytes: printable, and it compresses only about 2:1
+                value = None if n % 97 == 0 else os.urandom(1024).hex().encode()
+                headers = [("codec", codec.encode()), ("n", str(n).encode())] if n % 3 else []
+                await producer.send(topic, value=value, key=key, headers=headers, partition=0)
+                expect(key, value, headers)
+                n += 1
+            await producer.flush()
+        finally:
+            await producer.stop()
+    txn = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{topic}-txn")
+    await txn.start()
+    try:
+        for aborted in (True, False, True):
+            await txn.begin_transaction()
+            for i in range(20):
+                key, value = f"t{n}-{i}".encode(), f"txn {n} {i} aborted={aborted}".encode()
+                await txn.send(topic, value=value, key=key, partition=0)
+                expect(key, value, [], aborted=aborted)
+            if aborted:
+                await txn.abort_transaction()
+            else:
+                await txn.commit_transaction()
+            n += 1
+    finally:
+        await txn.stop()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=2 << 20)
+    await producer.start()
+    try:
+        big = (b"0123456789abcdef" * (BIG // 16 + 1))[:BIG]
+        meta = await (await producer.send(topic, value=big, key=b"big", partition=0))
+        expect(b"big", big, [])
+        special_end = meta.offset + 1
+        # enough after the special records that their segments roll and are tiered
+        for i in range(2500):
+            key, value = f"f{i}".encode(), os.urandom(1024).hex().encode()
+            await producer.send(topic, value=value, key=key, partition=0)
+            expect(key, value, [])
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return Produced(uncommitted, committed, special_end)
+
+
+async def _consume(
+    bootstrap: str, topic: str, isolation: str, count: int
+) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        isolation_level=isolation,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=2 << 20,
+        fetch_max_bytes=8 << 20,
+        request_timeout_ms=60000,
+    )
+    await consumer.start()
+    got: list[Any] = []
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        deadline = time.monotonic() + 180
+        while len(got) < count and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=2000)
+            for record in batch.get(tp, []):
+                got.append((record.key, record.value, [(k, bytes(v)) for k, v in record.headers]))
+    finally:
+        await consumer.stop()
+    return got
+
+
+def _offset(cluster: Any, topic: str, time_spec: str) -> int:
+    result = cluster.tool(
+        "org.apache.kafka.tools.GetOffsetShell",
+        "--bootstrap-server",
+        cluster.bootstrap_servers,
+        "--topic",
+        topic,
+        "--time",
+        time_spec,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith(f"{topic}:0:"))
+    return int(line.rsplit(":", 1)[1])
+
+
+def _local_start(partition_dir: Path) -> int:
+    """The base offset of the first segment still in the broker's log dir."""
+    bases = [int(p.name.split(".")[0]) for p in partition_dir.glob("*.log")]
+    return min(bases) if bases else -1
+
+
+async def _poll(check: Callable[[], Any], *, timeout: float, what: str) -> Any:
+    """Poll ``check`` (sync, run in a thread, or async) until it returns something truthy: a
+    state of the broker, its log dir or the bucket that no event announces."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if asyncio.iscoroutinefunction(check):
+            result = await check()
+        else:
+            result = await asyncio.to_thread(check)
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        await asyncio.sleep(0.5)
+
+
+@dataclass
+class PluggedBroker:
+    cluster: Any
+    sidecar: Sidecar
+    socket: Path
+    prefix: str
+    state: Path
+    config: Path
+    env: dict[str, str]
+    logs: Path
+
+    async def restart_sidecar(self) -> None:
+        """Start the sidecar again (after the test stopped it) and wait for its socket."""
+        self.sidecar = await Sidecar.start(self.config, self.env, self.logs / "sidecar-2.log")
+        await self.sidecar.wait_for("read_server_listening", timeout=60)
+
+
+@pytest.fixture
+async def plugged(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path
+) -> AsyncIterator[PluggedBroker]:
+    """A one-node broker tiering through the plugin, configured from `sidecar broker-config`,
+    and the sidecar beside it; the test's bucket prefix is emptied after it."""
+    jar = plugin_jar()
+    # a short state dir: the read socket's path must fit in 107 bytes
+    state = Path(tempfile.mkdtemp(prefix="rsm-", dir="/tmp"))
+    prefix = s3_prefix
+    cluster = stack.KafkaCluster.create(stack_root / f"kafka-{state.name}", nodes=1)
+    config = write_config(
+        tmp_path / "sidecar.toml",
+        state_dir=state,
+        log_dir=cluster.nodes[0].log_dir,
+        bootstrap=cluster.bootstrap_servers,
+        s3=s3,
+        metrics_port=stack.free_port(),
+        metadata_topic=METADATA_TOPIC,
+        include_topics=[],
+        prefix=prefix,
+    )
+    printed = subprocess.run(
+        [sys.executable, "-m", "sidecar", "broker-config", "-c", str(config), "--plugin-jar", jar],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    props = dict(
+        line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#")
+    )
+    assert props["rsm.config.socket.path"] == str(state / "read.sock")
+    cluster.overrides.update(props)
+    # copy and expire every second, so the test does not wait for the 30 s default
+    cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
+    cluster.start()
+    env = sidecar_env(s3)
+    broker = PluggedBroker(
+        cluster,
+        await Sidecar.start(config, env, tmp_path / "sidecar.log"),
+        state / "read.sock",
+        prefix,
+        state,
+        config,
+        env,
+        tmp_path,
+    )
+    try:
+        await broker.sidecar.wait_for("read_server_listening", timeout=60)
+        yield broker
+    finally:
+        await broker.sidecar.stop()
+        cluster.stop()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+async def _set_topic_config(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs)])
+    finally:
+        await admin.close()
+
+
+async def test_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
+    plugged: PluggedBroker, s3: Any, topic_name: str, tmp_path: Path
+) -> None:
+    """Kafka's RLM tiers through the sidecar; after local deletion, consumers from offset 0 get
+    exactly what was produced, in both isolation levels; one object set per segment."""
+    cluster, sidecar = plugged.cluster, plugged.sidecar
+    bootstrap = cluster.bootstrap_servers
+    await create_topic(
+        bootstrap,
+        topic_name,
+        configs=TOPIC_CONFIGS,
+    )
+    produced = await _produce(bootstrap, topic_name)
+    partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+
+    # the broker deletes local segments only once they are remote: wait until every segment
+    # holding the transactions and the large record is gone from its log dir
+    local_start = await _poll(
+        lambda: (s := _local_start(partition_dir)) >= produced.special_end and s,
+        timeout=300,
+        what=f"local deletion past offset {produced.special_end}",
+    )
+    assert _offset(cluster, topic_name, "-2") == 0  # the remote start
+    assert _offset(cluster, topic_name, "-4") >= local_start > 0  # the local start
+
+    uncommitted = await _consume(
+        bootstrap, topic_name, "read_uncommitted", len(produced.uncommitted)
+    )
+    assert len(uncommitted) == len(produced.uncommitted)
+    assert uncommitted == produced.uncommitted
+    committed = await _consume(bootstrap, topic_name, "read_committed", len(produced.committed))
+    assert len(committed) == len(produced.committed)
+    assert committed == produced.committed
+
+    # Kafka's own console consumer, read_committed from the beginning
+    result = cluster.tool(
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic_name,
+        "--from-beginning",
+        "--isolation-level",
+        "read_committed",
+        "--max-messages",
+        str(len(produced.committed)),
+        "--timeout-ms",
+        "120000",
+        "--formatter-property",
+        "print.key=true",
+        "--formatter-property",
+        "key.separator=|",
+        timeout=300,
+    )
+    lines = result.stdout.splitlines()
+    expected_lines = [
+        f"{k.decode() if k is not None else 'null'}|{v.decode() if v is not None else 'null'}"
+        for k, v, _ in produced.committed
+    ]
+    assert len(lines) == len(expected_lines), result.stderr[-3000:]
+    assert lines == expected_lines
+
+    # one object set per tiered segment, keyed by the broker's segment ids; the sidecar
+    # published nothing itself and tiered nothing on its own
+    tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+    layout = KeyLayout(prefix=plugged.prefix)
+    async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+        await metadata.read_to_end()
+        finished = metadata.finished(tip)
+        copies = metadata.copies(tip)
+    assert len(finished) >= 4  # several segments, the special records among them
+    assert finished[0].start_offset == 0
+    assert all(c.state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED for c in copies)
+    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+    parsed = [layout.parse(k) for k in logs]
+    assert all(p is not None for p in parsed)
+    bases = Counter(p.base_offset for p in parsed if p is not None)
+    assert max(bases.values()) == 1, bases  # each .log went to S3 once
+    assert sorted(bases) == [m.start_offset for m in finished]
+    assert {p.segment_id for p in parsed if p is not None} == {m.segment_id.id for m in finished}
+    assert len(sidecar.matching("broker_copy_finished")) == len(finished)
+    assert sidecar.matching("segment_upload_started") == []
+
+    # the sidecar tails the broker's events: its read socket serves the topic too
+    connector = aiohttp.UnixConnector(path=str(plugged.socket))
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def served() -> Any:
+            url = f"http://x/v1/topics/{topic_name}/partitions/0/records"
+            params = {"offset": "0", "format": "json", "max_records": "3"}
+            async with http.get(url, params=params) as response:
+                return (await response.json())["records"] if response.status == 200 else None
+
+        records = await _poll(served, timeout=60, what="records on the read socket")
+    assert [r["offset"] for r in records] == [0, 1, 2]
+
+    # the broker's remote retention deletes every copy through deleteLogSegmentData
+    await _set_topic_config(bootstrap, topic_name, {**TOPIC_CONFIGS, "retention.ms": "1000"})
+    await _poll(
+        lambda: not [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")],
+        timeout=180,
+        what="remote deletion by the broker",
+    )
+    assert len(sidecar.matching("broker_delete_finished")) >= len(finished)
+
+
+async def test_sidecar_down_is_retried_and_nothing_is_deleted_locally(
+    plugged: PluggedBroker, s3: Any, topic_name: str, tmp_path: Path
+) -> None:
+    """With the sidecar stopped, every copy fails with a retriable error: the broker keeps
+    retrying (new COPY_SEGMENT_STARTED records, never FINISHED) and deletes nothing locally.
+    Once the sidecar is back, the copies go through, the broker deletes locally, and a consumer
+    from offset 0 reads everything."""
+    cluster = plugged.cluster
+    bootstrap = cluster.bootstrap_servers
+    await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+    await plugged.sidecar.stop()
+    assert not plugged.socket.exists()
+    expected = []
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(3000):
+            key, value = f"k{i}".encode(), os.urandom(1024).hex().encode()
+            await producer.send(topic_name, key=key, value=value, partition=0)
+            expected.append((key, value, []))
+        await producer.flush()
+    finally:
+        await producer.stop()
+    partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+    tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+    async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+        # two attempts started and none finished: the first failed retriably and was retried
+        await metadata.wait_until(
+            lambda: len(metadata.copies(tip)) >= 2, timeout=120, what="a retried copy"
+        )
+        assert metadata.finished(tip) == []
+        assert _local_start(partition_dir) == 0  # nothing deleted locally
+        assert _offset(cluster, topic_name, "-4") == 0
+
+        await plugged.restart_sidecar()
+        local_start = await _poll(
+            lambda: (s := _local_start(partition_dir)) > 0 and s,
+            timeout=300,
+            what="local deletion once the sidecar is back",
+        )
+        await metadata.wait_until(
+            lambda: (
+                bool(metadata.finished(tip))
+                and metadata.finished(tip)[-1].end_offset + 1 >= local_start
+            ),
+            timeout=120,
+            what="FINISHED copies up to the local start",
+        )
+        finished = metadata.finished(tip)
+    assert finished[0].start_offset == 0
+    got = await _consume(bootstrap, topic_name, "read_uncommitted", len(expected))
+    assert got == expected
+    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+    assert len(logs) == len(finished)  # the failed attempts left no object behind

@@ -1,0 +1,313 @@
+"""The broker plugin's routes on a real Unix socket over the memory object store and real
+segment files: copy → fetch (ranges, every index) → delete, path confinement, corrupt and
+mismatched segments, and the request limits of the POST routes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from structlog.testing import capture_logs
+
+from sidecar.kafka.checkpoints import encode_kafka_uuid
+from sidecar.kafka.indexes import AbortedTxn
+from sidecar.kafka.logdir import FileKind, segment_file_name
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.readserver import ChunkCache, ReadServer, ReadService
+from sidecar.storage.keys import ObjectSuffix
+from sidecar.storage.manifest import SegmentManifest
+from sidecar.storage.memory import MemoryObjectStore
+from sidecar.testing import write_partition
+from sidecar.tiering.brokercopy import BrokerCopier
+from tests.unit.readserver._tiered import LAYOUT, data_batches
+
+BASE = "http://localhost"
+TOPIC_ID = uuid.UUID(int=0xABCD << 64 | 7)
+EPOCHS_TEXT = b"0\n1\n0 0\n"
+
+
+@dataclass
+class Broker:
+    """The broker's log dir as the broker names it, and the sidecar's mount of it."""
+
+    broker_dir: Path
+    mount: Path
+    partition: Path
+
+
+@dataclass
+class Rsm:
+    session: aiohttp.ClientSession
+    objects: MemoryObjectStore
+
+    async def post(self, route: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        async with self.session.post(BASE + "/v1/rsm/" + route, json=body) as response:
+            return response.status, await response.read()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Broker:
+    """Two segments plus the active one; the second has an aborted transaction. The sidecar
+    mounts the log dir at ``mount``; the broker calls it ``/broker/data``."""
+    mount = tmp_path / "mount"
+    part = write_partition(
+        mount,
+        "orders",
+        0,
+        [data_batches(0, 6), data_batches(30, 6), data_batches(60, 1)],
+        topic_id=TOPIC_ID,
+        aborted={1: [AbortedTxn(0, 9, 31, 35, 40)]},
+    )
+    return Broker(Path("/broker/data"), mount, part)
+
+
+async def _serve(tmp_path: Path, broker: Broker, *, copier: bool = True) -> AsyncIterator[Rsm]:
+    objects = MemoryObjectStore()
+    chunks = ChunkCache(
+        objects=objects, directory=tmp_path / "cache", max_bytes=1 << 20, chunk_size=16 * 1024
+    )
+    store = RemoteSegmentStore(tmp_path / "state")
+    service = ReadService(store=store, objects=objects, layout=LAYOUT, chunks=chunks)
+    server = ReadServer(
+        service=service,
+        socket_path=tmp_path / "r.sock",
+        copier=BrokerCopier(
+            objects=objects,
+            layout=LAYOUT,
+            log_dirs=[broker.mount],
+            path_map={str(broker.broker_dir): broker.mount},
+            part_size=8 * 1024 * 1024,
+            concurrency=2,
+        )
+        if copier
+        else None,
+    )
+    stopping = asyncio.Event()
+    task = asyncio.create_task(server.run(stopping))
+    await server.started.wait()
+    session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(server.socket_path)))
+    try:
+        yield Rsm(session, objects)
+    finally:
+        await session.close()
+        stopping.set()
+        await task
+        store.close()
+
+
+@pytest.fixture
+async def rsm(tmp_path: Path, broker: Broker) -> AsyncIterator[Rsm]:
+    async for value in _serve(tmp_path, broker):
+        yield value
+
+
+def _metadata(broker: Broker, base: int, next_base: int, sid: uuid.UUID) -> dict[str, Any]:
+    log = broker.partition / segment_file_name(base, FileKind.LOG)
+    return {
+        "topic": "orders",
+        "topic_id": encode_kafka_uuid(TOPIC_ID),
+        "partition": 0,
+        "segment_id": encode_kafka_uuid(sid),
+        "start_offset": base,
+        "end_offset": next_base - 1,
+        "max_timestamp_ms": 1_700_000_000_000,
+        "broker_id": 1,
+        "event_timestamp_ms": 1_700_000_000_001,
+        "segment_size_in_bytes": log.stat().st_size,
+        "segment_leader_epochs": [[0, base]],
+        "txn_index_empty": False,
+    }
+
+
+def _copy_body(broker: Broker, base: int, next_base: int, sid: uuid.UUID) -> dict[str, Any]:
+    def named(kind: FileKind, offset: int = base) -> str | None:
+        local = broker.partition / segment_file_name(offset, kind)
+        if not local.exists():
+            return None
+        return str(broker.broker_dir / broker.partition.name / local.name)
+
+    return {
+        **_metadata(broker, base, next_base, sid),
+        "files": {
+            "log": named(FileKind.LOG),
+            "offset_index": named(FileKind.INDEX),
+            "time_index": named(FileKind.TIMEINDEX),
+            "txn_index": named(FileKind.TXNINDEX),
+            "producer_snapshot": named(FileKind.SNAPSHOT, next_base),
+        },
+        "leader_epoch_index": base64.b64encode(EPOCHS_TEXT).decode(),
+    }
+
+
+class TestCopyAndFetch:
+    async def test_copy_then_fetch_every_range_and_index_byte_exact(self, rsm, broker):
+        """A copied segment's objects use the standalone keys and manifest, keyed by the
+        broker's segment id; fetches give the broker's bytes back, end inclusive."""
+        sid = uuid.uuid4()
+        status, body = await rsm.post("copy", _copy_body(broker, 30, 60, sid))
+        assert (status, json.loads(body)) == (200, {"custom_metadata": None})
+        log = (broker.partition / segment_file_name(30, FileKind.LOG)).read_bytes()
+        keys = {
+            s: LAYOUT.segment_key(
+                topic="orders",
+                topic_id=TOPIC_ID,
+                partition=0,
+                base_offset=30,
+                segment_id=sid,
+                suffix=s,
+            )
+            for s in ObjectSuffix
+        }
+        assert await rsm.objects.get(keys[ObjectSuffix.LOG]) == log
+        manifest = SegmentManifest.from_json(await rsm.objects.get(keys[ObjectSuffix.MANIFEST]))
+        assert (manifest.segment_id, manifest.start_offset, manifest.end_offset) == (sid, 30, 59)
+        meta = _metadata(broker, 30, 60, sid)
+        for start, end, expected in [
+            (0, None, log),
+            (0, len(log) - 1, log),
+            (10, 99, log[10:100]),
+            (len(log) - 1, len(log) + 500, log[-1:]),
+        ]:
+            status, body = await rsm.post("fetch-segment", {**meta, "start": start, "end": end})
+            assert status == 200
+            assert body == expected
+        status, body = await rsm.post("fetch-segment", {**meta, "start": len(log)})
+        assert status == 416
+        expected_files = {
+            "OFFSET": broker.partition / segment_file_name(30, FileKind.INDEX),
+            "TIMESTAMP": broker.partition / segment_file_name(30, FileKind.TIMEINDEX),
+            "TRANSACTION": broker.partition / segment_file_name(30, FileKind.TXNINDEX),
+            "PRODUCER_SNAPSHOT": broker.partition / segment_file_name(60, FileKind.SNAPSHOT),
+        }
+        for index_type, path in expected_files.items():
+            status, body = await rsm.post("fetch-index", {**meta, "index_type": index_type})
+            assert (status, body) == (200, path.read_bytes()), index_type
+        status, body = await rsm.post("fetch-index", {**meta, "index_type": "LEADER_EPOCH"})
+        assert (status, body) == (200, EPOCHS_TEXT)
+
+    async def test_missing_transaction_index_is_not_found(self, rsm, broker):
+        """The first segment has no aborts: fetchIndex(TRANSACTION) is 404 index_not_found."""
+        sid = uuid.uuid4()
+        body = _copy_body(broker, 0, 30, sid)
+        assert body["files"]["txn_index"] is None
+        assert (await rsm.post("copy", body))[0] == 200
+        meta = _metadata(broker, 0, 30, sid)
+        status, answer = await rsm.post("fetch-index", {**meta, "index_type": "TRANSACTION"})
+        assert status == 404
+        assert json.loads(answer)["code"] == "index_not_found"
+
+    async def test_delete_is_idempotent_and_fetch_after_it_is_not_found(self, rsm, broker):
+        """Deleting twice succeeds; nothing of the segment is left; a fetch is then 404."""
+        sid = uuid.uuid4()
+        assert (await rsm.post("copy", _copy_body(broker, 0, 30, sid)))[0] == 200
+        assert len(rsm.objects.objects) == 3
+        meta = _metadata(broker, 0, 30, sid)
+        assert (await rsm.post("delete", meta))[0] == 200
+        assert (await rsm.post("delete", meta))[0] == 200
+        assert rsm.objects.objects == {}
+        status, body = await rsm.post("fetch-segment", {**meta, "start": 0})
+        assert (status, json.loads(body)["code"]) == (404, "remote_object_not_found")
+        status, body = await rsm.post("fetch-index", {**meta, "index_type": "OFFSET"})
+        assert (status, json.loads(body)["code"]) == (404, "remote_object_not_found")
+
+
+class TestCopyRefusals:
+    async def test_corrupt_segment_is_refused_and_leaves_nothing(self, rsm, broker):
+        """A flipped byte fails a batch CRC: 422, and no object is written."""
+        log = broker.partition / segment_file_name(0, FileKind.LOG)
+        data = bytearray(log.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        log.write_bytes(bytes(data))
+        with capture_logs() as logs:
+            status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
+        assert (status, json.loads(body)["code"]) == (422, "segment_not_copyable")
+        assert rsm.objects.objects == {}
+        refused = [e for e in logs if e["event"] == "broker_copy_refused"]
+        assert refused
+        assert refused[0]["base_offset"] == 0
+
+    async def test_size_mismatch_is_refused(self, rsm, broker):
+        body = _copy_body(broker, 0, 30, uuid.uuid4())
+        body["segment_size_in_bytes"] += 1
+        status, answer = await rsm.post("copy", body)
+        assert (status, json.loads(answer)["code"]) == (422, "segment_not_copyable")
+
+    @pytest.mark.parametrize(
+        "path",
+        [
+            pytest.param("/etc/passwd.log", id="outside"),
+            pytest.param("/broker/data/../../etc/x.log", id="dotdot"),
+            pytest.param("relative/0.log", id="relative"),
+            pytest.param("/broker/data/orders-0/00000000000000000000.index", id="wrong-kind"),
+        ],
+    )
+    async def test_paths_outside_the_log_dirs_are_refused(self, rsm, broker, path):
+        """The socket never makes the sidecar read a file outside the broker's log dirs."""
+        body = _copy_body(broker, 0, 30, uuid.uuid4())
+        body["files"]["log"] = path
+        status, answer = await rsm.post("copy", body)
+        assert (status, json.loads(answer)["code"]) == (400, "bad_request")
+        assert rsm.objects.objects == {}
+
+    async def test_symlink_out_of_the_log_dir_is_refused(self, rsm, broker, tmp_path):
+        secret = tmp_path / "secret.log"
+        secret.write_bytes(b"x")
+        (broker.partition / "evil.log").symlink_to(secret)
+        body = _copy_body(broker, 0, 30, uuid.uuid4())
+        body["files"]["log"] = str(broker.broker_dir / broker.partition.name / "evil.log")
+        status, answer = await rsm.post("copy", body)
+        assert (status, json.loads(answer)["code"]) == (400, "bad_request")
+
+    async def test_missing_file_is_not_copyable(self, rsm, broker):
+        body = _copy_body(broker, 0, 30, uuid.uuid4())
+        body["files"]["log"] = str(broker.broker_dir / broker.partition.name / "000123.log")
+        status, answer = await rsm.post("copy", body)
+        assert (status, json.loads(answer)["code"]) == (422, "segment_not_copyable")
+
+
+class TestRequests:
+    @pytest.mark.parametrize(
+        ("change", "field"),
+        [
+            pytest.param({"topic_id": "nope"}, "topic_id", id="uuid"),
+            pytest.param({"partition": -1}, "partition", id="partition"),
+            pytest.param({"start_offset": "0"}, "start_offset", id="type"),
+            pytest.param({"segment_leader_epochs": []}, "segment_leader_epochs", id="epochs"),
+            pytest.param({"txn_index_empty": 1}, "txn_index_empty", id="bool"),
+        ],
+    )
+    async def test_bad_metadata_is_400_naming_the_field(self, rsm, broker, change, field):
+        body = {**_metadata(broker, 0, 30, uuid.uuid4()), **change}
+        status, answer = await rsm.post("delete", body)
+        assert status == 400
+        assert field in json.loads(answer)["message"]
+
+    async def test_method_body_and_json_limits(self, rsm):
+        """GET is 405; no JSON object is 400; a body over 1 MiB is 413."""
+        async with rsm.session.get(BASE + "/v1/rsm/delete") as response:
+            assert response.status == 405
+        async with rsm.session.post(BASE + "/v1/rsm/delete", data=b"[1]") as response:
+            assert response.status == 400
+        async with rsm.session.post(BASE + "/v1/rsm/delete", data=b"{") as response:
+            assert response.status == 400
+        big = b"{" + b" " * (1024 * 1024) + b"}"
+        async with rsm.session.post(
+            BASE + "/v1/rsm/delete", data=io.BytesIO(big), headers={"Content-Length": str(len(big))}
+        ) as response:
+            assert response.status == 413
+            assert (await response.json())["code"] == "request_too_large"
+
+    async def test_without_a_copier_copy_is_unavailable(self, tmp_path, broker):
+        """A read server started without the copier answers 503 (retriable for the plugin)."""
+        async for rsm in _serve(tmp_path, broker, copier=False):
+            status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
+            assert (status, json.loads(body)["code"]) == (503, "copy_unavailable")

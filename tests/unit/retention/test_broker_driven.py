@@ -1,0 +1,101 @@
+"""Remote retention and deletions leave broker-driven topics (remote.storage.enable=true) to
+Kafka's RLM: the sidecar publishes no event and deletes nothing for them."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from sidecar.config import RetentionConfig
+from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteState,
+    SegmentMetadataUpdate,
+)
+from sidecar.metadata.partitioner import metadata_partition
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.observability.metrics import Metrics
+from sidecar.retention.manager import RetentionManager
+from sidecar.tiering.cluster import ClusterView, TopicConfig
+from tests.unit.retention.test_safety_and_scrub import TP, _metadata
+
+META = "__remote_log_metadata"
+
+
+class _Publisher:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    async def publish_and_wait(self, event: Any) -> tuple[int, int]:
+        self.events.append(event)
+        return 0, len(self.events)
+
+
+def _manager(store: RemoteSegmentStore, publisher: _Publisher, *, broker_driven: bool) -> Any:
+    view = ClusterView(
+        broker_id=1,
+        # this broker leads the metadata partition, so it would process the partition's deletion
+        leaders={(META, metadata_partition(TP, 2)): 1},
+        configs={TP.topic: TopicConfig(remote_storage_enable=broker_driven)},
+        last_stable_offsets={},
+        refreshed_at=time.monotonic(),
+        stale_after_s=60,
+    )
+    stub: Any = SimpleNamespace
+
+    async def topic_ids() -> dict[str, Any]:
+        return {TP.topic: TP.topic_id}
+
+    async def delete(keys: list[str]) -> None:
+        return None
+
+    return RetentionManager(
+        config=RetentionConfig(scrub_enabled=False),
+        views=dict,
+        cluster=stub(view=view),
+        kafka=stub(topic_ids=topic_ids),
+        store=store,
+        tailer=stub(caught_up=lambda p: True),
+        publisher=publisher,
+        uploader=stub(broker_id=1, keys=lambda m: {}, finish_delete=None),
+        objects=stub(delete=delete),
+        scrubber=stub(),
+        metrics=Metrics(),
+        metadata_topic=META,
+        num_metadata_partitions=2,
+    )
+
+
+async def test_partition_delete_of_a_broker_driven_topic_is_left_to_kafka(tmp_path):
+    """Kafka's RLM marked the partition for deletion: the sidecar publishes nothing for it,
+    while the same marker on a standalone topic is processed (the control)."""
+    store = RemoteSegmentStore(tmp_path / "state")
+    try:
+        segment = _metadata(0)
+        store.apply(
+            [
+                segment,
+                SegmentMetadataUpdate(
+                    segment_id=segment.segment_id,
+                    broker_id=1,
+                    event_timestamp_ms=1,
+                    state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+                ),
+                PartitionDeleteMetadata(
+                    topic_id_partition=TP,
+                    broker_id=1,
+                    event_timestamp_ms=2,
+                    state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                ),
+            ]
+        )
+        publisher = _Publisher()
+        await _manager(store, publisher, broker_driven=True).run_once()
+        assert publisher.events == []
+        control = _Publisher()
+        await _manager(store, control, broker_driven=False).run_once()
+        assert control.events  # the standalone path publishes DELETE_PARTITION_STARTED
+    finally:
+        store.close()
