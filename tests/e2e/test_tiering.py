@@ -25,7 +25,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.serde import decode
 from sidecar.storage.manifest import IndexKind, SegmentManifest
 from sidecar.storage.ownership import is_marker_key
-from tests.conftest import stack
+from tests.conftest import _clean_prefix, stack
 from tests.e2e._support import CODECS, MetadataTopic, produce_per_codec, topic_id_partition
 from tests.helpers import create_topic
 from tests.kafka_serde import fields
@@ -104,12 +104,8 @@ def _bucket(s3: Any, prefix: str) -> dict[str, bytes]:
 
 
 def _delete_prefix(s3: Any, prefix: str) -> None:
-    client = s3.client()
-    try:
-        for key in _bucket(s3, prefix):
-            client.delete_object(Bucket=s3.bucket, Key=key)
-    finally:
-        client.close()
+    """Everything under ``prefix``, the ownership marker included."""
+    _clean_prefix(s3, prefix)
 
 
 async def _tiered_run(kafka, s3, topic_name, tmp_path, *, kill_after: int | None):
