@@ -202,6 +202,7 @@ class TieringEngine:
         self._led_since: dict[_PartitionKey, float] = {}  # monotonic time leadership was seen
         # foreign copies already reported → their partition
         self._waiting_for: dict[uuid.UUID, _PartitionKey] = {}
+        self._paths: dict[_PartitionKey, Path] = {}  # partition → its dir, as of the last reconcile
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
@@ -280,7 +281,9 @@ class TieringEngine:
             self._next_lag_at = now + self._settings.lag_interval_s
         tracked: set[int] = set()
         kept: set[_PartitionKey] = set()  # partitions whose per-partition state is kept
-        for scan in self._views().values():
+        paths: dict[_PartitionKey, Path] = {}
+        for path, scan in self._views().items():
+            paths[(scan.topic, scan.partition)] = path
             if scan.topic_id is None:
                 continue
             selected = self._cluster.selected(scan.topic)
@@ -324,6 +327,7 @@ class TieringEngine:
             task = tg.create_task(self._work(key), name=f"tiering {scan.topic}-{scan.partition}")
             self._workers[key] = _Worker(task, failures, retry_at, scan=scan, lso=lso)
         self._forget_except(kept)
+        self._paths = paths
         new = tracked - set(self._tailer.tracked)
         if new:
             self._tailer.track(new)
@@ -439,10 +443,13 @@ class TieringEngine:
         self._lag_topics = set(lag_by_topic)
 
     def _scan_for(self, key: _PartitionKey) -> PartitionScan | None:
-        for scan in self._views().values():
-            if (scan.topic, scan.partition) == key:
-                return scan
-        return None
+        """The partition's current scan: one lookup (a walk of every view per worker step would
+        be quadratic in the partitions)."""
+        path = self._paths.get(key)
+        scan = None if path is None else self._views().get(path)
+        if scan is None or (scan.topic, scan.partition) != key:
+            return None
+        return scan
 
     async def _work(self, key: _PartitionKey) -> None:
         topic, partition = key
