@@ -1,16 +1,34 @@
 """The ``sidecar`` command line: argument parsing and exit codes, nothing else.
 
 Subcommands: ``version``, ``run``, ``config check``, ``status``, ``quarantine list|clear``,
-``inspect``, ``scrub``, ``delete-partition`` (and more, see ``build_parser``). Each maps a
-SidecarError to its ``exit_code`` (ConfigError → 2) and prints one clear line on stderr. Heavy
-modules are imported inside the subcommand that needs them, so ``sidecar --help`` stays fast.
+``inspect``, ``scrub``, ``delete-partition`` (and more, see ``build_parser``). Heavy modules are
+imported inside the subcommand that needs them, so ``sidecar --help`` stays fast.
+
+One error path serves every command (:func:`main`): a known failure prints one line on stderr,
+``sidecar: error: <what>`` (with where and what to do in the message), and exits with a
+documented code:
+
+====  ==============================================================================
+ 0    success
+ 1    the command ran and found a problem, or a dependency (Kafka, S3, a file) failed
+ 2    usage or configuration error (bad flag, invalid config, unknown ``SIDECAR_*`` key)
+ 3    a required tool is missing (java, mvn, weed)
+ 130  interrupted (Ctrl-C)
+====  ==============================================================================
+
+``--debug`` (before the subcommand) prints the traceback as well. A closed stdout (``sidecar
+inspect … | head``) ends the command quietly with exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,12 +48,14 @@ def _parse_set(items: Sequence[str]) -> dict[str, str]:
     return overrides
 
 
-def _add_config_args(parser: argparse.ArgumentParser, *, file_required: bool = False) -> None:
-    if file_required:
-        parser.add_argument("file", type=Path, help="TOML configuration file")
-    else:
+def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    parser.add_argument(
+        "-c", "--config", dest="file", type=Path, default=None, help="TOML configuration file"
+    )
+    if positional:
+        # `config check FILE` predates -c; both spellings stay accepted
         parser.add_argument(
-            "-c", "--config", dest="file", type=Path, default=None, help="TOML configuration file"
+            "positional_file", nargs="?", type=Path, default=None, help=argparse.SUPPRESS
         )
     parser.add_argument(
         "--set",
@@ -48,11 +68,31 @@ def _add_config_args(parser: argparse.ArgumentParser, *, file_required: bool = F
     )
 
 
+def _add_bootstrap_arg(parser: argparse.ArgumentParser, *, help_text: str) -> None:
+    """``--bootstrap-server`` as Kafka's tools spell it; ``--bootstrap-servers`` is an alias."""
+    parser.add_argument(
+        "--bootstrap-server",
+        "--bootstrap-servers",
+        dest="bootstrap_servers",
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT]",
+        help=help_text,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sidecar",
         description="Tiered-storage sidecar for Apache Kafka: uploads rolled segments to S3, "
         "publishes KIP-405 metadata, serves tiered reads.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"kafka-tiered-sidecar {__version__}"
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="on an error, print the traceback too (default: one line on stderr)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -68,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="a broker log dir to watch (repeat for JBOD); = broker.log_dirs",
     )
-    run.add_argument("--bootstrap-servers", default=None, help="= kafka.bootstrap_servers")
+    _add_bootstrap_arg(run, help_text="= kafka.bootstrap_servers (comma-separated)")
     run.add_argument("--log-level", default=None, help="= logging.level")
     run.add_argument(
         "--log-format", default=None, choices=("auto", "json", "console"), help="= logging.format"
@@ -79,8 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = config_sub.add_parser(
         "check", help="validate a config file and print the effective config (secrets masked)"
     )
-    _add_config_args(check, file_required=True)
+    _add_config_args(check, positional=True)
     check.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    check.add_argument(
+        "--effective",
+        action="store_true",
+        help="print the whole effective config (the default output; accepted for clarity)",
+    )
     config_sub.add_parser("docs", help="print the configuration reference (Markdown)")
 
     status = sub.add_parser(
@@ -152,7 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     decode = metadata_sub.add_parser(
         "decode", help="decode __remote_log_metadata values to JSON lines"
     )
-    source = decode.add_mutually_exclusive_group(required=True)
+    # --hex VALUE, or the topic: from --bootstrap-server, else from the cluster of -c FILE
+    # (with its [kafka] security settings: SASL, TLS)
+    source = decode.add_mutually_exclusive_group()
     source.add_argument(
         "--hex",
         dest="hex_values",
@@ -160,8 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VALUE",
         help="a record value in hex (repeatable)",
     )
-    source.add_argument("--bootstrap-server", help="read the topic from this broker")
-    decode.add_argument("--topic", default="__remote_log_metadata", help="metadata topic")
+    source.add_argument(
+        "--bootstrap-server",
+        "--bootstrap-servers",
+        dest="bootstrap_server",
+        help="read the topic from this broker",
+    )
+    _add_config_args(decode)
+    decode.add_argument(
+        "--topic", default=None, help="metadata topic (default: remote_log_metadata.topic)"
+    )
     decode.add_argument(
         "--max-messages",
         type=int,
@@ -252,15 +307,96 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sidecar`` console script; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere before a `--`, not only before the subcommand
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut]
+    argv = [a for i, a in enumerate(argv) if not (i < cut and a == "--debug")]
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.debug = debug
+    if args.command != "run" and not debug:
+        # one-shot commands report Kafka failures in their own error line; aiokafka's
+        # retry chatter would only repeat it
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return _dispatch(args)
-    except SidecarError as exc:
-        print(f"sidecar: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        if isinstance(exc, SystemExit):
+            raise
+        message, code = describe_failure(exc)
+        if debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        elif code == 1 and not isinstance(exc, SidecarError | OSError):
+            message += " (run with --debug for the traceback)"
+        _print_error(message)
+        return code
+
+
+def _print_error(message: str) -> None:
+    with contextlib.suppress(BrokenPipeError):  # stderr closed too: nothing left to tell
+        print(f"sidecar: error: {message}", file=sys.stderr)
+
+
+def _closed_pipe() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as Unix tools do."""
+    # Python flushes stdout at exit and would report the broken pipe again; point the file
+    # descriptor at /dev/null so that flush succeeds
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (tests)
+        pass
+    return 0
+
+
+def describe_failure(exc: BaseException) -> tuple[str, int]:
+    """One line (what, where, what to do) and the exit code for a failure that ends a command."""
+    if isinstance(exc, SidecarError):
+        return str(exc), exc.exit_code
+    kafka_error = _kafka_failure(exc)
+    if kafka_error is not None:
+        return kafka_error, 1
+    if isinstance(exc, ModuleNotFoundError) and exc.name is not None:
+        root = exc.name.split(".")[0]
+        if root in ("pyspark", "pyarrow"):
+            return (
+                f"this command needs {root}: install the spark extra"
+                " (pip install 'kafka-tiered-sidecar[spark]')",
+                3,
+            )
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename or exc}", 1
+    if isinstance(exc, FileNotFoundError):
+        return f"no such file or directory: {exc.filename or exc}", 1
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}", 1
+    if isinstance(exc, TimeoutError):
+        return "timed out waiting for Kafka or S3 (check the address and that it answers)", 1
+    return f"unexpected {type(exc).__name__}: {exc}", 1
+
+
+def _kafka_failure(exc: BaseException) -> str | None:
+    """A one-line message for aiokafka's errors, which name no address of their own."""
+    module = type(exc).__module__ or ""
+    if not module.startswith("aiokafka"):
+        return None
+    name = type(exc).__name__
+    text = str(exc) or name
+    if name in ("KafkaConnectionError", "NodeNotReadyError", "KafkaTimeoutError"):
+        return (
+            f"cannot reach Kafka: {text}; check --bootstrap-server / kafka.bootstrap_servers"
+            " and kafka.security_protocol"
+        )
+    if "Authentication" in name or "Authorization" in name or "Sasl" in name:
+        return f"Kafka refused the client: {text}; check the [kafka] SASL/TLS settings and ACLs"
+    return f"Kafka error {name}: {text}"
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -273,12 +409,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(cfg.reference_markdown(), end="")
         return 0
     if args.command == "config":
-        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
-        data = cfg.masked(config)
-        print(json.dumps(data, indent=2) if args.json else cfg.to_toml(data), end="")
-        if args.json:
-            print()
-        return 0
+        return _config_check(args)
     if args.command == "run":
         config = cfg.load_config(args.file, overrides=_run_overrides(args))
         from sidecar.app import run_daemon
@@ -315,9 +446,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "metadata":
         from sidecar.metadata_cli import decode_command
 
+        decode_config: cfg.SidecarConfig | None = None
+        if not args.hex_values:
+            if args.bootstrap_server is None and args.file is None:
+                raise ConfigError(
+                    "give --hex VALUE, --bootstrap-server HOST:PORT, or -c FILE (the cluster and"
+                    " security settings of a sidecar config)"
+                )
+            overrides = _parse_set(args.overrides)
+            if args.bootstrap_server is not None:
+                overrides["kafka.bootstrap_servers"] = args.bootstrap_server
+            decode_config = cfg.load_config(args.file, overrides=overrides)
         return decode_command(
             hex_values=args.hex_values,
-            bootstrap_server=args.bootstrap_server,
+            config=decode_config,
             topic=args.topic,
             max_messages=args.max_messages,
             out=sys.stdout,
@@ -370,6 +512,23 @@ def _dispatch(args: argparse.Namespace) -> int:
             isolation=args.isolation,
         )
     raise AssertionError(f"unhandled command {args.command}")  # pragma: no cover
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    """Validate without side effects; warnings on stderr; print the effective config."""
+    from sidecar import config as cfg
+
+    if args.file is not None and args.positional_file is not None:
+        raise ConfigError("give the config file once: -c FILE or FILE")
+    path = args.file or args.positional_file
+    config = cfg.load_config(path, overrides=_parse_set(args.overrides))
+    for warning in cfg.check_warnings(config):
+        print(f"sidecar: warning: {warning}", file=sys.stderr)
+    data = cfg.masked(config)
+    print(json.dumps(data, indent=2) if args.json else cfg.to_toml(data), end="")
+    if args.json:
+        print()
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

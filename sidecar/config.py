@@ -5,7 +5,12 @@ CLI flags (``--set section.key=value`` and the dedicated flags of ``sidecar run`
 
 Environment variables name a field by its path with ``__`` between levels, e.g.
 ``SIDECAR_S3__BUCKET=tiered`` or ``SIDECAR_KAFKA__BOOTSTRAP_SERVERS=b1:9092,b2:9092`` (lists are
-comma-separated). Unknown keys and wrong types are errors that name the key (exit code 2).
+comma-separated). Unknown keys and wrong types are errors that name the key, and the variable
+when the environment set it (exit code 2). Kubernetes service-link variables, which a Service
+named ``sidecar…`` injects into every pod of its namespace (``SIDECAR_PORT=tcp://…``,
+``SIDECAR_SERVICE_HOST``, ``SIDECAR_METRICS_SERVICE_PORT``), are ignored: a ``SIDECAR_`` name
+without ``__`` that ends in ``SERVICE_HOST``, ``SERVICE_PORT[_NAME]``, ``PORT`` or
+``PORT_<n>_<TCP|UDP|SCTP>[_ADDR|_PORT|_PROTO]`` (see :data:`SERVICE_LINK`).
 
 Secrets are ``SecretStr``: they print as ``**********`` in ``repr``, in ``sidecar config check``,
 in logs and in errors. This module does no I/O beyond reading the file it is given.
@@ -13,10 +18,13 @@ in logs and in errors. This module does no I/O beyond reading the file it is giv
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
 import tomllib
 import types
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -46,6 +54,7 @@ __all__ = [
     "S3Config",
     "SidecarConfig",
     "TieringConfig",
+    "check_warnings",
     "load_config",
     "masked",
     "reference_markdown",
@@ -53,6 +62,68 @@ __all__ = [
 ]
 
 ENV_PREFIX = "SIDECAR_"
+
+#: Kubernetes service-link variable names (docker-link style), ignored when they start with
+#: ``SIDECAR_``: no setting of ours is spelled like one (nested settings always contain ``__``).
+SERVICE_LINK = re.compile(
+    r"SIDECAR_(?:[A-Z0-9_]*_)?(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_(?:ADDR|PORT|PROTO))?)?)"
+)
+
+
+def _compiled(patterns: list[str]) -> list[str]:
+    """Each pattern compiles as a Python regex (topics are matched with ``re.fullmatch``)."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is not a valid regex: {exc}") from None
+    return patterns
+
+
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _s3_bucket_name(name: str) -> str:
+    """Amazon S3's general-purpose bucket naming rules (3-63 characters, lowercase letters,
+    digits, dots and hyphens, starting and ending with a letter or digit, no ``..``, not an IP
+    address, none of the reserved prefixes and suffixes)."""
+    problem = None
+    if not _BUCKET.fullmatch(name):
+        problem = (
+            "3-63 characters of lowercase letters, digits, '.' and '-', starting and ending"
+            " with a letter or digit"
+        )
+    elif ".." in name:
+        problem = "no two adjacent periods"
+    elif name.startswith(("xn--", "sthree-", "amzn-s3-demo-")) or name.endswith(
+        ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+    ):
+        problem = "no reserved prefix (xn--, sthree-) or suffix (-s3alias, --ol-s3, --x-s3)"
+    else:
+        try:
+            ipaddress.ip_address(name)
+            problem = "not an IP address"
+        except ValueError:
+            pass
+    if problem is not None:
+        raise ValueError(f"{name!r} is not a valid S3 bucket name: {problem}")
+    return name
+
+
+def _endpoint(url: str | None) -> str | None:
+    if url is None:
+        return None
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(
+            f"{url!r} is not an http:// or https:// URL with a host (e.g. http://minio:9000)"
+        )
+    try:
+        parsed.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        raise ValueError(f"{url!r} has an invalid port") from None
+    return url
 
 
 def _kafka_name(field: str, kafka: str) -> AliasChoices:
@@ -95,6 +166,18 @@ class KafkaConfig(_Section):
     metadata_stale_after_s: float = Field(
         60.0, gt=0, description="no uploads when the last successful refresh is older than this"
     )
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaConfig:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism")
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(
+                f"sasl_mechanism is set but security_protocol is {self.security_protocol};"
+                " use SASL_PLAINTEXT or SASL_SSL"
+            )
+        return self
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -152,6 +235,16 @@ class S3Config(_Section):
         description="an upload answered without its CRC-32C echo: verify = check the stored"
         " object (HEAD with checksums, else read back its last part), refuse = fail the upload",
     )
+
+    @field_validator("bucket")
+    @classmethod
+    def _bucket(cls, value: str) -> str:
+        return _s3_bucket_name(value)
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint_url(cls, value: str | None) -> str | None:
+        return _endpoint(value)
 
 
 ClientValue = str | int | float | bool
@@ -302,6 +395,11 @@ class TieringConfig(_Section):
         30.0, ge=0, description="on SIGTERM, how long uploads in flight may finish"
     )
 
+    @field_validator("include_topics", "exclude_topics")
+    @classmethod
+    def _regexes(cls, value: list[str]) -> list[str]:
+        return _compiled(value)
+
 
 # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
 class RetentionOverride(_Section):
@@ -327,14 +425,7 @@ class RetentionOverride(_Section):
     @field_validator("topics")
     @classmethod
     def _regexes(cls, value: list[str]) -> list[str]:
-        import re
-
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{pattern!r} is not a regex: {exc}") from None
-        return value
+        return _compiled(value)
 
 
 class RetentionConfig(_Section):
@@ -398,10 +489,14 @@ class RetentionConfig(_Section):
     scrub_enabled: bool = Field(True, description="run the orphan scrub periodically")
     scrub_interval_s: float = Field(3600.0, gt=0, description="time between two scrubs")
     orphan_grace_s: float = Field(
-        86400.0, ge=0, description="an unreferenced object is deleted only once older than this"
+        86400.0,
+        gt=0,
+        description="an unreferenced object is deleted only once older than this",
     )
     multipart_grace_s: float = Field(
-        86400.0, ge=0, description="an incomplete multipart upload is aborted once older than this"
+        86400.0,
+        gt=0,
+        description="an incomplete multipart upload is aborted once older than this",
     )
     at_risk_fraction: float = Field(
         0.8,
@@ -412,8 +507,6 @@ class RetentionConfig(_Section):
 
     def override_for(self, topic: str) -> RetentionOverride | None:
         """The first override whose patterns fully match ``topic``, if any."""
-        import re
-
         for override in self.overrides:
             if any(re.fullmatch(p, topic) for p in override.topics):
                 return override
@@ -551,17 +644,57 @@ def load_config(
     if path is not None:
         data = _read_file(path)
     env = os.environ if environ is None else environ
+    sources: dict[str, str] = {}  # dotted key → where a value other than the file's came from
     for key, raw in sorted(env.items()):
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(ENV_PREFIX) or _service_link(key):
             continue
         dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
-        _assign(data, dotted, raw, source=f"environment variable {key}")
+        source = f"environment variable {key}"
+        _assign(data, dotted, raw, source=source)
+        sources[dotted] = source
     for dotted, raw in (overrides or {}).items():
         _assign(data, dotted, raw, source=f"--set {dotted}")
+        sources[dotted] = f"--set {dotted}"
     try:
         return SidecarConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path)) from None
+        raise ConfigError(_describe(exc, path, sources)) from None
+
+
+def _service_link(name: str) -> bool:
+    """A variable Kubernetes injects for a Service whose name starts with ``sidecar``."""
+    return "__" not in name and name != "SIDECAR_STATE_DIR" and bool(SERVICE_LINK.fullmatch(name))
+
+
+def check_warnings(config: SidecarConfig) -> list[str]:
+    """What ``sidecar config check`` warns about without failing: settings that are valid but
+    will not work on this host or will tier nothing. Reads directory metadata only."""
+    warnings: list[str] = []
+    for log_dir in config.broker.log_dirs:
+        if not log_dir.exists():
+            warnings.append(
+                f"broker.log_dirs: {log_dir} does not exist here (fine on a machine that only"
+                " checks the file; `sidecar run` needs it)"
+            )
+        elif not log_dir.is_dir():
+            warnings.append(f"broker.log_dirs: {log_dir} is not a directory")
+        elif not os.access(log_dir, os.R_OK | os.X_OK):
+            warnings.append(f"broker.log_dirs: {log_dir} is not readable by this user")
+    kafka = config.kafka
+    if kafka.sasl_mechanism is not None and (
+        kafka.sasl_username is None or kafka.sasl_password is None
+    ):
+        warnings.append(
+            "kafka.sasl_mechanism is set without sasl_username and sasl_password; pass the"
+            " password as SIDECAR_KAFKA__SASL_PASSWORD"
+        )
+    if not config.tiering.include_topics:
+        warnings.append(
+            "tiering.include_topics is empty: only topics with remote.storage.enable=true are"
+            " tiered, which needs a KIP-405 broker with the sidecar's plugin; to tier topics"
+            ' standalone add e.g. include_topics = ["orders.*"] under [tiering]'
+        )
+    return warnings
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -624,16 +757,37 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
     node[parts[-1]] = value
 
 
-def _describe(exc: ValidationError, path: Path | None) -> str:
-    where = f" in {path}" if path is not None else ""
-    lines = [f"invalid configuration{where}:"]
+def _describe(exc: ValidationError, path: Path | None, sources: Mapping[str, str]) -> str:
+    """One line per problem, each naming the key and, when the file did not set it, the
+    environment variable or ``--set`` that did."""
+    problems: list[str] = []
+    from_file = False
     for err in exc.errors(include_url=False, include_input=False):
-        key = ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(root)"
+        source = next(
+            (
+                sources[".".join(loc[:n])]
+                for n in range(len(loc), 0, -1)
+                if ".".join(loc[:n]) in sources
+            ),
+            None,
+        )
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            text = f"{key}: unknown key"
+            if source is not None and source.startswith("environment"):
+                text += " (nested settings use __ between levels, e.g. SIDECAR_S3__BUCKET)"
         else:
-            lines.append(f"  {key}: {err['msg']}")
-    return "\n".join(lines)
+            text = f"{key}: {err['msg']}"
+        if source is not None:
+            text = f"{source}: {text}"
+        else:
+            from_file = from_file or path is not None
+        problems.append(text)
+    where = f" in {path}" if from_file else ""
+    if len(problems) == 1:
+        return f"invalid configuration{where}: {problems[0]}"
+    return "\n".join([f"invalid configuration{where}:", *(f"  {p}" for p in problems)])
 
 
 def masked(config: SidecarConfig) -> dict[str, Any]:
@@ -658,8 +812,6 @@ def to_toml(data: Mapping[str, Any]) -> str:
     """Render :func:`masked` output as TOML (scalars first, then one table per section)."""
 
     def scalar(value: Any) -> str:
-        if value is None:
-            return '""  # unset'
         if isinstance(value, bool):
             return "true" if value else "false"
         if isinstance(value, int | float):
@@ -670,12 +822,16 @@ def to_toml(data: Mapping[str, Any]) -> str:
             return "{" + ", ".join(f"{json.dumps(k)} = {scalar(v)}" for k, v in value.items()) + "}"
         return json.dumps(str(value))
 
-    lines = [f"{k} = {scalar(v)}" for k, v in data.items() if not isinstance(v, Mapping)]
+    def line(key: str, value: Any) -> str:
+        # TOML has no null: an unset setting is a comment, so the output loads back as is
+        return f"# {key} = (unset)" if value is None else f"{key} = {scalar(value)}"
+
+    lines = [line(k, v) for k, v in data.items() if not isinstance(v, Mapping)]
     for section, values in data.items():
         if isinstance(values, Mapping):
             lines.append("")
             lines.append(f"[{section}]")
-            lines.extend(f"{k} = {scalar(v)}" for k, v in values.items())
+            lines.extend(line(k, v) for k, v in values.items())
     return "\n".join(lines) + "\n"
 
 

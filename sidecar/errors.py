@@ -6,6 +6,7 @@ The type carries the retry policy (``retriable``); workers decide from the type,
 * SidecarError
   + ConfigError                  the configuration is invalid (exit code 2)
   + MissingToolError             a required tool (java, mvn, weed) is missing or unusable
+  + CommandError                 a CLI command cannot do what was asked (exit code 1)
   + FormatError                  a log-dir file we cannot parse (carries the path and byte position)
     - CorruptRecordError         a record batch with a bad CRC, bad magic or impossible length
     - TruncatedFileError         a file ends in the middle of a structure
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointFormatError",
     "ChecksumMismatchError",
     "ChecksumNotEchoedError",
+    "CommandError",
     "ConfigError",
     "CorruptRecordError",
     "FormatError",
@@ -69,6 +71,11 @@ class MissingToolError(SidecarError):
     """A tool the command needs (java, mvn, weed) is missing; the message says what to install."""
 
     exit_code: ClassVar[int] = 3
+
+
+class CommandError(SidecarError):
+    """A one-shot command cannot do what was asked: Kafka unreachable, a partition that does not
+    exist, a refused confirmation. The message says what, where and what to do."""
 
 
 class FormatError(SidecarError):

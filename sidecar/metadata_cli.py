@@ -11,7 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from sidecar.errors import ConfigError
+from sidecar.config import SidecarConfig
+from sidecar.errors import CommandError, ConfigError
 from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.metadata.errors import MetadataFormatError
 from sidecar.metadata.events import (
@@ -80,19 +81,36 @@ def _line(value: bytes, where: dict[str, Any]) -> tuple[str, bool]:
         return json.dumps({**where, "error": str(exc), "value_hex": value.hex()}), False
 
 
-async def _read_topic(bootstrap: str, topic: str, max_messages: int | None, out: TextIO) -> int:
+async def _read_topic(
+    config: SidecarConfig, topic: str, max_messages: int | None, out: TextIO
+) -> int:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
+    from sidecar.app import kafka_client_options
+
+    bootstrap = ",".join(config.kafka.bootstrap_servers)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        request_timeout_ms=config.kafka.request_timeout_ms,
+        **kafka_client_options(config.kafka),
+        **config.remote_log_metadata.consumer_kwargs(),
+    )
+    try:
+        await consumer.start()
+    except Exception as exc:
+        await consumer.stop()  # closes what start() opened; no "Unclosed AIOKafkaConsumer"
+        raise CommandError(
+            f"cannot read {topic} from Kafka at {bootstrap}: {exc or type(exc).__name__};"
+            " check the address and the [kafka] security settings"
+        ) from exc
     try:
         ids = consumer.partitions_for_topic(topic)
         if not ids:
             await consumer._client.force_metadata_update()
             ids = consumer.partitions_for_topic(topic)
         if not ids:
-            print(json.dumps({"error": f"topic {topic} does not exist"}), file=out)
-            return 1
+            raise CommandError(f"topic {topic} does not exist on {bootstrap}")
         partitions = [TopicPartition(topic, p) for p in sorted(ids)]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
@@ -119,12 +137,13 @@ async def _read_topic(bootstrap: str, topic: str, max_messages: int | None, out:
 def decode_command(
     *,
     hex_values: Sequence[str] | None,
-    bootstrap_server: str | None,
-    topic: str,
+    config: SidecarConfig | None,
+    topic: str | None,
     max_messages: int | None,
     out: TextIO,
 ) -> int:
-    """Decode values given in hex, or read the topic; print one JSON object per record."""
+    """Decode values given in hex, or read the topic of ``config``'s cluster (its bootstrap
+    servers and security settings); print one JSON object per record."""
     if hex_values:
         status = 0
         for text in hex_values:
@@ -138,6 +157,7 @@ def decode_command(
             status |= 0 if ok else 1
             print(line, file=out)
         return status
-    if bootstrap_server is None:
-        raise ConfigError("give --hex VALUE or --bootstrap-server HOST:PORT")
-    return asyncio.run(_read_topic(bootstrap_server, topic, max_messages, out))
+    if config is None:
+        raise ConfigError("give --hex VALUE, --bootstrap-server HOST:PORT or -c FILE")
+    name = topic or config.remote_log_metadata.topic
+    return asyncio.run(_read_topic(config, name, max_messages, out))

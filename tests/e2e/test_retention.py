@@ -456,9 +456,9 @@ class TestScrubCommand:
             assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
             graceless = (
                 "--set",
-                "retention.orphan_grace_s=0",
+                "retention.orphan_grace_s=0.001",
                 "--set",
-                "retention.multipart_grace_s=0",
+                "retention.multipart_grace_s=0.001",
             )
             dry = await scrub("--dry-run", *graceless)
             assert sorted(dry["orphan_keys"]) == sorted(planted["objects"])

@@ -21,7 +21,7 @@ class TestMetadataDecode:
         out = io.StringIO()
         status = decode_command(
             hex_values=[v["expectedHex"] for v in VECTORS],
-            bootstrap_server=None,
+            config=None,
             topic="t",
             max_messages=None,
             out=out,

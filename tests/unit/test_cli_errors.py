@@ -1,0 +1,199 @@
+"""The CLI's one error path, through the console script as an operator runs it: one line on
+stderr, a documented exit code, a traceback only with --debug, quiet on a closed pipe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sidecar import __version__
+from sidecar.cli import build_parser
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    env.update(extra)
+    return env
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else _env(),
+        check=False,
+        timeout=120,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed command, asserting there is no traceback."""
+    lines = result.stderr.strip().splitlines()
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sidecar: error: "), lines[0]
+    return lines[0]
+
+
+def _config(tmp_path: Path, body: str = "") -> Path:
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir(exist_ok=True)
+    path = tmp_path / "sidecar.toml"
+    path.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n'
+        f'[broker]\nlog_dirs = ["{log_dir}"]\n'
+        '[tiering]\ninclude_topics = ["orders.*"]\n' + body
+    )
+    return path
+
+
+class TestErrorPath:
+    def test_version_flag(self):
+        """`sidecar --version` prints the version and exits 0, as `sidecar version` does."""
+        result = _cli("--version")
+        assert result.returncode == 0
+        assert __version__ in result.stdout
+
+    def test_invalid_include_regex_is_one_line_in_check_and_run(self, tmp_path):
+        """An invalid include_topics regex fails `config check` and `run` with exit 2 and one
+        line naming the key, not a re.error traceback from inside the daemon."""
+        path = tmp_path / "bad.toml"
+        path.write_text('[tiering]\ninclude_topics = ["orders.(*"]\n')
+        for command in (("config", "check", "-c", str(path)), ("run", "-c", str(path))):
+            result = _cli(*command)
+            assert result.returncode == 2, result.stderr
+            line = _one_line_error(result)
+            assert "tiering.include_topics" in line
+            assert "not a valid regex" in line
+
+    def test_unreachable_kafka_is_one_line(self):
+        """`metadata decode` against a port nobody listens on: exit 1, one line naming the
+        address and what to check, no traceback, no 'Unclosed AIOKafkaConsumer'."""
+        result = _cli("metadata", "decode", "--bootstrap-server", "127.0.0.1:1")
+        assert result.returncode == 1
+        line = _one_line_error(result)
+        assert "127.0.0.1:1" in line
+        assert "Unclosed" not in result.stderr
+
+    def test_debug_shows_the_traceback(self):
+        """--debug (anywhere on the line) adds the traceback to the same failure."""
+        result = _cli("metadata", "decode", "--bootstrap-server", "127.0.0.1:1", "--debug")
+        assert result.returncode == 1
+        assert "Traceback" in result.stderr
+        assert result.stderr.rstrip().splitlines()[-1].startswith("sidecar: error: ")
+
+    def test_closed_pipe_ends_quietly(self):
+        """A reader that goes away after the first line (`| head -1`) ends the command with
+        exit 0 and nothing on stderr."""
+        with subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "config", "docs"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+        ) as proc:
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            proc.stdout.readline()
+            proc.stdout.close()  # the pipe's reader is gone; the rest of the table cannot go out
+            err = proc.stderr.read().decode()
+            assert proc.wait(timeout=60) == 0
+        assert "BrokenPipeError" not in err
+        assert err == ""
+
+    def test_bootstrap_server_spellings(self):
+        """--bootstrap-server (Kafka's tools) and --bootstrap-servers are both accepted."""
+        parser = build_parser()
+        for flag in ("--bootstrap-server", "--bootstrap-servers"):
+            assert parser.parse_args(["run", flag, "b:9092"]).bootstrap_servers == "b:9092"
+            args = parser.parse_args(["metadata", "decode", flag, "b:9092"])
+            assert args.bootstrap_server == "b:9092"
+
+
+class TestConfigCheck:
+    def test_dash_c_and_positional(self, tmp_path):
+        """`config check -c FILE` works like every other subcommand; FILE alone still works."""
+        path = _config(tmp_path)
+        assert _cli("config", "check", "-c", str(path)).returncode == 0
+        assert _cli("config", "check", str(path)).returncode == 0
+
+    @pytest.mark.parametrize(
+        ("body", "key", "words"),
+        [
+            ('[s3]\nendpoint_url = "htp://minio:9000"\n', "s3.endpoint_url", "http://"),
+            ('[s3]\nendpoint_url = "minio:9000"\n', "s3.endpoint_url", "http://"),
+            ('[s3]\nbucket = "My_Bucket!!"\n', "s3.bucket", "not a valid S3 bucket name"),
+            ('[s3]\nbucket = "192.168.1.10"\n', "s3.bucket", "IP address"),
+            ("[retention]\norphan_grace_s = 0\n", "retention.orphan_grace_s", "greater than 0"),
+            ('[retention]\n[[retention.overrides]]\ntopics = ["a["]\n', "topics", "regex"),
+            ('[kafka]\nsecurity_protocol = "SASL_SSL"\n', "kafka", "sasl_mechanism"),
+        ],
+    )
+    def test_invalid_values_are_refused(self, tmp_path, body, key, words):
+        """Values that would only fail at run time are refused by `config check` (exit 2)."""
+        result = _cli("config", "check", "-c", str(_config(tmp_path, body)))
+        assert result.returncode == 2, result.stdout
+        assert key in result.stderr
+        assert words in result.stderr
+
+    def test_missing_log_dir_is_a_warning(self, tmp_path):
+        """A log dir absent on this host warns (the file may be checked elsewhere), exit 0."""
+        path = tmp_path / "c.toml"
+        path.write_text(
+            f'[broker]\nlog_dirs = ["{tmp_path / "absent"}"]\n[tiering]\ninclude_topics = ["a"]\n'
+        )
+        result = _cli("config", "check", "-c", str(path))
+        assert result.returncode == 0, result.stderr
+        assert "sidecar: warning: broker.log_dirs" in result.stderr
+        assert "does not exist" in result.stderr
+
+    def test_empty_selection_warns_with_the_setting_to_add(self, tmp_path):
+        """No include_topics: config check says that only KIP-405 topics will be tiered."""
+        path = tmp_path / "c.toml"
+        path.write_text(f'[broker]\nlog_dirs = ["{tmp_path}"]\n')
+        result = _cli("config", "check", "-c", str(path))
+        assert result.returncode == 0
+        assert "include_topics" in result.stderr
+
+    def test_effective_config_loads_back(self, tmp_path):
+        """`config check --effective > x.toml` then `config check -c x.toml` passes, with
+        unset settings (sasl_mechanism) and secrets present."""
+        path = _config(tmp_path, '[kafka]\nsasl_username = "u"\n')
+        first = _cli("config", "check", "--effective", "-c", str(path))
+        assert first.returncode == 0, first.stderr
+        assert "# sasl_mechanism = (unset)" in first.stdout
+        again = tmp_path / "x.toml"
+        again.write_text(first.stdout)
+        second = _cli("config", "check", "-c", str(again))
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == first.stdout
+
+    def test_environment_error_blames_the_variable(self, tmp_path):
+        """A mistyped variable (single underscore) is named, and the file is not blamed."""
+        path = _config(tmp_path)
+        result = _cli("config", "check", "-c", str(path), env=_env(SIDECAR_S3_BUCKET="x"))
+        assert result.returncode == 2
+        line = _one_line_error(result)
+        assert "environment variable SIDECAR_S3_BUCKET" in line
+        assert str(path) not in line
+        assert "SIDECAR_S3__BUCKET" in line  # what to write instead
+
+    def test_kubernetes_service_links_are_ignored(self, tmp_path):
+        """Variables a Service named sidecar… injects are not configuration."""
+        env = _env(
+            SIDECAR_PORT="tcp://10.0.0.1:9464",
+            SIDECAR_PORT_9464_TCP="tcp://10.0.0.1:9464",
+            SIDECAR_PORT_9464_TCP_ADDR="10.0.0.1",
+            SIDECAR_PORT_9464_TCP_PORT="9464",
+            SIDECAR_PORT_9464_TCP_PROTO="tcp",
+            SIDECAR_SERVICE_HOST="10.0.0.1",
+            SIDECAR_SERVICE_PORT="9464",
+            SIDECAR_SERVICE_PORT_METRICS="9464",
+            SIDECAR_METRICS_SERVICE_HOST="10.0.0.2",
+        )
+        result = _cli("config", "check", "-c", str(_config(tmp_path)), env=env)
+        assert result.returncode == 0, result.stderr
