@@ -59,6 +59,7 @@ from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.quarantine import Quarantine
+from sidecar.tiering.selection import SelectionMonitor
 from sidecar.tiering.uploader import SegmentUploader
 from sidecar.tiering.workers import EngineSettings, MetadataSync, TieringEngine
 
@@ -241,6 +242,12 @@ class Daemon:
         broker_id = self.config.broker.broker_id
         if broker_id is None and identity is not None:
             broker_id = identity.node_id
+        missing = [str(d) for d in self.config.broker.log_dirs if not d.is_dir()]
+        if broker_id is None and missing:
+            raise ConfigError(
+                f"broker.log_dirs: {', '.join(missing)} does not exist or is not a directory;"
+                " give the broker's log.dirs with --log-dir or broker.log_dirs"
+            )
         if broker_id is None:
             raise ConfigError(
                 "broker.broker_id is not set and no meta.properties with node.id/broker.id was"
@@ -518,6 +525,12 @@ class Daemon:
         ``s3_probe_interval_s`` (every second while it does not). A check that recovers ends
         the upload workers' backoff."""
         prefix = self.config.s3.prefix
+        selection = SelectionMonitor(
+            include_topics=self.config.tiering.include_topics,
+            set_gauge=self.metrics.selected_partitions.set,
+            set_detail=self.readiness.set_detail,
+        )
+        counted_at: float | None = None  # the cluster view last counted
         was_ready = False
         s3_error: str | None = None
         next_s3_probe = 0.0
@@ -533,6 +546,13 @@ class Daemon:
                 s3_error = await self._probe_s3(objects, prefix)
                 self._check("s3", s3_error is None, s3_error)
                 next_s3_probe = time.monotonic() + self.config.metrics.s3_probe_interval_s
+            view = cluster.view
+            if self.detector.scanned.is_set() and view.fresh and view.refreshed_at != counted_at:
+                counted_at = view.refreshed_at  # once per refresh: topic configs may change
+                selection.update(
+                    ((v.topic, v.partition) for v in self.detector.views.values()),
+                    cluster.selected,
+                )
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

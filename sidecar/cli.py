@@ -68,6 +68,16 @@ def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = Fals
     )
 
 
+def _add_log_level_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        type=str.upper,
+        help="log level on stderr (default WARNING: the report on stdout says what happened)",
+    )
+
+
 def _add_bootstrap_arg(parser: argparse.ArgumentParser, *, help_text: str) -> None:
     """``--bootstrap-server`` as Kafka's tools spell it; ``--bootstrap-servers`` is an alias."""
     parser.add_argument(
@@ -252,8 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
         "scrub", help="delete unreferenced objects and stale multipart uploads from the bucket"
     )
     _add_config_args(scrub)
-    scrub.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+    scrub_mode = scrub.add_mutually_exclusive_group()
+    scrub_mode.add_argument(
+        "--dry-run", action="store_true", help="report, delete nothing (the default)"
+    )
+    scrub_mode.add_argument(
+        "--execute", action="store_true", help="delete the orphans and abort the stale uploads"
+    )
     scrub.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_log_level_arg(scrub)
     delete_partition = sub.add_parser(
         "delete-partition",
         help="mark a partition's tiered data for deletion (KIP-405 DELETE_PARTITION_MARKED)",
@@ -264,6 +281,20 @@ def build_parser() -> argparse.ArgumentParser:
     delete_partition.add_argument(
         "--topic-id", default=None, help="the topic id, for a topic that no longer exists"
     )
+    delete_partition.add_argument(
+        "--force",
+        action="store_true",
+        help="mark a partition that still exists in the cluster, or that the topic does not have",
+    )
+    delete_partition.add_argument(
+        "--yes", "-y", action="store_true", help="do not ask for confirmation"
+    )
+    delete_partition.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check and show what would be published; publish nothing",
+    )
+    _add_log_level_arg(delete_partition)
 
     read = sub.add_parser("read", help="print tiered records from the read socket (like kcat)")
     _add_config_args(read)
@@ -478,9 +509,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sidecar.retention import _cli as retention_cli
 
         config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        level = "DEBUG" if args.debug else args.log_level
         if args.command == "scrub":
             return retention_cli.scrub_command(
-                config, dry_run=args.dry_run, as_json=args.json, out=sys.stdout
+                config,
+                dry_run=not args.execute,
+                as_json=args.json,
+                out=sys.stdout,
+                log_level=level,
             )
         return retention_cli.delete_partition_command(
             config,
@@ -488,6 +524,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             partition=args.partition,
             topic_id=args.topic_id,
             out=sys.stdout,
+            force=args.force,
+            yes=args.yes,
+            dry_run=args.dry_run,
+            log_level=level,
         )
     if args.command == "read":
         from sidecar.readserver._cli import read_command

@@ -407,7 +407,7 @@ class MetadataTailer:
                 self._beginnings[p] = beginnings[tp]
                 if beginnings[tp] >= ends[tp] or position >= ends[tp]:
                     self._caught_up.add(p)
-                log.info(
+                log.debug(
                     "metadata_partition_assigned",
                     topic=self.topic,
                     metadata_partition=p,
@@ -415,6 +415,14 @@ class MetadataTailer:
                     end_offset=ends[tp],
                     caught_up=p in self._caught_up,
                 )
+        if tracked != self._assigned:
+            # one line per change at INFO; the per-partition lines above are DEBUG
+            log.info(
+                "metadata_partitions_assigned",
+                topic=self.topic,
+                partitions=len(tracked),
+                caught_up=len(tracked & self._caught_up),
+            )
         self._assigned = tracked
         self._notify()
 
@@ -477,12 +485,14 @@ class MetadataTailer:
             target = self._targets.get(partition)
             if partition not in self._caught_up and target is not None and last + 1 >= target:
                 self._caught_up.add(partition)
-                log.info(
+                log.debug(
                     "metadata_partition_caught_up",
                     topic=self.topic,
                     metadata_partition=partition,
                     offset=last,
                 )
+                if self._tracked <= self._caught_up:
+                    log.info("metadata_caught_up", topic=self.topic, partitions=len(self._tracked))
         self._notify()
 
     def _decode_and_apply(self, batch: Sequence[tuple[int, int, bytes | None]]) -> _Ingested:

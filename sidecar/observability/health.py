@@ -32,7 +32,15 @@ class Readiness:
     def __init__(self, metrics: Metrics | None = None) -> None:
         self._checks: dict[str, bool] = {}
         self._reasons: dict[str, str] = {}
+        self._details: dict[str, object] = {}
         self._metrics = metrics
+
+    def set_detail(self, name: str, value: object) -> None:
+        """A fact shown under ``detail`` on /readyz that does not decide readiness."""
+        self._details[name] = value
+
+    def details(self) -> dict[str, object]:
+        return dict(self._details)
 
     def register(self, name: str) -> None:
         if name not in self._checks:
@@ -107,7 +115,12 @@ class HealthServer:
     async def _handle_readyz(self, request: web.Request) -> web.Response:
         checks = self._readiness.snapshot()
         status = 200 if self._readiness.ready else 503
-        body = {"ready": status == 200, "checks": checks, "failing": self._readiness.failing()}
+        body = {
+            "ready": status == 200,
+            "checks": checks,
+            "failing": self._readiness.failing(),
+            "detail": self._readiness.details(),
+        }
         return web.Response(status=status, text=json.dumps(body), content_type="application/json")
 
     async def run(self, stopping: asyncio.Event) -> None:

@@ -260,6 +260,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.selected_partitions = Gauge(
+            "selected_partitions",
+            "Partitions of the broker's log dirs selected for tiering (remote.storage.enable or"
+            " tiering.include_topics); 0 means nothing will be tiered.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         # --- S3 requests, metadata publishes and the metadata store (issue 7)
         self.s3_requests = Counter(
             "s3_requests",

@@ -2,8 +2,9 @@
 
 * ``scrub`` reads the *whole* metadata topic into a fresh store in a temporary directory (the
   daemon's store belongs to the daemon), so every partition of the cluster is known, then runs
-  the orphan scrub over the configured prefix with the configured grace periods. ``--dry-run``
-  prints what it would delete. The daemon runs the same scrub periodically. Unless the
+  the orphan scrub over the configured prefix with the configured grace periods. It only
+  reports what it would delete unless given ``--execute``. The daemon runs the same scrub
+  periodically. Unless the
   metadata topic's ``retention.ms`` and ``retention.bytes`` are -1 (DescribeConfigs), a real
   scrub is refused (exit 1, nothing deleted); a dry run warns and still reports. A prefix whose
   ownership marker is missing or names another cluster (or metadata topic) is refused, dry run
@@ -13,6 +14,11 @@
   the broker that leads the partition's metadata partition then deletes every remote segment
   and publishes STARTED and FINISHED (resumable after a crash). If the topic still exists and is
   tiered, the local segments are tiered again afterwards.
+
+  Guard rails: a partition the topic does not have, or one that still exists in the cluster,
+  is refused unless ``--force``; the command shows what it will publish and asks for ``yes``
+  on a terminal unless ``--yes`` (without a terminal, ``--yes`` is required); ``--dry-run``
+  shows the plan and publishes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import TextIO
 
 from sidecar.config import SidecarConfig
-from sidecar.errors import ConfigError
+from sidecar.errors import CommandError, ConfigError
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
     RemotePartitionDeleteState,
@@ -41,13 +47,14 @@ from sidecar.storage.ownership import PrefixOwner
 __all__ = ["delete_partition_command", "scrub_command"]
 
 
-def _log_to_stderr(config: SidecarConfig) -> None:
-    """Logs go to stderr (stdout carries the report), secrets masked."""
+def _log_to_stderr(config: SidecarConfig, *, level: str = "WARNING") -> None:
+    """Logs go to stderr (stdout carries the report), secrets masked. A one-shot command logs
+    at WARNING unless asked otherwise: the report says what happened."""
     from sidecar.app import _secrets
     from sidecar.observability.logging import configure_logging
 
     configure_logging(
-        level=config.logging.level,
+        level=level,
         fmt=config.logging.format,
         stream=sys.stderr,
         secrets=_secrets(config),
@@ -116,9 +123,16 @@ async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> Sc
     return report
 
 
-def scrub_command(config: SidecarConfig, *, dry_run: bool, as_json: bool, out: TextIO) -> int:
+def scrub_command(
+    config: SidecarConfig,
+    *,
+    dry_run: bool,
+    as_json: bool,
+    out: TextIO,
+    log_level: str = "WARNING",
+) -> int:
     """Run one scrub; print the report. Exit 0."""
-    _log_to_stderr(config)
+    _log_to_stderr(config, level=log_level)
     with tempfile.TemporaryDirectory(prefix="sidecar-scrub-") as tmp:
         report = asyncio.run(_scrub(config, dry_run=dry_run, state_dir=Path(tmp)))
     if as_json:
@@ -143,12 +157,31 @@ def scrub_command(config: SidecarConfig, *, dry_run: bool, as_json: bool, out: T
     return 0
 
 
-async def _mark(config: SidecarConfig, topic: str, partition: int, topic_id: str | None) -> str:
-    from sidecar.kafka.checkpoints import decode_kafka_uuid
-    from sidecar.metadata.publisher import MetadataPublisher
+async def _plan(
+    config: SidecarConfig,
+    topic: str,
+    partition: int,
+    topic_id: str | None,
+    *,
+    force: bool,
+) -> tuple[TopicIdPartition, str]:
+    """The partition to mark and a description of what marking it does; refuses (CommandError)
+    a partition the topic does not have or one that still exists, unless ``force``."""
+    from sidecar.kafka.checkpoints import decode_kafka_uuid, encode_kafka_uuid
     from sidecar.retention._kafka import RetentionKafka
 
-    options = _client_options(config)
+    if partition < 0:
+        raise ConfigError(f"--partition must be 0 or more, not {partition}")
+    kafka = RetentionKafka(
+        bootstrap_servers=config.kafka.bootstrap_servers,
+        request_timeout_ms=config.kafka.request_timeout_ms,
+        client_options=_client_options(config),
+    )
+    try:
+        topics = await kafka.topic_partitions()
+    finally:
+        await kafka.aclose()
+    in_cluster = topics.get(topic)
     if topic_id is not None:
         try:
             tid = decode_kafka_uuid(topic_id)
@@ -157,30 +190,55 @@ async def _mark(config: SidecarConfig, topic: str, partition: int, topic_id: str
                 tid = uuid.UUID(topic_id)
             except ValueError as exc:
                 raise ConfigError(f"--topic-id {topic_id!r} is not a Kafka topic id") from exc
-    else:
-        kafka = RetentionKafka(
-            bootstrap_servers=config.kafka.bootstrap_servers,
-            request_timeout_ms=config.kafka.request_timeout_ms,
-            client_options=options,
+    elif in_cluster is None:
+        raise CommandError(
+            f"topic {topic!r} does not exist in the cluster; pass --topic-id for a deleted one"
         )
-        try:
-            ids = await kafka.topic_ids()
-        finally:
-            await kafka.aclose()
-        if topic not in ids:
-            raise ConfigError(
-                f"topic {topic!r} does not exist in the cluster; pass --topic-id for a deleted one"
+    else:
+        tid = in_cluster[0]
+    override = " (--force given)"
+    if in_cluster is not None and in_cluster[0] == tid:
+        count = in_cluster[1]
+        if partition >= count:
+            if not force:
+                raise CommandError(
+                    f"topic {topic!r} has {count} partitions (0-{count - 1}); partition"
+                    f" {partition} does not exist, so it has no tiered data to delete"
+                    " (pass --force to publish the marker anyway)"
+                )
+        elif not force:
+            raise CommandError(
+                f"{topic}-{partition} still exists in the cluster: its tiered data would be"
+                " deleted while the broker still serves the partition, and its local segments"
+                " would be tiered again; delete the topic instead, or pass --force"
             )
-        tid = ids[topic]
+        else:
+            override = " (the partition still exists: --force given)"
+    else:
+        override = ""
     meta = config.remote_log_metadata
     tp = TopicIdPartition(tid, topic, partition)
+    mp = metadata_partition(tp, meta.num_partitions)
+    plan = (
+        f"will publish DELETE_PARTITION_MARKED for {topic}-{partition} (topic id"
+        f" {encode_kafka_uuid(tid)}) to {meta.topic}-{mp}; the sidecar that leads that metadata"
+        f" partition then deletes every tiered segment of it from s3://{config.s3.bucket}/"
+        f"{config.s3.prefix}{override}"
+    )
+    return tp, plan
+
+
+async def _mark(config: SidecarConfig, tp: TopicIdPartition) -> str:
+    from sidecar.metadata.publisher import MetadataPublisher
+
+    meta = config.remote_log_metadata
     publisher = MetadataPublisher(
         bootstrap_servers=config.kafka.bootstrap_servers,
         broker_id=config.broker.broker_id if config.broker.broker_id is not None else -1,
         topic=meta.topic,
         num_partitions=meta.num_partitions,
         replication_factor=meta.replication_factor,
-        client_kwargs=options,
+        client_kwargs=_client_options(config),
         producer_kwargs=meta.producer_kwargs(),
     )
     await publisher.start()
@@ -198,10 +256,42 @@ async def _mark(config: SidecarConfig, topic: str, partition: int, topic_id: str
     return f"{tp}: DELETE_PARTITION_MARKED published to {meta.topic}-{mp} at offset {offset}"
 
 
+def _confirmed(plan: str, *, answer: TextIO, err: TextIO) -> bool:
+    """Ask on the terminal; anything but ``yes`` (or ``y``) declines."""
+    print(f"{plan}\nProceed? Type yes to publish: ", end="", file=err, flush=True)
+    reply = answer.readline().strip().lower()
+    return reply in ("y", "yes")
+
+
 def delete_partition_command(
-    config: SidecarConfig, *, topic: str, partition: int, topic_id: str | None, out: TextIO
+    config: SidecarConfig,
+    *,
+    topic: str,
+    partition: int,
+    topic_id: str | None,
+    out: TextIO,
+    force: bool = False,
+    yes: bool = False,
+    dry_run: bool = False,
+    answer: TextIO | None = None,
+    err: TextIO | None = None,
+    log_level: str = "WARNING",
 ) -> int:
-    """Publish DELETE_PARTITION_MARKED; the running sidecars do the rest. Exit 0."""
-    _log_to_stderr(config)
-    print(asyncio.run(_mark(config, topic, partition, topic_id)), file=out)
+    """Check, show the plan, confirm, publish DELETE_PARTITION_MARKED; the running sidecars do
+    the rest. Exit 0 when published (or on a dry run), 1 when refused or declined."""
+    _log_to_stderr(config, level=log_level)
+    answer = sys.stdin if answer is None else answer
+    err = sys.stderr if err is None else err
+    tp, plan = asyncio.run(_plan(config, topic, partition, topic_id, force=force))
+    if dry_run:
+        print(f"dry run: {plan}; nothing published", file=out)
+        return 0
+    if not yes:
+        if not answer.isatty():
+            raise CommandError(f"{plan}; not confirmed: pass --yes (no terminal to ask on)")
+        if not _confirmed(plan, answer=answer, err=err):
+            raise CommandError("not confirmed; nothing published")
+    else:
+        print(plan, file=err)
+    print(asyncio.run(_mark(config, tp)), file=out)
     return 0

@@ -203,6 +203,19 @@ def parse_topic_ids(response: Any) -> dict[str, uuid.UUID]:
     return ids
 
 
+def parse_topic_partitions(response: Any) -> dict[str, tuple[uuid.UUID, int]]:
+    """Topic name → (id, partition count) from a Metadata v12 response."""
+    topics: dict[str, tuple[uuid.UUID, int]] = {}
+    for topic in response.to_object()["topics"]:
+        if topic["error_code"] != 0 or topic["name"] is None:
+            continue
+        topics[topic["name"]] = (
+            uuid.UUID(bytes=bytes(topic["topic_id"])),
+            len(topic["partitions"]),
+        )
+    return topics
+
+
 class RetentionKafka:
     """An admin client and a consumer of its own (the cluster watcher's are private)."""
 
@@ -303,3 +316,16 @@ class RetentionKafka:
             await self.aclose()
             raise ClusterUnavailableError(f"ListOffsets (earliest) failed: {exc!r}") from exc
         return {(tp.topic, tp.partition): int(offset) for tp, offset in starts.items()}
+
+    async def topic_partitions(self) -> dict[str, tuple[uuid.UUID, int]]:
+        """Every topic of the cluster, name → (id, partition count) (Metadata v12)."""
+        from aiokafka.errors import KafkaError
+
+        try:
+            admin, _ = await self._clients()
+            node = admin._client.get_random_node()
+            response = await admin._client.send(node, _AllTopicIds())
+            return parse_topic_partitions(response)
+        except (KafkaError, OSError, TimeoutError, ValueError) as exc:
+            await self.aclose()
+            raise ClusterUnavailableError(f"Metadata v12 (topics) failed: {exc!r}") from exc

@@ -125,18 +125,25 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, tmp_path):
         assert p1["rolled"] == 0
         await sidecar.next_event("log_dirs_scanned")
         await sidecar.next_event("sidecar_ready")
+        # no include_topics and a broker without KIP-405: nothing is selected, and it says so
+        unselected = await sidecar.next_event("no_partition_selected")
+        assert unselected["level"] == "warning"
+        assert "include_topics" in unselected["hint"]
         before = _snapshot(kafka.log_dir)
 
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
                 assert r.status == 200, await r.text()
-                assert (await r.json())["ready"] is True
+                body = await r.json()
+                assert body["ready"] is True
+                assert body["detail"]["selected_partitions"] == 0
             async with http.get(f"http://127.0.0.1:{port}/healthz") as r:
                 assert r.status == 200
             async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
                 families = {f.name: f for f in text_string_to_metric_families(await r.text())}
         watched = families["kafka_tiered_sidecar_partitions_watched"].samples[0].value
         assert watched >= 2
+        assert families["kafka_tiered_sidecar_selected_partitions"].samples[0].value == 0
 
         # a roll on partition 1 is seen through inotify, long before the hour-long rescan
         await produce(kafka.bootstrap_servers, topic_name, count=1500, value_size=1000, partition=1)

@@ -1,0 +1,75 @@
+"""Says, loudly and repeatedly, when the sidecar tiers nothing.
+
+Out of the box nothing is tiered: a topic is selected by ``remote.storage.enable=true`` (which a
+broker without KIP-405 refuses unless the sidecar's plugin is installed) or by a
+``tiering.include_topics`` pattern, and the default is an empty list. A daemon that selects no
+partition of its broker's log dirs would otherwise look healthy while uploading nothing.
+
+:class:`SelectionMonitor` counts the selected partitions of the log dirs each time it is asked,
+exports the count (``selected_partitions`` gauge, ``/readyz`` detail), and logs
+``no_partition_selected`` at WARNING, with the exact setting to add, on the first evaluation
+and every ``warn_interval_s`` (an hour) while the count stays 0. It never changes readiness:
+a sidecar beside a broker with no tiered topic yet is still a healthy sidecar.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+
+__all__ = ["SelectionMonitor"]
+
+log = structlog.get_logger(__name__)
+
+#: how often the warning repeats while nothing is selected
+WARN_INTERVAL_S = 3600.0
+
+
+class SelectionMonitor:
+    """Counts selected partitions and warns while there are none."""
+
+    def __init__(
+        self,
+        *,
+        include_topics: Iterable[str],
+        set_gauge: Callable[[int], None],
+        set_detail: Callable[[str, object], None],
+        warn_interval_s: float = WARN_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._include = list(include_topics)
+        self._set_gauge = set_gauge
+        self._set_detail = set_detail
+        self._warn_interval_s = warn_interval_s
+        self._clock = clock
+        self._next_warning: float | None = None  # None: warn at the next empty evaluation
+        self.count: int | None = None
+
+    def update(self, topics: Iterable[tuple[str, int]], selected: Callable[[str], bool]) -> int:
+        """Count the partitions ``(topic, partition)`` of the log dirs that ``selected``
+        accepts; call once the cluster's topic configs are known."""
+        partitions = list(topics)
+        count = sum(1 for topic, _ in partitions if selected(topic))
+        self.count = count
+        self._set_gauge(count)
+        self._set_detail("selected_partitions", count)
+        now = self._clock()
+        if count > 0:
+            self._next_warning = None
+            return count
+        if self._next_warning is None or now >= self._next_warning:
+            self._next_warning = now + self._warn_interval_s
+            log.warning(
+                "no_partition_selected",
+                partitions_in_log_dirs=len(partitions),
+                include_topics=self._include,
+                hint=(
+                    "nothing will be tiered: add the topics to tier under [tiering], e.g."
+                    ' include_topics = ["orders.*"] (SIDECAR_TIERING__INCLUDE_TOPICS=orders.*),'
+                    " or set remote.storage.enable=true on topics of a broker that runs the"
+                    " sidecar's broker plugin (deploy/kafka-plugin)"
+                ),
+            )
+        return count

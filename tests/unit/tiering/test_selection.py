@@ -1,0 +1,61 @@
+"""SelectionMonitor: a daemon that selects nothing says so at once and every hour."""
+
+from __future__ import annotations
+
+import structlog
+
+from sidecar.tiering.selection import SelectionMonitor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _monitor(clock: FakeClock, gauge: list[int], details: dict[str, object]) -> SelectionMonitor:
+    return SelectionMonitor(
+        include_topics=[],
+        set_gauge=gauge.append,
+        set_detail=details.__setitem__,
+        warn_interval_s=3600,
+        clock=clock,
+    )
+
+
+class TestSelectionMonitor:
+    def test_warns_at_once_then_hourly_while_nothing_is_selected(self):
+        """The first empty count warns with the setting to add; the next warning waits an
+        hour; the gauge and the /readyz detail show 0."""
+        clock, gauge, details = FakeClock(), [], {}
+        monitor = _monitor(clock, gauge, details)
+        partitions = [("orders", 0), ("orders", 1)]
+        with structlog.testing.capture_logs() as logs:
+            monitor.update(partitions, lambda _t: False)
+            clock.now = 3599
+            monitor.update(partitions, lambda _t: False)
+            clock.now = 3600
+            monitor.update(partitions, lambda _t: False)
+        warnings = [e for e in logs if e["event"] == "no_partition_selected"]
+        assert len(warnings) == 2
+        assert warnings[0]["log_level"] == "warning"
+        assert "include_topics" in warnings[0]["hint"]
+        assert warnings[0]["partitions_in_log_dirs"] == 2
+        assert gauge == [0, 0, 0]
+        assert details == {"selected_partitions": 0}
+
+    def test_selected_partitions_are_counted_and_silence_the_warning(self):
+        """Once a topic is selected the count is exported and nothing is logged; losing the
+        selection again warns at once."""
+        clock, gauge, details = FakeClock(), [], {}
+        monitor = _monitor(clock, gauge, details)
+        partitions = [("orders", 0), ("orders", 1), ("audit", 0)]
+        with structlog.testing.capture_logs() as logs:
+            assert monitor.update(partitions, lambda t: t == "orders") == 2
+            clock.now = 10
+            assert monitor.update(partitions, lambda _t: False) == 0
+        assert [e["event"] for e in logs] == ["no_partition_selected"]
+        assert details == {"selected_partitions": 0}
+        assert gauge == [2, 0]
