@@ -217,6 +217,12 @@ async def _plan(
     else:
         override = ""
     meta = config.remote_log_metadata
+    if meta.topic not in topics:
+        raise CommandError(
+            f"the metadata topic {meta.topic} does not exist on"
+            f" {','.join(config.kafka.bootstrap_servers)}: no sidecar has run against this"
+            " cluster with this remote_log_metadata.topic, so nothing is tiered to delete"
+        )
     tp = TopicIdPartition(tid, topic, partition)
     mp = metadata_partition(tp, meta.num_partitions)
     plan = (

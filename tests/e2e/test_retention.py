@@ -390,7 +390,7 @@ class TestDeletion:
             }
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sidecar", "delete-partition", "--config", str(config),
-                "--topic", topic_name, "--partition", "1",
+                "--topic", topic_name, "--partition", "1", "--force", "--yes",
                 env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
             )  # fmt: skip
@@ -468,7 +468,7 @@ class TestScrubCommand:
             # the metadata topic may drop records: deleting is refused, a dry run still reports
             metadata_topic = f"__rlm_{topic_name}"
             await _alter(bootstrap, metadata_topic, {"retention.ms": str(7 * 24 * HOUR_MS)})
-            refused = await scrub(*graceless, rc=1)
+            refused = await scrub("--execute", *graceless, rc=1)
             assert "orphan scrub refused" in refused["stderr"]
             assert "retention.ms=604800000" in refused["stderr"]
             assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
@@ -476,7 +476,7 @@ class TestScrubCommand:
             assert "retention.ms=604800000" in warned["refused"]
             assert sorted(warned["orphan_keys"]) == sorted(planted["objects"])
             await _alter(bootstrap, metadata_topic, {"retention.ms": "-1"})
-            done = await scrub(*graceless)
+            done = await scrub("--execute", *graceless)
             assert sorted(done["orphan_keys"]) == sorted(planted["objects"])
             assert set(bucket_keys(s3, s3_prefix)) == referenced
             assert multipart_uploads(s3, s3_prefix) == []
