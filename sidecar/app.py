@@ -423,6 +423,7 @@ class Daemon:
                 "broker_id": broker_id,
                 "ready": self.readiness.ready,
                 "checks": self.readiness.snapshot(),
+                "failing": self.readiness.failing(),
                 "partitions": rows,
             }
 

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar import __version__
-from sidecar.errors import ConfigError, SidecarError
+from sidecar.errors import CommandError, ConfigError, SidecarError
 
 __all__ = ["main"]
 
@@ -66,6 +66,22 @@ def _add_config_args(parser: argparse.ArgumentParser, *, positional: bool = Fals
         help="override one setting by dotted path, e.g. s3.bucket=tiered "
         "(beats the file and SIDECAR_* variables)",
     )
+
+
+def _start_offset(text: str) -> int:
+    """``--offset``: a non-negative offset, or Kafka's specials -2/beginning and -1/end."""
+    words = {"beginning": -2, "earliest": -2, "end": -1, "latest": -1}
+    if text.strip().lower() in words:
+        return words[text.strip().lower()]
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an offset") from None
+    if value < -2:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not an offset: give 0 or more, -2 (beginning) or -1 (end)"
+        )
+    return value
 
 
 def _add_log_level_arg(parser: argparse.ArgumentParser) -> None:
@@ -304,7 +320,13 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--topic", required=True)
     read.add_argument("--partition", type=int, required=True)
     start = read.add_mutually_exclusive_group(required=True)
-    start.add_argument("--offset", type=int, default=None, help="first offset to print")
+    start.add_argument(
+        "--offset",
+        type=_start_offset,
+        default=None,
+        help="first offset to print; -2 or 'beginning' = the first tiered offset, -1 or 'end' ="
+        " the end of the tiered data (as Kafka's ListOffsets and kcat -o)",
+    )
     start.add_argument(
         "--timestamp",
         type=int,
@@ -538,13 +560,24 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
             socket_path = socket_path_for(config)
+            if not socket_path.exists():
+                origin = f"the config {args.file}" if args.file else "the default state_dir"
+                raise CommandError(
+                    f"no read socket at {socket_path} (from {origin}): is `sidecar run` running"
+                    " here? Pass -c with the daemon's config file, or --socket PATH / --url URL"
+                )
+        elif socket_path is not None and not socket_path.exists():
+            raise CommandError(f"no read socket at {socket_path}: is `sidecar run` running here?")
+        offset, timestamp = args.offset, args.timestamp
+        if offset is not None and offset < 0:  # -2/-1 are ListOffsets specials, as timestamps
+            offset, timestamp = None, offset
         return read_command(
             socket_path=socket_path,
             url=args.url,
             topic=args.topic,
             partition=args.partition,
-            offset=args.offset,
-            timestamp=args.timestamp,
+            offset=offset,
+            timestamp=timestamp,
             count=args.count,
             as_json=args.json,
             out=sys.stdout,
@@ -596,9 +629,29 @@ def _status(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sidecar: cannot reach the running sidecar at {url}: {exc}", file=sys.stderr)
         return 1
+    code = 0 if document.get("ready") else 1  # a sidecar that is not ready is a finding
     if args.json:
+        if not args.all:
+            document = {
+                **document,
+                "partitions": [r for r in document["partitions"] if r.get("selected")],
+            }
         print(json.dumps(document, indent=2))
-        return 0
-    print(f"broker {document['broker_id']}  ready={document['ready']}  {document['checks']}")
+        return code
+    print(render_status_header(document))
     print(render_status(document["partitions"], all_partitions=args.all), end="")
-    return 0
+    return code
+
+
+def render_status_header(document: dict[str, object]) -> str:
+    """``broker 1  ready  kafka ok, metadata ok, s3 FAILING (reason)``: one line for people."""
+    checks = document.get("checks")
+    failing = document.get("failing")
+    reasons = failing if isinstance(failing, dict) else {}
+    parts = []
+    if isinstance(checks, dict):
+        for name, ok in checks.items():
+            reason = f" ({reasons[name]})" if name in reasons else ""
+            parts.append(f"{name} {'ok' if ok else 'FAILING'}{reason}")
+    state = "ready" if document.get("ready") else "NOT READY"
+    return f"broker {document.get('broker_id')}  {state}  " + ", ".join(parts)

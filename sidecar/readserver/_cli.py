@@ -114,7 +114,14 @@ async def _read(
             offset = int(answer["offset"])
             tiered = answer.get("tiered")
             if tiered is not None and offset > int(tiered["end_offset"]):
-                return 0  # LATEST (-1): the end of the tiered data, nothing after it
+                # LATEST (-1): the end of the tiered data, nothing after it; say so, since an
+                # empty output alone looks like a failure
+                print(
+                    f"{topic}-{partition}: offset {offset} is the end of the tiered data"
+                    f" (last tiered offset {tiered['end_offset']}); nothing to print",
+                    file=err,
+                )
+                return 0
         records = client.iter_records(topic, partition, offset, count=count, isolation=isolation)
         async for record in records:
             line = format_record(record, topic=topic, partition=partition, as_json=as_json)

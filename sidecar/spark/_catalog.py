@@ -150,7 +150,9 @@ def build_catalog(options: ReadOptions, reader: S3Reader | None = None) -> Catal
         from sidecar.spark._metadata_topic import read_metadata_events  # driver only
 
         events, undecodable = read_metadata_events(
-            options.bootstrap_servers or "", options.metadata_topic
+            options.bootstrap_servers or "",
+            options.metadata_topic,
+            client_options=options.kafka_security.client_options(),
         )
     else:
         events, manifests = _read_manifests(reader or S3Reader(options.s3), options)

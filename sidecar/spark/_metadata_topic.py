@@ -9,6 +9,7 @@ only inside :func:`read_metadata_events`; executors never import this module.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from sidecar.metadata.errors import MetadataFormatError
 from sidecar.metadata.events import RemoteLogMetadata
@@ -19,17 +20,25 @@ __all__ = ["read_metadata_events"]
 
 
 def read_metadata_events(
-    bootstrap: str, topic: str, *, timeout_s: float = 120.0
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout_s: float = 120.0,
+    client_options: Mapping[str, object] | None = None,
 ) -> tuple[list[RemoteLogMetadata], int]:
     """Every decodable event of ``topic`` in order per metadata partition, and the number of
-    records that did not decode (skipped, as the sidecar's tailer skips them)."""
-    return asyncio.run(asyncio.wait_for(_read(bootstrap, topic), timeout_s))
+    records that did not decode (skipped, as the sidecar's tailer skips them).
+    ``client_options`` carries the security settings (SASL, TLS) as aiokafka arguments."""
+    return asyncio.run(asyncio.wait_for(_read(bootstrap, topic, client_options or {}), timeout_s))
 
 
-async def _read(bootstrap: str, topic: str) -> tuple[list[RemoteLogMetadata], int]:
+async def _read(
+    bootstrap: str, topic: str, client_options: Mapping[str, object]
+) -> tuple[list[RemoteLogMetadata], int]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(
+        **client_options,
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         isolation_level="read_committed",

@@ -25,9 +25,12 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sidecar.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sidecar.config import KafkaConfig
 
 __all__ = [
     "EARLIEST",
@@ -93,6 +96,114 @@ class S3Location:
 
 
 @dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How the driver reaches the metadata topic, from Spark's Kafka source option names:
+    ``kafka.security.protocol``, ``kafka.sasl.mechanism``, ``kafka.sasl.jaas.config`` (the
+    ``username="…" password="…"`` of a PlainLoginModule or ScramLoginModule), and PEM files:
+    ``kafka.ssl.truststore.location`` (with ``kafka.ssl.truststore.type=PEM``),
+    ``kafka.ssl.keystore.location`` (certificate and key, ``kafka.ssl.keystore.type=PEM``).
+    ``repr`` masks the password."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    cafile: str | None = None
+    certfile: str | None = None
+
+    def client_options(self) -> dict[str, object]:
+        """aiokafka keyword arguments (the same translation as the daemon's)."""
+        from sidecar.app import kafka_client_options
+        from sidecar.config import KafkaConfig
+
+        settings: dict[str, object] = {
+            "security_protocol": self.protocol,
+            "sasl_mechanism": self.mechanism,
+            "sasl_username": self.username,
+            "sasl_password": self.password,
+            "ssl_cafile": self.cafile,
+            "ssl_certfile": self.certfile,
+            "ssl_keyfile": self.certfile,
+        }
+        return kafka_client_options(KafkaConfig.model_validate(settings))
+
+
+_JAAS_FIELD = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def kafka_security(options: Mapping[str, str]) -> KafkaSecurity:
+    """The security settings of lower-cased Spark options (see :class:`KafkaSecurity`)."""
+    protocol = options.get("kafka.security.protocol", "PLAINTEXT").strip().upper()
+    if protocol not in _PROTOCOLS:
+        raise SparkOptionError(f"option kafka.security.protocol must be one of {_PROTOCOLS}")
+    mechanism = options.get("kafka.sasl.mechanism")
+    if mechanism is not None:
+        mechanism = mechanism.strip().upper()
+        if mechanism not in _MECHANISMS:
+            raise SparkOptionError(f"option kafka.sasl.mechanism must be one of {_MECHANISMS}")
+    elif protocol.startswith("SASL_"):
+        mechanism = "PLAIN"  # Kafka's default sasl.mechanism
+    fields = {
+        name: re.sub(r"\\(.)", r"\1", value)  # JAAS quoting: \" and \\ are escapes
+        for name, value in _JAAS_FIELD.findall(options.get("kafka.sasl.jaas.config", ""))
+    }
+    if protocol.startswith("SASL_") and not {"username", "password"} <= fields.keys():
+        raise SparkOptionError(
+            f"kafka.security.protocol={protocol} needs kafka.sasl.jaas.config with"
+            ' username="…" password="…"'
+        )
+    for kind in ("truststore", "keystore"):
+        location = options.get(f"kafka.ssl.{kind}.location")
+        if location and options.get(f"kafka.ssl.{kind}.type", "PEM").strip().upper() != "PEM":
+            raise SparkOptionError(
+                f"option kafka.ssl.{kind}.location must be a PEM file"
+                f" (kafka.ssl.{kind}.type=PEM); JKS and PKCS12 stores are not read"
+            )
+    return KafkaSecurity(
+        protocol=protocol,  # type: ignore[arg-type]
+        mechanism=mechanism if protocol.startswith("SASL_") else None,  # type: ignore[arg-type]
+        username=fields.get("username"),
+        password=fields.get("password"),
+        cafile=options.get("kafka.ssl.truststore.location") or None,
+        certfile=options.get("kafka.ssl.keystore.location") or None,
+    )
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def spark_kafka_options(kafka: KafkaConfig) -> dict[str, str]:
+    """The Spark option names for a sidecar ``[kafka]`` section (for ``spark verify -c``)."""
+    options = {
+        "kafka.bootstrap.servers": ",".join(kafka.bootstrap_servers),
+        "kafka.security.protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism is not None:
+        options["kafka.sasl.mechanism"] = kafka.sasl_mechanism
+        module = (
+            "plain.PlainLoginModule"
+            if kafka.sasl_mechanism == "PLAIN"
+            else ("scram.ScramLoginModule")
+        )
+        password = "" if kafka.sasl_password is None else kafka.sasl_password.get_secret_value()
+        options["kafka.sasl.jaas.config"] = (
+            f"org.apache.kafka.common.security.{module} required"
+            f" username={_jaas_quoted(kafka.sasl_username or '')}"
+            f" password={_jaas_quoted(password)};"
+        )
+    if kafka.ssl_cafile is not None:
+        options["kafka.ssl.truststore.type"] = "PEM"
+        options["kafka.ssl.truststore.location"] = str(kafka.ssl_cafile)
+    if kafka.ssl_certfile is not None:
+        options["kafka.ssl.keystore.type"] = "PEM"
+        options["kafka.ssl.keystore.location"] = str(kafka.ssl_certfile)
+    return options
+
+
+@dataclass(frozen=True, slots=True)
 class Selection:
     """Which topics and partitions are read: ``subscribe``, ``pattern`` or ``assign``."""
 
@@ -135,6 +246,7 @@ class ReadOptions:
     metadata_topic: str
     filter_pushdown: bool
     verify_crc: bool
+    kafka_security: KafkaSecurity = KafkaSecurity()
 
 
 _TRUE = {"true": True, "false": False}
@@ -312,4 +424,5 @@ def parse_options(raw: Mapping[str, str]) -> ReadOptions:
         metadata_topic=options.get("metadata.topic", DEFAULT_METADATA_TOPIC),
         filter_pushdown=_bool(options, "filterPushdown", True),
         verify_crc=_bool(options, "verifyCrc", True),
+        kafka_security=kafka_security(options),
     )

@@ -20,11 +20,12 @@ import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import crc32c
 
-from sidecar.errors import SidecarError
+from sidecar.errors import ConfigError, SidecarError
 from sidecar.kafka.records import iter_batches
 from sidecar.spark._options import S3Location, parse_options
 from sidecar.spark._segments import SegmentFiles, SegmentRef, segment_ref
@@ -242,44 +243,104 @@ def audit_dataframe(spark: SparkSession, options: Mapping[str, str]) -> DataFram
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``sidecar spark verify`` arguments (shared with ``python -m sidecar.spark.verify``)."""
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--prefix", default="")
+    parser.add_argument(
+        "-c",
+        "--config",
+        dest="file",
+        type=Path,
+        default=None,
+        help="a sidecar config file: bucket, prefix, endpoint, region, credentials, the metadata"
+        " topic and the Kafka cluster with its SASL/TLS settings (flags below override it)",
+    )
+    parser.add_argument("--bucket", default=None, help="S3 bucket (required without -c)")
+    parser.add_argument("--prefix", default=None)
     parser.add_argument("--endpoint", default=None, help="S3 endpoint URL (non-AWS stores)")
-    parser.add_argument("--region", default="us-east-1")
+    parser.add_argument("--region", default=None)
     parser.add_argument("--hash-prefix", action="store_true", help="keys use hash prefixes")
     parser.add_argument(
+        "--bootstrap-server",
         "--bootstrap-servers",
+        dest="bootstrap_servers",
         default=None,
         help="read segment metadata from the metadata topic (default: the bucket's manifests)",
     )
-    parser.add_argument("--metadata-topic", default="__remote_log_metadata")
+    parser.add_argument("--metadata-topic", default=None)
+    parser.add_argument(
+        "--option",
+        dest="spark_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the kafka-tiered source, e.g. kafka.security.protocol=SASL_SSL or"
+        " kafka.sasl.jaas.config=... (Spark's Kafka source names; repeatable)",
+    )
     parser.add_argument("--topic", action="append", default=[], help="topic to audit (repeat)")
     parser.add_argument("--topic-pattern", default=None, help="regex of topics (default: all)")
     parser.add_argument("--master", default=None, help="Spark master (default: local[2])")
+
+
+def verify_options(args: argparse.Namespace) -> dict[str, str]:
+    """The source's options from ``-c FILE`` (the sidecar's own settings, Kafka security
+    included), then the flags, then ``--option KEY=VALUE``."""
+    options: dict[str, str] = {"s3.region": "us-east-1", "s3.prefix": ""}
+    if args.file is not None:
+        from sidecar.config import load_config
+        from sidecar.spark._options import spark_kafka_options
+
+        config = load_config(args.file)
+        options.update(
+            {
+                "s3.bucket": config.s3.bucket,
+                "s3.prefix": config.s3.prefix,
+                "s3.region": config.s3.region,
+                "s3.pathStyle": str(config.s3.path_style).lower(),
+                "s3.hashPrefix": str(config.s3.hash_prefix).lower(),
+                "metadata.topic": config.remote_log_metadata.topic,
+                **spark_kafka_options(config.kafka),
+            }
+        )
+        if config.s3.endpoint_url:
+            options["s3.endpoint"] = config.s3.endpoint_url
+        if config.s3.access_key_id and config.s3.secret_access_key:
+            options["s3.accessKeyId"] = config.s3.access_key_id.get_secret_value()
+            options["s3.secretAccessKey"] = config.s3.secret_access_key.get_secret_value()
+    for flag, name in (
+        ("bucket", "s3.bucket"),
+        ("prefix", "s3.prefix"),
+        ("region", "s3.region"),
+        ("endpoint", "s3.endpoint"),
+        ("bootstrap_servers", "kafka.bootstrap.servers"),
+        ("metadata_topic", "metadata.topic"),
+    ):
+        if getattr(args, flag) is not None:
+            options[name] = getattr(args, flag)
+    if args.hash_prefix:
+        options["s3.hashPrefix"] = "true"
+    if "s3.accessKeyId" not in options:
+        key = os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("SIDECAR_S3__ACCESS_KEY_ID")
+        secret = os.environ.get("AWS_SECRET_ACCESS_KEY") or os.environ.get(
+            "SIDECAR_S3__SECRET_ACCESS_KEY"
+        )
+        if key and secret:
+            options["s3.accessKeyId"] = key
+            options["s3.secretAccessKey"] = secret
+    for item in args.spark_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--option takes KEY=VALUE, got {item!r}")
+        options[key.strip()] = value
+    if not options.get("s3.bucket"):
+        raise ConfigError("give --bucket or -c FILE")
+    if "kafka.bootstrap.servers" not in options:
+        options.pop("metadata.topic", None)
+    return options
 
 
 def verify_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run the audit and print the report; 0 when clean, 1 when any problem is found."""
     from pyspark.sql import SparkSession
 
-    options = {
-        "s3.bucket": args.bucket,
-        "s3.prefix": args.prefix,
-        "s3.region": args.region,
-        "s3.hashPrefix": str(bool(args.hash_prefix)).lower(),
-    }
-    if args.endpoint:
-        options["s3.endpoint"] = args.endpoint
-    key = os.environ.get("AWS_ACCESS_KEY_ID") or os.environ.get("SIDECAR_S3__ACCESS_KEY_ID")
-    secret = os.environ.get("AWS_SECRET_ACCESS_KEY") or os.environ.get(
-        "SIDECAR_S3__SECRET_ACCESS_KEY"
-    )
-    if key and secret:
-        options["s3.accessKeyId"] = key
-        options["s3.secretAccessKey"] = secret
-    if args.bootstrap_servers:
-        options["kafka.bootstrap.servers"] = args.bootstrap_servers
-        options["metadata.topic"] = args.metadata_topic
+    options = verify_options(args)
     if args.topic:
         options["subscribe"] = ",".join(args.topic)
     else:
