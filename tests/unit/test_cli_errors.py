@@ -197,3 +197,122 @@ class TestConfigCheck:
         )
         result = _cli("config", "check", "-c", str(_config(tmp_path)), env=env)
         assert result.returncode == 0, result.stderr
+
+
+class _StatusServer:
+    """A one-document HTTP server on loopback standing in for a sidecar's /v1/status."""
+
+    def __init__(self, document: dict[str, object]) -> None:
+        import http.server
+        import json
+        import threading
+
+        body = json.dumps(document).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/status"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _StatusServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def _row(partition: int, selected: bool) -> dict[str, object]:
+    return {
+        "topic": "orders",
+        "partition": partition,
+        "selected": selected,
+        "leader": True,
+        "local_segments": 2,
+        "tiered_segments": 1,
+        "tiered_bytes": 10,
+        "remote_start_offset": 0,
+        "remote_end_offset": 9,
+        "lag_segments": 0,
+        "lag_bytes": 0,
+        "lag_seconds": 0.0,
+        "last_error": None,
+        "quarantined": 0,
+    }
+
+
+class TestSmallFixes:
+    def test_status_header_and_exit_code(self):
+        """`sidecar status` prints a readable header naming the failing check and its reason,
+        and exits 1 while the sidecar is not ready; --json keeps only selected partitions
+        unless --all."""
+        document = {
+            "broker_id": 1,
+            "ready": False,
+            "checks": {"kafka": True, "s3": False},
+            "failing": {"s3": "connection refused"},
+            "partitions": [_row(0, True), _row(1, False)],
+        }
+        with _StatusServer(document) as server:
+            text = _cli("status", "--url", server.url)
+            as_json = _cli("status", "--json", "--url", server.url)
+            everything = _cli("status", "--json", "--all", "--url", server.url)
+        assert text.returncode == 1
+        header = text.stdout.splitlines()[0]
+        assert header == "broker 1  NOT READY  kafka ok, s3 FAILING (connection refused)"
+        assert "{" not in header
+        import json
+
+        assert as_json.returncode == 1
+        assert [r["partition"] for r in json.loads(as_json.stdout)["partitions"]] == [0]
+        assert [r["partition"] for r in json.loads(everything.stdout)["partitions"]] == [0, 1]
+
+    def test_read_offsets_take_kafka_specials(self):
+        """`read --offset -2`/`beginning` and `-1`/`end` are accepted as kcat's -o; other
+        negative offsets are a usage error."""
+        parser = build_parser()
+        base = ["read", "--topic", "t", "--partition", "0", "--offset"]
+        assert parser.parse_args([*base, "-2"]).offset == -2
+        assert parser.parse_args([*base, "beginning"]).offset == -2
+        assert parser.parse_args([*base, "end"]).offset == -1
+        result = _cli(*base, "-5")
+        assert result.returncode == 2
+        assert "-2 (beginning) or -1 (end)" in result.stderr
+
+    def test_read_without_a_socket_says_where_it_looked(self, tmp_path):
+        """`sidecar read` with no running daemon names the socket path and what to pass."""
+        path = _config(tmp_path)
+        result = _cli("read", "-c", str(path), "--topic", "t", "--partition", "0", "--offset", "0")
+        assert result.returncode == 1
+        line = _one_line_error(result)
+        assert str(tmp_path / "state" / "read.sock") in line
+        assert "sidecar run" in line
+
+    def test_missing_log_dir_is_named(self, tmp_path):
+        """`run` with a log dir that does not exist says so, instead of blaming the broker id."""
+        result = _cli(
+            "run",
+            "--log-dir",
+            str(tmp_path / "absent"),
+            "--bootstrap-server",
+            "127.0.0.1:1",
+            "--set",
+            f"state_dir={tmp_path / 'state'}",
+            "--log-format",
+            "json",
+        )
+        assert result.returncode == 2
+        assert f"{tmp_path / 'absent'} does not exist" in result.stdout + result.stderr
+        assert "broker_id is not set" not in result.stdout + result.stderr
