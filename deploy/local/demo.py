@@ -26,10 +26,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stack
+
+from sidecar.kafka.checkpoints import encode_kafka_uuid
 
 TOPIC = "demo.orders"
 #: the broker-driven topic (remote.storage.enable=true): Kafka's RLM tiers it through the plugin
@@ -332,6 +335,10 @@ def main() -> int:
         }
         sidecar_log = root / "sidecar.log"
         say(f"starting `sidecar run --config {config}` (logs: {sidecar_log})")
+        print(
+            "    by hand (the S3 credentials are not in the file): eval \"$(.venv/bin/python"
+            f" deploy/local/stack.py --root {root} env)\"; sidecar run --config {config}"
+        )
         with sidecar_log.open("wb") as out:
             sidecar_proc = subprocess.Popen(
                 [sys.executable, "-m", "sidecar", "run", "--config", str(config)],
@@ -380,9 +387,11 @@ def main() -> int:
         say(f"waiting for the sidecar to tier the {expected} ready segments to S3")
         tiered = wait_for_events(sidecar_log, "segment_tiered", TOPIC, expected, sidecar_proc)
         for e in sorted(tiered, key=lambda e: (e["partition"], e["base_offset"])):
+            # Kafka's base64 form, as in the object keys, the read API and metadata decode
+            segment_id = encode_kafka_uuid(uuid.UUID(e["segment_id"]))
             print(
                 f"    {TOPIC}-{e['partition']} offsets {e['base_offset']}..{e['end_offset']}"
-                f" ({e['bytes']} bytes) in {e['seconds']} s, segment id {e['segment_id']}"
+                f" ({e['bytes']} bytes) in {e['seconds']} s, segment id {segment_id}"
             )
         keys = bucket_keys(local)
         say(f"the bucket holds {len(keys)} objects for {TOPIC!r}, for example:")
