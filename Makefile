@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint type plugin test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
+.PHONY: install lint type plugin test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy build
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (found %s); install python3.11 and run make PYTHON=python3.11" % sys.version.split()[0])'
@@ -31,8 +31,18 @@ lint: $(STAMP)
 type: $(STAMP)
 	$(BIN)/mypy --strict sidecar
 
-# promtool (Debian's prometheus package) and systemd-analyze for tests/deploy; installed only when missing
+# actionlint checks .github/workflows; pinned, so a new release cannot fail CI by itself
+ACTIONLINT_VERSION ?= v1.7.12
+GOBIN ?= $(HOME)/go/bin
+
+# promtool (Debian's prometheus package), systemd-analyze and actionlint (Go module proxy, into
+# ~/go/bin) for tests/deploy; each installed only when missing
 deploy-tools:
+	@if ! command -v actionlint >/dev/null && [ ! -x "$(GOBIN)/actionlint" ]; then \
+	  if command -v go >/dev/null; then \
+	    GOBIN="$(GOBIN)" go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION); \
+	  else echo "missing tool: actionlint (install Go, then run make deploy-tools)" >&2; exit 3; fi; \
+	fi
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
@@ -53,6 +63,10 @@ plugin:
 test: lint type deploy-tools plugin
 	$(BIN)/python deploy/local/stack.py fetch
 	$(BIN)/python -m pytest tests
+
+# wheel and sdist into dist/ (README "Installing"); --no-isolation uses the dev extra's hatchling
+build: $(STAMP)
+	$(BIN)/python -m build --no-isolation --outdir dist .
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
