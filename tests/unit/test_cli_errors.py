@@ -105,6 +105,28 @@ class TestErrorPath:
         assert "BrokenPipeError" not in err
         assert err == ""
 
+    def test_inspect_into_a_closed_pipe_ends_quietly(self, tmp_path):
+        """`sidecar inspect --records … | head -1`: exit 0, no BrokenPipeError on stderr."""
+        from sidecar.testing import TestRecord, build_batch, write_log_dir
+
+        batches = [build_batch([TestRecord(b"k", b"v" * 100)] * 50) for _ in range(40)]
+        write_log_dir(tmp_path / "logs", {("orders", 0): [batches, []]})
+        command = (
+            f"{sys.executable} -m sidecar inspect --records {tmp_path / 'logs' / 'orders-0'}"
+            " | head -1"
+        )
+        result = subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            check=False,
+            timeout=120,
+        )
+        assert len(result.stdout.splitlines()) == 1
+        assert "BrokenPipe" not in result.stderr
+        assert "Traceback" not in result.stderr
+
     def test_bootstrap_server_spellings(self):
         """--bootstrap-server (Kafka's tools) and --bootstrap-servers are both accepted."""
         parser = build_parser()
