@@ -71,6 +71,7 @@ from sidecar.readserver.errors import (
     StorageTimeoutError,
     StorageUnavailableError,
     UnknownSegmentError,
+    UnknownTopicError,
 )
 from sidecar.readserver.service import (
     MAX_TIMESTAMP,
@@ -407,6 +408,24 @@ async def _topics(request: web.Request) -> web.StreamResponse:
             ]
         },
     )
+
+
+async def _topic_info(request: web.Request) -> web.StreamResponse:
+    """One topic of ``/v1/topics`` (one entry per topic id, as the listing has)."""
+    _query(request, frozenset())
+    topic = _topic(request)
+    found = [t for t in await request.app[SERVICE_KEY].topics() if t.topic == topic]
+    if not found:
+        raise UnknownTopicError(f"no tiered data for topic {topic!r}")
+    entries = [
+        {
+            "topic": t.topic,
+            "topic_id": encode_kafka_uuid(t.topic_id),
+            "partitions": list(t.partitions),
+        }
+        for t in found
+    ]
+    return _json(200, {**entries[0], "topic_ids": [e["topic_id"] for e in entries]})
 
 
 async def _partition_info(request: web.Request) -> web.StreamResponse:
@@ -990,6 +1009,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/version", _version, name="version")
     app.router.add_get("/v1/openapi.yaml", _openapi, name="openapi")
     app.router.add_get("/v1/topics", _topics, name="topics")
+    app.router.add_get("/v1/topics/{topic}", _topic_info, name="topic")
     app.router.add_get(base, _partition_info, name="partition")
     app.router.add_get(base + "/records", _records, name="records")
     app.router.add_get(base + "/offsets", _offsets, name="offsets")

@@ -166,6 +166,8 @@ async def test_readme_commands_run_on_the_local_stack(kafka, s3, topic_name, s3_
                 f"$ {command}\nrc={result.returncode}\n{result.stdout[-2000:]}\n"
                 f"{result.stderr[-2000:]}"
             )
+            # one-shot commands log at WARNING: no INFO chatter around their output
+            assert '"level": "info"' not in result.stderr, f"$ {command}\n{result.stderr}"
             ran.append(command)
         assert daemon is not None
         daemon.send_signal(signal.SIGTERM)

@@ -228,6 +228,11 @@ class TestOtherEndpoints:
         assert json.loads(body)["topics"] == [
             {"topic": "orders", "topic_id": encode_kafka_uuid(TP.topic_id), "partitions": [0]}
         ]
+        status, body, _ = await running.get("/v1/topics/orders")  # the parent of P answers too
+        assert status == 200
+        assert json.loads(body)["partitions"] == [0]
+        status, body, _ = await running.get("/v1/topics/nothing-here")
+        assert (status, json.loads(body)["code"]) == (404, "unknown_topic")
         status, body, _ = await running.get(P)
         info = json.loads(body)
         assert (status, info["segments"], info["tiered"]["start_offset"]) == (200, 3, 0)
