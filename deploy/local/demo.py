@@ -336,8 +336,8 @@ def main() -> int:
         sidecar_log = root / "sidecar.log"
         say(f"starting `sidecar run --config {config}` (logs: {sidecar_log})")
         print(
-            "    by hand (the S3 credentials are not in the file): eval \"$(.venv/bin/python"
-            f" deploy/local/stack.py --root {root} env)\"; sidecar run --config {config}"
+            '    by hand (the S3 credentials are not in the file): eval "$(.venv/bin/python'
+            f' deploy/local/stack.py --root {root} env)"; sidecar run --config {config}'
         )
         with sidecar_log.open("wb") as out:
             sidecar_proc = subprocess.Popen(
