@@ -628,6 +628,11 @@ async def _records(request: web.Request) -> web.StreamResponse:
         else:
             committed = CommittedFilter(aborted)
     if fmt == "raw":
+        if "max_records" in query:
+            # whole batches, as a broker's fetch: those ending below offset + max_records, and
+            # always the first
+            cap = offset + max_records
+            limit = cap if limit is None else min(limit, cap)
         headers["Content-Type"] = RECORD_BATCHES_TYPE
         response = web.StreamResponse(headers=headers)
         plan = await service.plan_records(tp, offset, max_bytes, limit_offset=limit)

@@ -20,7 +20,7 @@ import yaml
 
 from sidecar.errors import ConfigError
 from sidecar.kafka.checkpoints import encode_kafka_uuid
-from sidecar.kafka.records import decode_batches
+from sidecar.kafka.records import decode_batches, iter_batches
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import (
     ChunkCache,
@@ -155,6 +155,22 @@ class TestRecords:
         assert headers["X-Tiered-Start-Offset"] == "0"
         assert headers["X-Tiered-End-Offset"] == str(remote.segments[-1].end_offset)
         assert headers["X-Topic-Id"] == encode_kafka_uuid(TP.topic_id)
+
+    async def test_raw_honours_max_records_with_whole_batches(self, remote, running):
+        """format=raw with max_records sends the whole batches that end below offset +
+        max_records (5 records a batch here): 12 records give batches 0-4 and 5-9; a limit
+        inside the first batch still sends that batch."""
+        await three_segments(remote)
+        first = remote.logs[next(iter(remote.logs))]
+        status, body, _ = await running.get(
+            P + "/records?offset=0&max_bytes=100000000&max_records=12"
+        )
+        assert status == 200
+        offsets = [b.base_offset for b in iter_batches(body)]
+        assert offsets == [0, 5]
+        assert first.startswith(body)
+        _, body, _ = await running.get(P + "/records?offset=0&max_records=2")
+        assert [b.base_offset for b in iter_batches(body)] == [0]
 
     async def test_json_records_skip_control_records(self, remote, running):
         """format=json decodes records from the offset on; commit/abort markers are left out."""
