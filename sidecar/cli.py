@@ -378,9 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _closed_pipe()
     except KeyboardInterrupt:
         return 130
-    except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            raise
+    except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
         message, code = describe_failure(exc)
         if debug:
             traceback.print_exception(exc, file=sys.stderr)
