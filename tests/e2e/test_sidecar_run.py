@@ -76,7 +76,7 @@ def _snapshot(log_dir: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, tmp_path):
+async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, s3_prefix, tmp_path):
     """The daemon reports the topic's partitions, sees new rolls, serves /metrics and /readyz,
     and exits 0 on SIGTERM without touching the log dir or logging a secret."""
     await create_topic(
@@ -90,7 +90,7 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, tmp_path):
         f'state_dir = "{tmp_path / "state"}"\n'
         f'[broker]\nlog_dirs = ["{kafka.log_dir}"]\n'
         f'[kafka]\nbootstrap_servers = ["{kafka.bootstrap_servers}"]\n'
-        f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\n'
+        f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\nprefix = "{s3_prefix}"\n'
         f"[metrics]\nport = {port}\n[tiering]\nrescan_interval_s = 3600\n"
         f"[remote_log_metadata]\nreplication_factor = 1\nnum_partitions = 5\n"
         f'topic = "__rlm_{topic_name}"\n'
