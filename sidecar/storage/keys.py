@@ -1,6 +1,6 @@
 """Object keys, derivable from segment metadata alone.
 
-Layout (design.md §4)::
+Layout (docs/design.md, section 6)::
 
     <prefix>[<hash>/]<topic>-<topicId>/<partition>/<20-digit base offset>-<segmentId>.<suffix>
 
