@@ -174,7 +174,10 @@ class Daemon:
             with bind_context(topic=new.topic, partition=new.partition):
                 if old is None:
                     active = new.active_segment
-                    log.info(
+                    # the first scan finds every partition: one line each only at DEBUG, the
+                    # log_dirs_scanned summary at INFO; a partition created later is news
+                    emit = log.info if self.detector.scanned.is_set() else log.debug
+                    emit(
                         "partition_discovered",
                         directory=str(directory),
                         topic_id=new.topic_id,

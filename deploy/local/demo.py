@@ -272,7 +272,8 @@ def write_config(config: Path, root: Path, local: stack.Stack | None = None) -> 
         f'state_dir = "{root / "sidecar-state"}"\n'
         f"[remote_log_metadata]\nreplication_factor = 1\n"
         f"[metrics]\nport = {metrics_port}\n"
-        f'[logging]\nformat = "json"\n'
+        # DEBUG: the demo shows the first scan's partition_discovered lines
+        f'[logging]\nformat = "json"\nlevel = "DEBUG"\n'
         f'[tiering]\nrescan_interval_s = 5.0\ninclude_topics = ["demo\\\\.orders"]\n'
     )
     if local is not None:

@@ -109,6 +109,8 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, s3_prefix, t
         str(config),
         "--log-format",
         "json",
+        "--log-level",
+        "DEBUG",  # partition_discovered of the first scan is a DEBUG line
         stdout=asyncio.subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
