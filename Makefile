@@ -45,7 +45,7 @@ deploy-tools:
 # Every tier: unit, integration, e2e and deploy, against the real broker and S3 the session starts.
 test: lint type deploy-tools
 	$(BIN)/python deploy/local/stack.py fetch
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=15
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit
