@@ -19,8 +19,8 @@ then fires ``count`` times (``null``: forever). Faults:
 ``slow_down``       503 SlowDown, without forwarding
 ``request_timeout`` 400 RequestTimeout, without forwarding
 ``truncate``        forwards; the response's body is cut short (``fraction`` of it), then the
-                    connection closes
-``reset``           forwards; a reset (RST) in the middle of the response's body
+                    connection closes (a response without a body is cut inside its head)
+``reset``           forwards; a reset (RST) in the middle of the response's body (or head)
 ``latency``         forwards after ``delay_s``
 ``bandwidth``       forwards; the response's body at ``rate_bps`` bytes a second
 ``blackhole``       accepts the request and never answers (until the client gives up)
@@ -307,18 +307,21 @@ class Proxy:
         no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
         body = [] if no_body else await _body(up_reader, head)
         data = b"".join(body)
-        writer.write(head.raw)
         fault = rule.fault if rule is not None else None
-        if fault in ("truncate", "reset") and len(data) > 1:
+        if fault in ("truncate", "reset"):
             assert rule is not None
-            cut = max(1, min(len(data) - 1, int(len(data) * rule.fraction)))
-            writer.write(data[:cut])
+            # cut inside the body; a response without one (a PUT's) is cut inside its head
+            sent = head.raw + data
+            start = len(head.raw) if len(data) > 1 else 0
+            cut = start + max(1, int((len(sent) - start - 1) * rule.fraction))
+            writer.write(sent[:cut])
             await writer.drain()
             if fault == "reset":
                 _reset(writer)
             else:
                 writer.close()
             return False
+        writer.write(head.raw)
         if fault == "bandwidth" and data:
             assert rule is not None
             step = max(1, rule.rate_bps // 20)
