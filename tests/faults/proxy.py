@@ -22,7 +22,8 @@ then fires ``count`` times (``null``: forever). Faults:
                     connection closes (a response without a body is cut inside its head)
 ``reset``           forwards; a reset (RST) in the middle of the response's body (or head)
 ``latency``         forwards after ``delay_s``
-``bandwidth``       forwards; the response's body at ``rate_bps`` bytes a second
+``bandwidth``       forwards; the request's and the response's body at ``rate_bps`` bytes a
+                    second
 ``blackhole``       accepts the request and never answers (until the client gives up)
 
 The first matching rule that still has firings left applies. The ready file holds the ports.
@@ -278,7 +279,9 @@ class Proxy:
                     upstream = await asyncio.open_connection(*self.upstream)
                 up_reader, up_writer = upstream
                 up_writer.write(head.without("Expect"))
-                for piece in body:
+                if rule is not None and rule.fault == "bandwidth":
+                    await _paced(up_writer, b"".join(body), rule.rate_bps)
+                for piece in body if rule is None or rule.fault != "bandwidth" else ():
                     up_writer.write(piece)
                 await up_writer.drain()
                 if not await self._relay(method, up_reader, writer, rule):
@@ -322,13 +325,9 @@ class Proxy:
                 writer.close()
             return False
         writer.write(head.raw)
-        if fault == "bandwidth" and data:
+        if fault == "bandwidth":
             assert rule is not None
-            step = max(1, rule.rate_bps // 20)
-            for i in range(0, len(data), step):
-                writer.write(data[i : i + step])
-                await writer.drain()
-                await asyncio.sleep(0.05)
+            await _paced(writer, data, rule.rate_bps)
         else:
             writer.write(data)
         await writer.drain()
@@ -341,6 +340,15 @@ class Proxy:
             "rules": [r.state() for r in self.rules],
             "open_connections": self.open_connections,
         }
+
+
+async def _paced(writer: asyncio.StreamWriter, data: bytes, rate_bps: int) -> None:
+    """Write ``data`` at about ``rate_bps`` bytes a second (20 slices a second)."""
+    step = max(1, rate_bps // 20)
+    for i in range(0, len(data), step):
+        writer.write(data[i : i + step])
+        await writer.drain()
+        await asyncio.sleep(0.05)
 
 
 def _error(fault: str, target: str) -> bytes:
