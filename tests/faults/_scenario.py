@@ -116,21 +116,35 @@ class Outcome:
 
 
 async def converged(
-    kafka: Any, s3: Any, topic: str, prefix: str, segments: list[Any], scratch: Path
+    kafka: Any,
+    s3: Any,
+    topic: str,
+    prefix: str,
+    segments: list[Any],
+    scratch: Path,
+    *,
+    timeout: float = 60,
 ) -> Outcome:
     """Read the metadata topic and the bucket until nothing is unfinished; count what is
     lost (a rolled segment without a FINISHED copy), duplicated (two FINISHED copies
     overlapping), orphaned (an object of no FINISHED copy) and left open (multipart)."""
+    tip = topic_id_partition(kafka.log_dir, topic, 0)
+    wanted = {(s.base_offset, s.end_offset) for s in segments}
     async with MetadataTopic(kafka.bootstrap_servers, f"__rlm_{topic}", scratch) as topic_log:
+
+        def settled() -> bool:
+            store = topic_log.store
+            done = {(m.start_offset, m.end_offset) for m in topic_log.finished(tip)}
+            return (
+                wanted <= done
+                and not store.unfinished_copies()
+                and not (store.unfinished_deletes())
+            )
+
         await topic_log.wait_until(
-            lambda: (
-                not topic_log.store.unfinished_copies() and not topic_log.store.unfinished_deletes()
-            ),
-            timeout=60,
-            what="no unfinished copy or delete",
+            settled, timeout=timeout, what="every segment FINISHED, no unfinished copy or delete"
         )
         await topic_log.read_to_end()
-        tip = topic_id_partition(kafka.log_dir, topic, 0)
         finished = topic_log.finished(tip)
         stuck = [
             s
