@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint type test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
+.PHONY: install lint type test test-unit test-integration test-e2e test-faults soak demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (found %s); install python3.11 and run make PYTHON=python3.11" % sys.version.split()[0])'
@@ -55,6 +55,16 @@ test-integration: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e
+
+# S3 faults through a fault proxy, kill -9 at every step, full disks, socket security
+# (part of `make test`; needs root for the tmpfs mounts and setpriv)
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest tests/faults --durations=15
+
+# 20 minutes under load with one S3 fault a minute, resources sampled (not in CI);
+# SOAK_MINUTES=3 make soak for a short run
+soak: $(STAMP)
+	$(BIN)/python -m tests.faults.soak
 
 test-deploy: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest tests/deploy

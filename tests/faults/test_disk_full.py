@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -48,18 +49,14 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
 def fill(directory: Path) -> Path:
     """Fill the file system of ``directory`` up to the last byte; the filler file."""
     filler = directory / "filler"
-    block = b"\0" * 65536
-    with filler.open("wb") as out:
-        try:
-            while True:
-                out.write(block)
-                out.flush()
-        except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            while True:
-                out.write(b"\0")
-                out.flush()
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for size in (65536, 1):
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * size):
+                    pass
+    finally:
+        os.close(fd)
     return filler
 
 
