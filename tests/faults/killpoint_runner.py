@@ -27,7 +27,7 @@ from sidecar.storage.s3 import S3ObjectStore
 #: every kill point, in the order a copy and then a delete reach them
 POINTS = {
     "after_copy_started": "COPY_SEGMENT_STARTED published, nothing uploaded",
-    "mid_multipart": "one part of the .log's multipart upload done, the next in flight",
+    "mid_multipart": "a part of the .log's multipart upload done, the upload not completed",
     "after_log": "the .log uploaded (multipart completed), before the indexes",
     "after_indexes": "the indexes uploaded, before the manifest",
     "after_manifest": "the manifest uploaded, before COPY_SEGMENT_FINISHED",
