@@ -70,10 +70,11 @@ def sidecar_config(
     prefix: str,
     *,
     s3_options: dict[str, Any] | None = None,
+    kafka_options: dict[str, Any] | None = None,
     **sections: Any,
 ) -> Run:
     """A sidecar config for ``topic`` with ``store`` (the S3 server or its proxied view);
-    ``s3_options`` go into its [s3] section."""
+    ``s3_options`` and ``kafka_options`` go into its [s3] and [kafka] sections."""
     port = stack.free_port()
     state = tmp_path / "state"
     config = write_config(
@@ -88,9 +89,11 @@ def sidecar_config(
         prefix=prefix,
         **sections,
     )
-    if s3_options:
-        extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in s3_options.items())
-        config.write_text(config.read_text().replace("[s3]\n", "[s3]\n" + extra, 1))
+    for section, options in (("s3", s3_options), ("kafka", kafka_options)):
+        if options:
+            extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
+            header = f"[{section}]\n"
+            config.write_text(config.read_text().replace(header, header + extra, 1))
     return Run(config, port, state)
 
 
