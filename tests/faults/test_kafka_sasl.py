@@ -4,8 +4,8 @@ PLAINTEXT one, through the stack's broker overrides; the SCRAM user is created w
 ConfigCommand.
 
 * SCRAM: the sidecar's clients authenticate and it tiers; with a wrong password it says the
-  credentials are invalid (SaslAuthenticationFailed). Neither password is in any log line
-  (nor, with the right one, in a metric).
+  credentials are invalid (SaslAuthenticationFailed) and, at startup, exits 1. Neither
+  password is in any log line (nor, with the right one, in a metric).
 * SSL: with the broker's certificate as CA the sidecar tiers; with another CA it says the
   certificate does not verify.
 """
@@ -156,6 +156,10 @@ async def test_a_wrong_password_is_a_clear_error_without_the_secret(
         )
         lines = [line for line in sidecar.raw if "uthentication" in line]
         assert any("invalid credentials" in line for line in lines), sidecar.tail(40)
+        # at startup a refused login ends the daemon (exit 1, sidecar_failed): a supervisor
+        # restarts it, and the credentials can be fixed in between
+        assert await sidecar.wait_exit(60) == 1
+        assert sidecar.matching("sidecar_failed"), sidecar.tail(20)
         _secret_free(sidecar.raw)
         assert not any(wrong in line for line in sidecar.raw)
     finally:
