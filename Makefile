@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install lint type test test-unit test-integration test-e2e test-faults soak demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
+.PHONY: install lint type test test-unit test-integration test-e2e demo stack-up stack-down clean check-python fuzz bench deploy-tools test-deploy
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (found %s); install python3.11 and run make PYTHON=python3.11" % sys.version.split()[0])'
@@ -55,6 +55,8 @@ test-integration: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e
+
+.PHONY: test-faults soak
 
 # S3 faults through a fault proxy, kill -9 at every step, full disks, socket security
 # (part of `make test`; needs root for the tmpfs mounts and setpriv)
