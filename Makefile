@@ -62,7 +62,7 @@ plugin:
 # Every tier: unit, integration, e2e and deploy, against the real broker and S3 the session starts.
 test: lint type deploy-tools plugin
 	$(BIN)/python deploy/local/stack.py fetch
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=15
 
 # wheel and sdist into dist/ (README "Installing"); --no-isolation uses the dev extra's hatchling
 build: $(STAMP)
@@ -76,6 +76,18 @@ test-integration: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e
+
+.PHONY: test-faults soak
+
+# S3 faults through a fault proxy, kill -9 at every step, full disks, socket security
+# (part of `make test`; needs root for the tmpfs mounts and setpriv)
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest tests/faults --durations=15
+
+# 20 minutes under load with one S3 fault a minute, resources sampled (not in CI);
+# SOAK_MINUTES=3 make soak for a short run
+soak: $(STAMP)
+	$(BIN)/python -m tests.faults.soak
 
 test-deploy: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest tests/deploy

@@ -24,7 +24,9 @@ resuming from the offsets stored with the state instead of re-reading from offse
   ``on_error``: readiness and metrics), and retries with exponential backoff from the stored
   offsets. Waiters keep waiting (their own timeouts bound them). A store that is ahead of the
   topic (MetadataStoreError) cannot be retried away and ends ``run``; when ``run`` ends, every
-  waiter fails with MetadataPublishError.
+  waiter fails with MetadataPublishError. A store whose disk refuses a write (full, I/O error)
+  is reported and retried like a Kafka error: the transaction was rolled back, and the same
+  records are fetched and applied again once the disk takes writes.
 
 It never writes to Kafka; publishing is publisher.py.
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sqlite3
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
@@ -337,7 +340,9 @@ class MetadataTailer:
             while not stopping.is_set():
                 try:
                     await self._step(consumer, stopping)
-                except KafkaError as exc:
+                except (KafkaError, MetadataStoreError) as exc:
+                    if isinstance(exc, MetadataStoreError) and not _store_may_recover(exc):
+                        raise
                     self._changed.set()  # re-assign and seek to the stored offsets on retry
                     self._report_error(exc, backoff)
                     await wait_any(stopping, within=backoff)
@@ -364,7 +369,7 @@ class MetadataTailer:
             self.last_error = None
             self._notify()
 
-    def _report_error(self, exc: KafkaError, retry_in_s: float) -> None:
+    def _report_error(self, exc: KafkaError | MetadataStoreError, retry_in_s: float) -> None:
         error = f"{type(exc).__name__}: {exc}"
         if self.last_error is None:
             log.warning(
@@ -373,7 +378,7 @@ class MetadataTailer:
         else:
             log.info("metadata_tail_retry", topic=self.topic, error=error, retry_in_s=retry_in_s)
         self.last_error = error
-        if self._on_error is not None:
+        if self._on_error is not None and isinstance(exc, KafkaError):
             self._on_error(exc)
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
@@ -515,6 +520,21 @@ class MetadataTailer:
             origins.append((partition, offset))
         result = self._store.apply(events, consumed=consumed)
         return _Ingested(result, origins, undecodable, consumed)
+
+
+#: SQLite result codes of a write the disk refused (full, or an I/O error): the transaction
+#: was rolled back, and the same records apply once the disk takes writes again
+_RECOVERABLE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
+
+
+def _store_may_recover(exc: MetadataStoreError) -> bool:
+    """Whether the store failed because its disk refused a write (not because it disagrees
+    with the topic): the tailer reports it, backs off and applies the same records again."""
+    cause = exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(cause, sqlite3.OperationalError) and isinstance(code, int):
+        return code & 0xFF in _RECOVERABLE_SQLITE
+    return isinstance(cause, OSError)
 
 
 def _fetched_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:

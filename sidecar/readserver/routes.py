@@ -171,6 +171,8 @@ def _json(
     )
     if status >= 400:
         response[_CODE] = str(body.get("code", "internal_error"))
+    if status in (503, 504) and "Retry-After" not in response.headers:
+        response.headers["Retry-After"] = "1"  # S3 or the metadata store failed: transient
     return response
 
 

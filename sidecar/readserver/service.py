@@ -888,6 +888,12 @@ class ReadService:
         return data
 
     def _start(self, tp: TopicIdPartition, offset: int, lineage: _Lineage) -> int:
+        """The span holding ``offset``; ``len(spans)`` for the offset right after the tiered
+        range (a read there is a fetch at the end of a log: no batches, no error), so a reader
+        whose last batch was a transaction marker ends cleanly."""
+        spans = lineage.spans
+        if spans and offset == spans[-1].end_offset + 1:
+            return len(spans)
         at = bisect.bisect_right(lineage.starts, offset) - 1
         if at < 0 or offset > lineage.spans[at].end_offset:
             raise self._out_of_range(tp, offset, lineage)

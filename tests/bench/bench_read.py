@@ -237,6 +237,8 @@ async def read_partition(
                 raise RuntimeError(f"{response.status}: {await response.text()}")
             async for piece in response.content.iter_chunked(4 * MiB):
                 tracker.feed(piece)
+        if tracker.received == 0:  # right after the tiered range: the end of the log
+            return total
         total += tracker.received
         if tracker.next_offset is None or tracker.next_header != tracker.received:
             raise RuntimeError(f"a truncated response at offset {offset}")

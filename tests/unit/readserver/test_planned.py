@@ -153,8 +153,11 @@ async def _read_all(http: aiohttp.ClientSession) -> tuple[bytes, list[str | None
             if response.status == 416:
                 return out, lengths
             assert response.status == 200
-            lengths.append(response.headers.get("Content-Length"))
+            length = response.headers.get("Content-Length")
             body = await response.read()
+        if not body:  # right after the tiered range: the end of the log
+            return out, lengths
+        lengths.append(length)
         out += body
         offset = _next_offset(body)
 

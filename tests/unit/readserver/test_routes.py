@@ -206,7 +206,7 @@ class TestRecords:
         """An offset past the tiered end: 416 offset_out_of_range with the available range."""
         await three_segments(remote)
         end = remote.segments[-1].end_offset
-        status, body = await running.error(P + f"/records?offset={end + 1}")
+        status, body = await running.error(P + f"/records?offset={end + 2}")
         assert status == 416
         assert body["code"] == "offset_out_of_range"
         assert body["available"] == {"start_offset": 0, "end_offset": end}

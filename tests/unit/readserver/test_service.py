@@ -140,9 +140,20 @@ class TestRecordsByOffset:
         await three_segments(remote)
         end = remote.segments[-1].end_offset
         with pytest.raises(OffsetOutOfRangeError) as past:
-            await service.batches(TP, end + 1, 100)
+            await service.batches(TP, end + 2, 100)
         assert past.value.details["available"] == {"start_offset": 0, "end_offset": end}
         assert past.value.status == 416
+
+    async def test_the_offset_after_the_range_reads_nothing(self, remote, service):
+        """Right after the tiered range is the end of a log, not outside it: every read path
+        answers nothing there, without an error."""
+        await three_segments(remote)
+        end = remote.segments[-1].end_offset
+        assert [b async for b in await service.batches(TP, end + 1, 100)] == []
+        assert [r async for r in await service.runs(TP, end + 1, 100)] == []
+        assert await service.plan_records(TP, end + 1, 100) is None
+        aborted, limit = await service.aborted_transactions(TP, end + 1, 100)
+        assert (aborted, limit) == ([], end + 2)
 
     async def test_a_sequential_reader_needs_no_index(self, remote, service):
         """A reader from a segment's first offset starts at byte 0 and its next requests go on
@@ -270,8 +281,10 @@ class TestRecordsByOffset:
         )
         try:
             assert await service.tiered_range(TP) == (0, 49)
+            # 50 is the end of the tiered log: nothing there, the stale copy least of all
+            assert [b async for b in await service.batches(TP, 50, 100)] == []
             with pytest.raises(OffsetOutOfRangeError):
-                await service.batches(TP, 50, 100)
+                await service.batches(TP, 51, 100)
             # a checkpoint the broker truncated from the start (local retention) still lets the
             # older tiered offsets be served from the derived lineage
             (partition_dir / "leader-epoch-checkpoint").write_bytes(

@@ -289,7 +289,7 @@ class TestHttp:
             latest = await client.offset_for_timestamp("orders", 0, client.LATEST)
             assert latest["offset"] == 26
             with pytest.raises(OffsetOutOfRangeError):
-                await client.records("orders", 0, 26)
+                await client.records("orders", 0, 27)
         out, err = io.StringIO(), io.StringIO()
         code = await asyncio.to_thread(
             read_command,
@@ -308,6 +308,33 @@ class TestHttp:
         )  # fmt: skip
         assert code == 0
         assert out.getvalue() == ""
+
+    async def test_a_read_from_a_final_marker_ends_cleanly(self, remote, socket_path):
+        """The tiered range ends in a transaction marker and the read starts at it: like a
+        fetch at the end of a log, no records and exit 0 (the marker's next offset, right
+        after the range, answers an empty page); one further is still out of range."""
+        await remote.upload(0, [_plain(0, 3), _txn(1, 3, 2), _marker(ControlRecordType.COMMIT, 1)])
+        last = remote.segments[-1].end_offset
+        assert last == 5
+        for level in ("read_uncommitted", "read_committed"):
+            for as_json in (False, True):
+                out, err = io.StringIO(), io.StringIO()
+                code = await asyncio.to_thread(
+                    read_command,
+                    socket_path=socket_path, url=None, topic="orders", partition=0,
+                    offset=last, timestamp=None, count=None, as_json=as_json, out=out,
+                    err=err, isolation=level,
+                )  # fmt: skip
+                assert (code, out.getvalue(), err.getvalue()) == (0, "", ""), level
+        async with ReadClient(socket_path=socket_path) as client:
+            page = await client.records("orders", 0, last + 1)
+            assert (page.records, page.next_offset) == ([], last + 1)
+            page = await client.records_json("orders", 0, last + 1, isolation="read_committed")
+            assert (page.records, page.next_offset) == ([], last + 1)
+            fetched = await client.fetch("orders", 0, last + 1, isolation="read_committed")
+            assert (fetched.data, fetched.aborted) == (b"", [])
+            with pytest.raises(OffsetOutOfRangeError):
+                await client.records("orders", 0, last + 2)
 
     async def test_many_aborts_are_capped_in_the_header(self, remote, socket_path):
         """More aborted transactions than a header lists: the response stops before the first

@@ -1,0 +1,130 @@
+"""The fault proxy itself, against the session's SeaweedFS: signatures pass through it (the
+client signs for the proxy's host:port, the proxy forwards that Host unchanged and SeaweedFS
+accepts it), and each fault reaches the sidecar's S3 client as the failure it stands for,
+which the client's retry policy rides out (one firing) without ever returning wrong bytes."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sidecar.errors import StorageError
+from sidecar.observability.metrics import Metrics
+from sidecar.storage.s3 import S3ObjectStore
+from tests.faults._harness import FaultProxy
+from tests.faults.proxy import FAULTS, s3_operation
+
+pytestmark = pytest.mark.faults
+
+#: the sidecar's ``reason`` label each fault is counted under
+REASONS = {
+    "internal_error": "server_error",
+    "slow_down": "throttled",
+    "request_timeout": "client_error",
+    "truncate": "connection",
+    "reset": "connection",
+    "blackhole": "timeout",
+}
+
+
+def _store(s3: Any, proxy: FaultProxy, metrics: Metrics | None = None, **kw: Any) -> S3ObjectStore:
+    return S3ObjectStore(
+        bucket=s3.bucket,
+        endpoint_url=proxy.endpoint,
+        access_key_id=s3.access_key,
+        secret_access_key=s3.secret_key,
+        backoff_s=0.01,
+        max_backoff_s=0.05,
+        metrics=metrics,
+        **kw,
+    )
+
+
+def _errors(metrics: Metrics, reason: str) -> float:
+    return sum(
+        s.value
+        for family in metrics.registry.collect()
+        for s in family.samples
+        if s.name.endswith("s3_request_errors_total") and s.labels.get("reason") == reason
+    )
+
+
+def test_operations_are_named_from_path_style_requests() -> None:
+    assert s3_operation("PUT", "/b/k/x.log?partNumber=2&uploadId=u") == ("UploadPart", "k/x.log")
+    assert s3_operation("PUT", "/b/k") == ("PutObject", "k")
+    assert s3_operation("POST", "/b/k?uploads") == ("CreateMultipartUpload", "k")
+    assert s3_operation("POST", "/b/k?uploadId=u") == ("CompleteMultipartUpload", "k")
+    assert s3_operation("DELETE", "/b/k?uploadId=u") == ("AbortMultipartUpload", "k")
+    assert s3_operation("POST", "/b?delete") == ("DeleteObjects", "")
+    assert s3_operation("GET", "/b?list-type=2&prefix=p") == ("ListObjects", "")
+    assert s3_operation("GET", "/b/k%20x") == ("GetObject", "k x")
+
+
+async def test_signed_requests_pass_through_unchanged(s3, fault_proxy, s3_prefix):
+    """PUT, multipart, ranged GET, list and delete through the proxy: SeaweedFS checks the
+    SigV4 signature over the Host the client signed (the proxy's), and accepts it."""
+    body = os.urandom(6 * 1024 * 1024 + 123)
+    async with _store(s3, fault_proxy) as store:
+        await store.put(s3_prefix + "small", b"hello")
+        path = fault_proxy.log_path.parent / "big"
+        path.write_bytes(body)
+        await store.put_file(s3_prefix + "big", path, part_size=5 * 1024 * 1024)
+        assert await store.get(s3_prefix + "small") == b"hello"
+        assert (
+            await store.get_range(s3_prefix + "big", 100, 5 * 1024 * 1024 + 99)
+            == body[100 : 5 * 1024 * 1024 + 100]
+        )
+        listed = [o.key async for o in store.list(s3_prefix)]
+        assert sorted(listed) == [s3_prefix + "big", s3_prefix + "small"]
+        await store.delete([s3_prefix + "small", s3_prefix + "big"])
+    ops = fault_proxy.stats()["requests"]
+    assert ops.get("CreateMultipartUpload") == 1
+    assert ops.get("UploadPart") == 2
+    assert ops.get("CompleteMultipartUpload") == 1
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f not in ("latency", "bandwidth")])
+async def test_one_fault_is_retried_and_counted(s3, fault_proxy, s3_prefix, fault):
+    """Each failing fault, fired once on a GET and once on a PUT: the operation still
+    succeeds with the right bytes, and the failed attempt is counted under its reason."""
+    metrics = Metrics(CollectorRegistry())
+    body = os.urandom(200_000)
+    async with _store(s3, fault_proxy, metrics, request_timeout_s=2.0) as store:
+        fault_proxy.set({"fault": fault, "op": "PutObject", "key": "obj$"})
+        await store.put(s3_prefix + "obj", body)
+        fault_proxy.set({"fault": fault, "op": "GetObject", "key": "obj$"})
+        assert await store.get(s3_prefix + "obj") == body
+        assert await store.get_range(s3_prefix + "obj", 10, 99_999) == body[10:100_000]
+        await store.delete([s3_prefix + "obj"])
+    stats = fault_proxy.stats()
+    assert stats["injected"] == {fault: 2}, stats
+    # the PUT's fault hit the upload (truncate and reset act on the response, which S3
+    # answers after storing the object: the repeated PUT overwrites it with the same bytes)
+    assert _errors(metrics, REASONS[fault]) >= 1
+
+
+async def test_slow_faults_only_delay(s3, fault_proxy, s3_prefix):
+    """Latency and a bandwidth cap slow a GET down and change nothing else."""
+    body = os.urandom(300_000)
+    async with _store(s3, fault_proxy) as store:
+        await store.put(s3_prefix + "obj", body)
+        fault_proxy.set(
+            {"fault": "latency", "op": "GetObject", "delay_s": 0.3},
+            {"fault": "bandwidth", "op": "GetObject", "rate_bps": 1_000_000},
+        )
+        assert await store.get(s3_prefix + "obj") == body
+        assert await store.get(s3_prefix + "obj") == body
+        await store.delete([s3_prefix + "obj"])
+    assert fault_proxy.stats()["injected"] == {"latency": 1, "bandwidth": 1}
+
+
+async def test_faults_beyond_the_retry_budget_surface_as_errors(s3, fault_proxy, s3_prefix):
+    """A fault that keeps firing exhausts the bounded retries: a StorageError, no hang."""
+    async with _store(s3, fault_proxy, max_attempts=3) as store:
+        fault_proxy.set({"fault": "slow_down", "op": "PutObject", "count": None})
+        with pytest.raises(StorageError, match="SlowDown"):
+            await store.put(s3_prefix + "obj", b"x")
+    assert fault_proxy.stats()["injected"] == {"slow_down": 3}
