@@ -760,14 +760,18 @@ async def _json_pieces(
     loop = asyncio.get_running_loop()
     pending: list[Batch] = []
     size = 0
+    records = 0  # at most this many records in ``pending`` (control and aborted ones drop out)
     async for batch in stream:
         # a copy: the batch's views are of a cache window the stream moves past
         data = batch.tobytes()
         pending.append(Batch(batch.header, [memoryview(data)]))
         size += len(data)
-        if size >= _JSON_CHUNK_BYTES:
+        records += batch.header.last_offset_delta + 1
+        # a chunk ends at its byte size, or once it may hold every record still wanted: a
+        # small ``max_records`` must not read (and fetch from S3) far past what it returns
+        if size >= _JSON_CHUNK_BYTES or records >= max_records - encoder.count:
             out = await loop.run_in_executor(_JSON_THREADS, encoder.encode, pending)
-            pending, size = [], 0
+            pending, size, records = [], 0, 0
             if out:
                 yield memoryview(out)
             if encoder.full:
