@@ -432,7 +432,8 @@ def multipart_uploads(s3: Any, prefix: str) -> list[dict[str, Any]]:
 
 
 def clean_prefix(s3: Any, prefix: str) -> None:
-    """Delete every object and abort every multipart upload under ``prefix``."""
+    """Delete every object (the ownership marker included) and abort every multipart upload
+    under ``prefix``."""
     client = s3.client()
     try:
         for upload in client.list_multipart_uploads(Bucket=s3.bucket, Prefix=prefix).get(
@@ -441,7 +442,7 @@ def clean_prefix(s3: Any, prefix: str) -> None:
             client.abort_multipart_upload(
                 Bucket=s3.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
             )
-        for key in bucket_keys(s3, prefix):
+        for key in [*bucket_keys(s3, prefix), marker_key(prefix)]:  # the marker too
             client.delete_object(Bucket=s3.bucket, Key=key)
     finally:
         client.close()
