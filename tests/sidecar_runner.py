@@ -66,11 +66,17 @@ class SidecarProcess:
     _cursor: int = 0
 
     @classmethod
-    async def start(cls, config: Path, env: dict[str, str], log_path: Path) -> SidecarProcess:
+    async def start(
+        cls,
+        config: Path,
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        command: tuple[str, ...] = (sys.executable, "-m", "sidecar"),
+    ) -> SidecarProcess:
+        """``command``: how to call the CLI (default: this interpreter's ``sidecar`` module)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "sidecar",
+            *command,
             "run",
             "--config",
             str(config),
