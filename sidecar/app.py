@@ -7,7 +7,7 @@ Root tasks (each wrapped by :func:`sidecar._aio.guard`; one exiting early stops 
 * ``cluster watcher``    leadership, LSOs and topic configs from Kafka
 * ``metadata tailer``    tails the remote log metadata partitions into the local store
 * ``tiering engine``     plans and uploads segments, one worker per partition
-* ``retention``          remote retention, deleted topics/partitions, orphan scrub (issue 6)
+* ``retention``          remote retention, deleted topics/partitions, orphan scrub
 * ``readiness probe``    turns component health into /readyz (each failing check with its reason);
                          when Kafka or S3 comes back it ends the upload workers' backoff
 * ``health server``      serves /metrics, /healthz and /readyz
@@ -147,7 +147,7 @@ class Daemon:
         self._prefix_owner: PrefixOwner | None = None  # set once the bucket prefix is ours
         self.engine: TieringEngine | None = None
         self._gauges = _LocalTotals()  # the local-segment gauges, kept per change
-        self.retention: RetentionManager | None = None  # issue 6
+        self.retention: RetentionManager | None = None
         self.detector: LogDirDetector[PartitionScan] = LogDirDetector(
             log_dirs=config.broker.log_dirs,
             scan_partition=scan_partition_dir,
@@ -212,7 +212,7 @@ class Daemon:
                             error=str(problem),
                         )
         self._refresh_gauges(old, new)
-        if self.retention is not None:  # lost-segment check (issue 6)
+        if self.retention is not None:  # lost-segment check
             self.retention.note_change(old, new)
         if self.engine is not None:
             self.engine.poke()
@@ -373,7 +373,7 @@ class Daemon:
         )
         engine = self.engine
         quarantine = engine.quarantine
-        # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+        # --- remote retention, topic/partition deletion, orphan scrub
         layout = KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix)
         self.retention = RetentionManager(
             config=config.retention,
@@ -458,7 +458,7 @@ class Daemon:
             # the prefix belongs to one cluster: claim it (no upload or scrub before), or stop
             # the daemon when another cluster owns it
             tg.create_task(self._claim_prefix(objects, retention_kafka), name="prefix claim")
-            # remote retention and deletions (issue 6); stops with the engine, before the
+            # remote retention and deletions; stops with the engine, before the
             # publisher and tailer it deletes through
             retention_task = tg.create_task(
                 guard(retention.run(self.stopping), name="retention", stopping=self.stopping),

@@ -262,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--records", action="store_true", help="dump decoded records")
 
-    # --- the archive audit on Spark (issue 8; needs the `spark` extra)
+    # --- the archive audit on Spark (needs the `spark` extra)
     spark = sub.add_parser("spark", help="Spark jobs over the tiered archive")
     spark_sub = spark.add_subparsers(dest="spark_command", metavar="SUBCOMMAND", required=True)
     from sidecar.spark.verify import add_arguments as add_verify_arguments
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
 
-    # --- orphan scrub and partition deletion (issue 6)
+    # --- orphan scrub and partition deletion
     scrub = sub.add_parser(
         "scrub", help="delete unreferenced objects and stale multipart uploads from the bucket"
     )
@@ -525,7 +525,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_inspect(
             args.path, as_json=args.json, verify=args.verify, records=args.records, out=sys.stdout
         )
-    if args.command in ("scrub", "delete-partition"):  # issue 6
+    if args.command in ("scrub", "delete-partition"):
         from sidecar.retention import _cli as retention_cli
 
         config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))

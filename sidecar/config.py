@@ -401,7 +401,7 @@ class TieringConfig(_Section):
         return _compiled(value)
 
 
-# --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+# --- remote retention, topic/partition deletion, orphan scrub
 class RetentionOverride(_Section):
     """A remote retention of the sidecar's own for some topics (``[[retention.overrides]]``).
 

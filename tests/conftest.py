@@ -106,7 +106,7 @@ def kafka_cluster3(stack_root: Path) -> Iterator[KafkaHandle]:
         cluster.stop()
 
 
-# --- the suite-wide metadata check (issue 4): Kafka's serde reads every record we produced ---
+# --- the suite-wide metadata check: Kafka's serde reads every record we produced ---
 # Tests delete their metadata topics through tests.e2e._support.delete_topic, which checks each
 # one first; what is left on a cluster at the end of the session is checked here.
 
@@ -154,7 +154,7 @@ def topic_name(request: pytest.FixtureRequest) -> str:
 def s3_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
     """A bucket key prefix unique to this test; what the test leaves under it is removed after.
 
-    The choice (issue 6): tests whose subject is deletion (retention, topic and partition
+    The choice: tests whose subject is deletion (retention, topic and partition
     deletion, scrub) assert themselves that the sidecar's own deletion paths emptied their
     prefix before this teardown runs; for every other test this teardown is the cleanup, so
     that the session's leak check (:func:`_leak_check`) finds an empty bucket.
@@ -165,7 +165,7 @@ def s3_prefix(request: pytest.FixtureRequest) -> Iterator[str]:
         _clean_prefix(request.getfixturevalue("s3"), prefix)
 
 
-# --- the suite-wide leak check (issue 6) ---------------------------------------------------
+# --- the suite-wide leak check ---------------------------------------------------
 
 #: what the leak check saw at the end of the session: bucket → leaked keys / uploads
 LEAK_REPORT: dict[str, dict[str, list[str]]] = {}
@@ -250,7 +250,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         )
 
 
-# --- Spark (issue 8): one local[2] session per test session, with Spark's Kafka source on it
+# --- Spark: one local[2] session per test session, with Spark's Kafka source on it
 
 
 @pytest.fixture(scope="session")

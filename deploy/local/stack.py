@@ -158,7 +158,7 @@ def kafka_libs(version: str = KAFKA_VERSION) -> Path:
     return target
 
 
-# Spark's Kafka source (spark-sql-kafka-0-10): the peer of the PySpark source (issue 8)
+# Spark's Kafka source (spark-sql-kafka-0-10): the peer of the PySpark source
 
 #: connector (and its spark-token-provider-kafka dependency) versions tried, newest first, when the
 #: one matching the installed pyspark is not published on the registry this machine reaches

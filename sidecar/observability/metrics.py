@@ -267,7 +267,7 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
-        # --- S3 requests, metadata publishes and the metadata store (issue 7)
+        # --- S3 requests, metadata publishes and the metadata store
         self.s3_requests = Counter(
             "s3_requests",
             "S3 request attempts (retries count again), by operation.",
@@ -333,7 +333,7 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
-        # --- the read path (issue 5): socket requests, the chunk cache, S3 fetches
+        # --- the read path: socket requests, the chunk cache, S3 fetches
         self.read_requests = Counter(
             "read_requests",
             "Requests to the read socket, by endpoint and HTTP status.",
@@ -428,7 +428,7 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
-        # --- remote retention, topic/partition deletion, orphan scrub (issue 6)
+        # --- remote retention, topic/partition deletion, orphan scrub
         self.retention_deleted_segments = Counter(
             "retention_deleted_segments",
             "Remote segments deleted (DELETE_SEGMENT_FINISHED published), by topic and reason"

