@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "4.3.1")
+#: the newest 3.x release: the broker plugin and the ZooKeeper-mode cluster are tested on it too
+KAFKA_39 = "3.9.1"
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 DEFAULT_ROOT = REPO / ".stack" / "local"
@@ -1034,13 +1036,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop everything by PID")
     sub.add_parser("status", help="print the stack's state as JSON")
     sub.add_parser("env", help="print SIDECAR_* variables for the sidecar, as shell exports")
-    sub.add_parser("fetch", help="download Kafka's jars into the home cache and exit")
+    sub.add_parser(
+        "fetch", help=f"download Kafka's jars (and {KAFKA_39}'s) into the home cache and exit"
+    )
     args = parser.parse_args(argv)
     root: Path = args.root.resolve()
 
     try:
         if args.command == "fetch":
             print(kafka_libs())
+            print(kafka_libs(KAFKA_39))
             if importlib.util.find_spec("pyspark") is not None:  # the `spark` extra
                 print(spark_kafka_jars()[0].parent)
             return 0
