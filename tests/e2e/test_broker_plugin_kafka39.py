@@ -97,3 +97,14 @@ async def test_kafka39_broker_reads_tiered_topic_from_offset_zero_after_local_de
     server_log = plugged39.cluster.nodes[0].log_file.read_text(errors="replace")
     for error in ("NoClassDefFoundError", "NoSuchMethodError", "VerifyError"):
         assert error not in server_log
+
+
+async def test_kafka39_retries_copies_while_the_sidecar_is_down(
+    plugged39: main_scenario.PluggedBroker, s3: Any, topic_name: str, tmp_path: Path
+) -> None:
+    """Without RetriableRemoteStorageException, the plugin's plain RemoteStorageException for an
+    unreachable sidecar is retried by Kafka 3.9 too: no local deletion, and once the sidecar is
+    back every record is read from offset 0."""
+    await main_scenario.test_sidecar_down_is_retried_and_nothing_is_deleted_locally(
+        plugged39, s3, topic_name, tmp_path
+    )
