@@ -127,8 +127,17 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "bitnami-companion": example("bitnami-companion.yaml"),
     "native": merged(FULL, {"sidecar": {"mode": "native"}}),
     "container": merged(FULL, {"sidecar": {"mode": "container"}}),
+    "container-plugin": merged(
+        FULL, {"sidecar": {"mode": "container"}, "plugin": {"enabled": True}}
+    ),
 }
-WITH_KAFKA = ["single-broker-kraft", "single-broker-kraft-plugin", "native", "container"]
+WITH_KAFKA = [
+    "single-broker-kraft",
+    "single-broker-kraft-plugin",
+    "native",
+    "container",
+    "container-plugin",
+]
 
 # Secrets the pod receives as environment variables: the config test supplies them the same way.
 SECRET_ENV = {
@@ -533,6 +542,16 @@ class TestBrokerPlugin:
     """plugin.enabled: the init container, the shared volume, the broker's mounts and properties."""
 
     SCENARIO = "single-broker-kraft-plugin"
+
+    def test_container_mode_has_only_the_copy_as_init_container(self):
+        """With the sidecar as a regular container, the jar's copy is the only init container
+        and the broker's mounts are the same."""
+        spec = pod_spec("container-plugin")
+        assert [c["name"] for c in spec["initContainers"]] == ["tiered-sidecar-plugin"]
+        assert [c["name"] for c in spec["containers"]] == ["kafka", SIDECAR]
+        kafka = containers_by_name(spec)["kafka"]
+        native_kafka = containers_by_name(pod_spec(self.SCENARIO))["kafka"]
+        assert kafka["volumeMounts"] == native_kafka["volumeMounts"]
 
     def test_init_container_copies_the_jar_into_the_shared_volume(self):
         """A first init container (the sidecar image) copies the image's jar into the emptyDir
