@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
-# Image of the Kafka tiered-storage sidecar.
+# Image of the Kafka tiered-storage sidecar, carrying the broker plugin jar too.
 #
-#   docker build -t kafka-tiered-sidecar:0.1.0 .
+#   docker build -t kafka-tiered-sidecar:0.1.0 .      (from a clean checkout; nothing to build first)
 #   docker run --rm -v /var/lib/kafka/data:/var/lib/kafka/data:ro \
 #     -e SIDECAR_KAFKA__BOOTSTRAP_SERVERS=broker:9092 -e SIDECAR_S3__BUCKET=tiered \
 #     kafka-tiered-sidecar:0.1.0
@@ -9,8 +9,24 @@
 # Two stages: `build` turns the source into a wheel and installs it with every dependency pinned
 # into a virtualenv; the runtime stage copies only that virtualenv onto a slim Python. No compiler
 # is needed (every dependency is installed from a wheel) and nothing runs as root at run time.
-# The broker's log dirs are mounted read-only. The daemon writes only to /var/lib, /var/cache
+# A third stage builds the broker plugin (deploy/kafka-plugin, Java 17) with Maven and runs its
+# JUnit tests; the runtime stage carries only the jar, at
+# /opt/kafka-tiered-sidecar/plugin/kafka-tiered-sidecar-plugin.jar (the default path of
+# `sidecar broker-config`; the Helm chart's init container copies it from there into the broker's
+# pod). The broker's log dirs are mounted read-only. The daemon writes only to /var/lib, /var/cache
 # and /run/kafka-tiered-sidecar, so the image also runs with a read-only root filesystem.
+
+# The broker plugin: Kafka's RemoteStorageManager backed by the sidecar. Kafka's own jars are
+# provided by the broker, so the jar holds only the plugin's classes. The POM is copied first so
+# the dependency download stays cached while the sources change.
+FROM maven:3.9.9-eclipse-temurin-17 AS plugin
+
+WORKDIR /src/kafka-plugin
+COPY deploy/kafka-plugin/pom.xml ./
+RUN mvn -B -q -Dstyle.color=never dependency:go-offline
+COPY deploy/kafka-plugin/src ./src
+RUN mvn -B -q -Dstyle.color=never package
+
 
 FROM python:3.11.14-slim-bookworm AS build
 
@@ -104,6 +120,8 @@ RUN groupadd --system --gid 10001 sidecar \
         > /etc/kafka-tiered-sidecar/sidecar.toml
 
 COPY --from=build /opt/kafka-tiered-sidecar /opt/kafka-tiered-sidecar
+COPY --from=plugin /src/kafka-plugin/target/kafka-tiered-sidecar-plugin.jar \
+    /opt/kafka-tiered-sidecar/plugin/kafka-tiered-sidecar-plugin.jar
 
 ENV PATH=/opt/kafka-tiered-sidecar/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -21,8 +21,9 @@ PLUGIN_CLASS: Final = "io.github.kafkatieredsidecar.plugin.SidecarRemoteStorageM
 RLMM_CLASS: Final = (
     "org.apache.kafka.server.log.remote.metadata.storage.TopicBasedRemoteLogMetadataManager"
 )
-#: where the container image and the Helm init container put the plugin jar
-DEFAULT_PLUGIN_JAR: Final = Path("/opt/kafka-tiered-sidecar/kafka-tiered-sidecar-plugin.jar")
+#: where the container image holds the plugin jar, and where brokers find it: the Helm chart
+#: mounts the init container's copy there, systemd hosts install it there
+DEFAULT_PLUGIN_JAR: Final = Path("/opt/kafka-tiered-sidecar/plugin/kafka-tiered-sidecar-plugin.jar")
 #: the topic Kafka's TopicBasedRemoteLogMetadataManager uses; it has no setting to change it
 KAFKA_METADATA_TOPIC: Final = "__remote_log_metadata"
 

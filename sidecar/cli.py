@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="where the broker finds the plugin jar"
-        " (default /opt/kafka-tiered-sidecar/kafka-tiered-sidecar-plugin.jar)",
+        " (default /opt/kafka-tiered-sidecar/plugin/kafka-tiered-sidecar-plugin.jar)",
     )
     broker.add_argument(
         "--listener",

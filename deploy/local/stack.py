@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "4.3.1")
+#: the newest 3.x release: the broker plugin and the ZooKeeper-mode cluster are tested on it too
+KAFKA_39 = "3.9.1"
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 DEFAULT_ROOT = REPO / ".stack" / "local"
@@ -659,12 +661,190 @@ class KafkaCluster:
         return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
 
 
+@dataclasses.dataclass
+class ZooKeeperKafkaCluster(KafkaCluster):
+    """A Kafka 3.x cluster in ZooKeeper mode: one ZooKeeper (QuorumPeerMain from the same jars)
+    and ``len(nodes)`` brokers, all on loopback. Kafka 4 has no ZooKeeper mode; 3.9 is the last
+    release with it. The brokers' ``controller_port`` fields hold unused ports."""
+
+    zk_port: int = 0
+    version: str = KAFKA_39
+
+    @classmethod
+    def create(  # type: ignore[override]
+        cls,
+        root: Path,
+        *,
+        nodes: int = 1,
+        overrides: dict[str, str] | None = None,
+        version: str = KAFKA_39,
+    ) -> ZooKeeperKafkaCluster:
+        """Describe a cluster under ``root``; a previously created one is loaded from its state."""
+        if not version.startswith(("2.", "3.")):
+            raise StackError(f"Kafka {version} has no ZooKeeper mode; use a 3.x release")
+        state = root / "cluster.json"
+        if state.exists():
+            return cls.load(root)
+        members = [
+            KafkaNode(i + 1, free_port(), free_port(), root / f"node-{i + 1}") for i in range(nodes)
+        ]
+        cluster = cls(
+            root=root,
+            nodes=members,
+            cluster_id="",  # ZooKeeper assigns it on the first broker start
+            version=version,
+            overrides={**DEFAULT_BROKER_OVERRIDES, **(overrides or {})},
+            zk_port=free_port(),
+        )
+        root.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps({**cluster.to_json(), "zk_port": cluster.zk_port}, indent=2))
+        return cluster
+
+    @classmethod
+    def load(cls, root: Path) -> ZooKeeperKafkaCluster:
+        data = json.loads((root / "cluster.json").read_text())
+        base = KafkaCluster.load(root)
+        return cls(
+            root=root,
+            nodes=base.nodes,
+            cluster_id=base.cluster_id,
+            version=base.version,
+            overrides=base.overrides,
+            zk_port=data["zk_port"],
+        )
+
+    @property
+    def zk_home(self) -> Path:
+        return self.root / "zookeeper"
+
+    @property
+    def zk_pid_file(self) -> Path:
+        return self.zk_home / "zookeeper.pid"
+
+    @property
+    def zk_log_file(self) -> Path:
+        return self.zk_home / "zookeeper.log"
+
+    def zk_running(self) -> bool:
+        pid = read_pid(self.zk_pid_file)
+        return pid is not None and pid_alive(pid)
+
+    def _properties(self, node: KafkaNode) -> str:
+        replicas = min(3, len(self.nodes))
+        props = {
+            "broker.id": str(node.node_id),
+            "zookeeper.connect": f"{LOOPBACK}:{self.zk_port}",
+            "listeners": f"PLAINTEXT://{LOOPBACK}:{node.port}",
+            "advertised.listeners": f"PLAINTEXT://{LOOPBACK}:{node.port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(node.log_dir),
+            "offsets.topic.replication.factor": str(replicas),
+            "offsets.topic.num.partitions": "5",
+            "transaction.state.log.replication.factor": str(replicas),
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "5",
+            "default.replication.factor": str(replicas),
+            **self.overrides,
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _start_zookeeper(self, libs: Path, timeout: float) -> None:
+        if self.zk_running():
+            return
+        home = self.zk_home
+        (home / "data").mkdir(parents=True, exist_ok=True)
+        (home / "zookeeper.properties").write_text(
+            f"dataDir={home / 'data'}\n"
+            f"clientPort={self.zk_port}\n"
+            f"clientPortAddress={LOOPBACK}\n"
+            "maxClientCnxns=0\n"
+            "admin.enableServer=false\n"
+            "tickTime=2000\n"
+        )
+        (home / "log4j.properties").write_text(
+            "log4j.rootLogger=INFO, file\n"
+            "log4j.appender.file=org.apache.log4j.FileAppender\n"
+            f"log4j.appender.file.File={self.zk_log_file}\n"
+            "log4j.appender.file.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.file.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+        )
+        cmd = [
+            require_java(),
+            "-Xmx128m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j.configuration={(home / 'log4j.properties').as_uri()}",
+            "-Dzookeeper.admin.enableServer=false",
+            "-cp",
+            f"{libs}/*",
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(home / "zookeeper.properties"),
+        ]
+        pid = spawn(cmd, log=home / "stdout.log", cwd=home)
+        self.zk_pid_file.write_text(f"{pid}\n")
+        wait_until(
+            f"ZooKeeper (port {self.zk_port})",
+            lambda: port_answers(self.zk_port),
+            timeout=timeout,
+            alive=self.zk_running,
+            log=home / "stdout.log",
+        )
+
+    def start(self, *, timeout: float = 120.0) -> ZooKeeperKafkaCluster:
+        """Start ZooKeeper, then every broker that is down; return when all answer."""
+        libs = kafka_libs(self.version)
+        self._start_zookeeper(libs, timeout)
+        started: list[KafkaNode] = []
+        for node in self.nodes:
+            if node.running():
+                continue
+            node.home.mkdir(parents=True, exist_ok=True)
+            node.log_dir.mkdir(parents=True, exist_ok=True)
+            (node.home / "server.properties").write_text(self._properties(node))
+            self._write_logging(node)
+            if node.log_file.exists():
+                node.log_file.rename(node.log_file.with_suffix(f".log.{int(time.time())}"))
+            pid = spawn(
+                self._java_cmd(libs, node, ["kafka.Kafka", str(node.home / "server.properties")]),
+                log=node.stdout_file,
+                cwd=node.home,
+            )
+            node.pid_file.write_text(f"{pid}\n")
+            started.append(node)
+        for node in started:
+            wait_until(
+                f"Kafka node {node.node_id} (ZooKeeper mode, port {node.port})",
+                lambda n=node: port_answers(n.port) and _kafka_started(n.log_file),
+                timeout=timeout,
+                alive=node.running,
+                log=node.log_file if node.log_file.exists() else node.stdout_file,
+            )
+        if not self.cluster_id:
+            meta = self.nodes[0].log_dir / "meta.properties"
+            match = re.search(r"^cluster\.id=(\S+)$", meta.read_text(), re.MULTILINE)
+            self.cluster_id = match.group(1) if match else ""
+        return self
+
+    def stop(self) -> None:
+        """Stop the brokers, then ZooKeeper (a broker's controlled shutdown needs it)."""
+        super().stop()
+        pid = read_pid(self.zk_pid_file)
+        if pid is not None:
+            stop_pid(pid, timeout=20.0)
+        self.zk_pid_file.unlink(missing_ok=True)
+
+    def running(self) -> bool:
+        return self.zk_running() and super().running()
+
+
 def _kafka_started(log: Path) -> bool:
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return False
-    return "Kafka Server started" in text
+    # KRaft brokers (and 3.x ZooKeeper-mode brokers, whose KafkaServer logs "started" with its
+    # log prefix) announce readiness once the socket server accepts requests
+    return "Kafka Server started" in text or "] started (kafka.server.KafkaServer)" in text
 
 
 def _kafka_uuid() -> str:
@@ -1034,13 +1214,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down", help="stop everything by PID")
     sub.add_parser("status", help="print the stack's state as JSON")
     sub.add_parser("env", help="print SIDECAR_* variables for the sidecar, as shell exports")
-    sub.add_parser("fetch", help="download Kafka's jars into the home cache and exit")
+    sub.add_parser(
+        "fetch", help=f"download Kafka's jars (and {KAFKA_39}'s) into the home cache and exit"
+    )
     args = parser.parse_args(argv)
     root: Path = args.root.resolve()
 
     try:
         if args.command == "fetch":
             print(kafka_libs())
+            print(kafka_libs(KAFKA_39))
             if importlib.util.find_spec("pyspark") is not None:  # the `spark` extra
                 print(spark_kafka_jars()[0].parent)
             return 0

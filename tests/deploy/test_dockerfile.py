@@ -20,6 +20,7 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from sidecar.broker_config import DEFAULT_PLUGIN_JAR
 from sidecar.config import load_config
 from tests.deploy._tools import REPO, describe, run, tool
 
@@ -144,9 +145,12 @@ class TestDockerfile:
         assert result.stdout.strip() == "", describe(result)
 
     def test_multi_stage_from_one_pinned_slim_base(self):
-        """A build stage and a runtime stage, both on the same slim Python with a version tag."""
+        """A build stage and a runtime stage, both on the same slim Python with a version tag
+        (the plugin's Maven stage aside)."""
         froms = [
-            item["value"].split()[0] for item in instructions() if item["instruction"] == "FROM"
+            item["value"].split()[0]
+            for item in instructions()
+            if item["instruction"] == "FROM" and item["value"].split()[-1] != "plugin"
         ]
         assert len(froms) >= 2
         assert len(set(froms)) == 1, froms
@@ -230,11 +234,76 @@ class TestDockerfile:
         assert f"> {cmd[-1]}" in step
 
 
+def stage(name: str) -> list[dict[str, Any]]:
+    """The instructions of the stage ``FROM ... AS name``."""
+    items = instructions()
+    starts = [i for i, item in enumerate(items) if item["instruction"] == "FROM"]
+    for n, start in enumerate(starts):
+        words = items[start]["value"].split()
+        if len(words) == 3 and words[1].upper() == "AS" and words[2] == name:
+            end = starts[n + 1] if n + 1 < len(starts) else len(items)
+            return items[start:end]
+    raise AssertionError(f"no stage {name!r} in the Dockerfile")
+
+
+class TestPluginInImage:
+    """The image builds the broker plugin from the checkout and carries the jar at the path
+    `sidecar broker-config` prints by default."""
+
+    def test_plugin_stage_is_maven_on_jdk17(self):
+        """The plugin stage is a pinned Maven on JDK 17 (the POM's release), running the
+        plugin's build with its JUnit tests from the copied POM and sources."""
+        plugin = stage("plugin")
+        image, _, tag = plugin[0]["value"].split()[0].partition(":")
+        assert image == "maven"
+        assert re.fullmatch(r"\d+\.\d+\.\d+-eclipse-temurin-17", tag), tag
+        pom = (REPO / "deploy" / "kafka-plugin" / "pom.xml").read_text()
+        assert "<maven.compiler.release>17</maven.compiler.release>" in pom
+        copies = [item["value"].split() for item in plugin if item["instruction"] == "COPY"]
+        assert ["deploy/kafka-plugin/pom.xml", "./"] in copies
+        assert ["deploy/kafka-plugin/src", "./src"] in copies
+        runs = [item["value"] for item in plugin if item["instruction"] == "RUN"]
+        assert any(r.startswith("mvn ") and r.split()[-1] == "package" for r in runs), runs
+        assert not any("skipTests" in r for r in runs), "the image build runs the JUnit tests"
+
+    def test_runtime_stage_copies_the_jar_to_the_documented_path(self):
+        """The runtime stage copies the plugin stage's jar (the POM's finalName) to
+        DEFAULT_PLUGIN_JAR, which the README documents."""
+        pom = (REPO / "deploy" / "kafka-plugin" / "pom.xml").read_text()
+        final_name = re.search(r"<finalName>([^<]+)</finalName>", pom)
+        assert final_name is not None
+        copies = [
+            shlex.split(item["value"].replace("\\\n", " "))
+            for item in final_stage()
+            if item["instruction"] == "COPY" and item["value"].startswith("--from=plugin ")
+        ]
+        assert copies == [
+            [
+                "--from=plugin",
+                f"/src/kafka-plugin/target/{final_name.group(1)}.jar",
+                str(DEFAULT_PLUGIN_JAR),
+            ]
+        ]
+        assert str(DEFAULT_PLUGIN_JAR) in (REPO / "README.md").read_text()
+
+    def test_build_command_is_documented(self):
+        """The Dockerfile's header gives the build command, run from a clean checkout."""
+        assert "docker build -t kafka-tiered-sidecar:" in DOCKERFILE.read_text()
+
+
 class TestDockerignore:
     """.dockerignore keeps the build context to what the build reads."""
 
     @pytest.mark.parametrize(
-        "path", ["pyproject.toml", "README.md", "sidecar/__init__.py", "sidecar/kafka/records.py"]
+        "path",
+        [
+            "pyproject.toml",
+            "README.md",
+            "sidecar/__init__.py",
+            "sidecar/kafka/records.py",
+            "deploy/kafka-plugin/pom.xml",
+            "deploy/kafka-plugin/src/main/java/io/github/kafkatieredsidecar/plugin/KafkaCompat.java",
+        ],
     )
     def test_build_inputs_are_in_the_context(self, path):
         """The files the build stage copies are sent to the builder."""
@@ -248,6 +317,7 @@ class TestDockerignore:
             ".stack/local/s3/s3.json",
             "tests/conftest.py",
             "deploy/local/stack.py",
+            "deploy/kafka-plugin/target/kafka-tiered-sidecar-plugin.jar",
             "sidecar/__pycache__/cli.cpython-311.pyc",
             "sidecar/kafka/__pycache__/records.cpython-311.pyc",
         ],

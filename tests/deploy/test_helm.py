@@ -5,6 +5,9 @@ modes; ``kubernetes-validate --strict`` on the output; and the pod shape the sid
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -17,6 +20,7 @@ import yaml
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
+from sidecar.broker_config import DEFAULT_PLUGIN_JAR
 from sidecar.config import load_config
 from tests.deploy._tools import CHART, DEPLOY, describe, run, tool
 
@@ -115,11 +119,25 @@ def merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 SCENARIOS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-broker-kraft": example("single-broker-kraft.yaml"),
+    "single-broker-kraft-plugin": example("single-broker-kraft-plugin.yaml"),
+    "bitnami-companion-plugin": merged(
+        example("bitnami-companion.yaml"),
+        {"plugin": {"enabled": True, "listenerName": "INTERNAL"}},
+    ),
     "bitnami-companion": example("bitnami-companion.yaml"),
     "native": merged(FULL, {"sidecar": {"mode": "native"}}),
     "container": merged(FULL, {"sidecar": {"mode": "container"}}),
+    "container-plugin": merged(
+        FULL, {"sidecar": {"mode": "container"}, "plugin": {"enabled": True}}
+    ),
 }
-WITH_KAFKA = ["single-broker-kraft", "native", "container"]
+WITH_KAFKA = [
+    "single-broker-kraft",
+    "single-broker-kraft-plugin",
+    "native",
+    "container",
+    "container-plugin",
+]
 
 # Secrets the pod receives as environment variables: the config test supplies them the same way.
 SECRET_ENV = {
@@ -487,6 +505,184 @@ class TestBitnamiSnippet:
                         "name": "kafka",
                         "image": "bitnami/kafka:4.0.0",
                         "volumeMounts": [{"name": "data", "mountPath": "/bitnami/kafka"}],
+                    }
+                ],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-kafka-0"}},
+                    *controller["extraVolumes"],
+                ],
+            },
+        }
+        kubernetes_validate([pod], tmp_path)
+
+
+def broker_config(toml: str, tmp_path: Path, *args: str) -> list[tuple[str, str]]:
+    """What `sidecar broker-config` prints for a sidecar.toml: (key, value) in printed order."""
+    path = tmp_path / "sidecar.toml"
+    path.write_text(toml)
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "broker-config", "-c", str(path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, **SECRET_ENV},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line and not line.startswith("#")]
+    return [(key, value) for key, _, value in (line.partition("=") for line in lines)]
+
+
+def env_name(key: str) -> str:
+    """The apache/kafka image's variable for a broker property."""
+    return "KAFKA_" + key.upper().replace(".", "_")
+
+
+class TestBrokerPlugin:
+    """plugin.enabled: the init container, the shared volume, the broker's mounts and properties."""
+
+    SCENARIO = "single-broker-kraft-plugin"
+
+    def test_container_mode_has_only_the_copy_as_init_container(self):
+        """With the sidecar as a regular container, the jar's copy is the only init container
+        and the broker's mounts are the same."""
+        spec = pod_spec("container-plugin")
+        assert [c["name"] for c in spec["initContainers"]] == ["tiered-sidecar-plugin"]
+        assert [c["name"] for c in spec["containers"]] == ["kafka", SIDECAR]
+        kafka = containers_by_name(spec)["kafka"]
+        native_kafka = containers_by_name(pod_spec(self.SCENARIO))["kafka"]
+        assert kafka["volumeMounts"] == native_kafka["volumeMounts"]
+
+    def test_init_container_copies_the_jar_into_the_shared_volume(self):
+        """A first init container (the sidecar image) copies the image's jar into the emptyDir
+        tiered-sidecar-plugin, before the native sidecar starts."""
+        spec = pod_spec(self.SCENARIO)
+        first, sidecar = spec["initContainers"]
+        assert first["name"] == "tiered-sidecar-plugin"
+        assert sidecar["name"] == SIDECAR
+        assert first["image"] == sidecar["image"]
+        assert "restartPolicy" not in first  # runs to completion
+        mounts = {m["name"]: m["mountPath"] for m in first["volumeMounts"]}
+        assert mounts == {"tiered-sidecar-plugin": "/plugin"}
+        assert first["command"] == [
+            "cp",
+            str(DEFAULT_PLUGIN_JAR),
+            f"/plugin/{DEFAULT_PLUGIN_JAR.name}",
+        ]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert "emptyDir" in volumes["tiered-sidecar-plugin"]
+
+    def test_broker_mounts_the_jar_and_the_socket(self):
+        """Kafka's container mounts the plugin volume where remote.log.storage.manager.class.path
+        points and the sidecar's socket directory at the path the sidecar binds."""
+        kafka = containers_by_name(pod_spec(self.SCENARIO))["kafka"]
+        mounts = {m["name"]: m for m in kafka["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in kafka["env"]}
+        jar = Path(env[env_name("remote.log.storage.manager.class.path")])
+        assert mounts["tiered-sidecar-plugin"]["mountPath"] == str(jar.parent)
+        assert mounts["tiered-sidecar-plugin"]["readOnly"] is True
+        assert jar == DEFAULT_PLUGIN_JAR  # the image's path: one path on every host
+        socket = tomllib.loads(sidecar_toml(self.SCENARIO))["read_server"]["socket_path"]
+        assert mounts["tiered-sidecar-run"]["mountPath"] == str(Path(socket).parent)
+        sidecar = containers_by_name(pod_spec(self.SCENARIO))[SIDECAR]
+        assert {"name": "tiered-sidecar-run", "mountPath": str(Path(socket).parent)} in sidecar[
+            "volumeMounts"
+        ]
+
+    def test_broker_properties_are_sidecar_broker_configs(self, tmp_path):
+        """The broker's KAFKA_* variables carry exactly what `sidecar broker-config` prints for
+        the rendered sidecar.toml, and no other tiered-storage property."""
+        kafka = containers_by_name(pod_spec(self.SCENARIO))["kafka"]
+        env = {e["name"]: e.get("value") for e in kafka["env"]}
+        expected = broker_config(
+            sidecar_toml(self.SCENARIO), tmp_path, "--plugin-jar", str(DEFAULT_PLUGIN_JAR)
+        )
+        assert {env_name(k): v for k, v in expected} == {
+            name: value
+            for name, value in env.items()
+            if name.startswith(("KAFKA_REMOTE_", "KAFKA_RSM_", "KAFKA_RLMM_"))
+        }
+        # the image maps a variable back to its property by "_" -> "."
+        assert all("_" not in key and "-" not in key for key, _ in expected)
+
+    def test_notes_print_the_pieces_for_other_charts(self, tmp_path):
+        """Without kafka.enabled, the install notes print the init container, the broker's
+        mounts and the properties of `sidecar broker-config --listener` for the release."""
+        notes = rendered("bitnami-companion-plugin")["kafka-tiered-sidecar/templates/NOTES.txt"]
+        assert "- name: tiered-sidecar-plugin" in notes
+        expected = broker_config(
+            sidecar_toml("bitnami-companion-plugin"), tmp_path, "--listener", "INTERNAL"
+        )
+        for key, value in expected:
+            assert f"\n{key}={value}\n" in notes
+
+    @pytest.mark.parametrize("scenario", ["single-broker-kraft", "native", "default"])
+    def test_off_by_default(self, scenario):
+        """Without plugin.enabled nothing of the plugin is rendered."""
+        text = "".join(rendered(scenario).values())
+        assert "tiered-sidecar-plugin" not in text
+        assert "remote.log.storage" not in text.lower().replace("_", ".")
+
+
+class TestBitnamiPlugin:
+    """examples/bitnami-plugin.yaml, Bitnami's values for broker-driven tiering."""
+
+    @staticmethod
+    def chart_pod() -> dict[str, Any]:
+        values = merged(SCENARIOS["bitnami-companion-plugin"], {"kafka": {"enabled": True}})
+        docs = yaml.safe_load_all(
+            render(values)["kafka-tiered-sidecar/templates/kafka-statefulset.yaml"]
+        )
+        statefulset = next(doc for doc in docs if doc)
+        spec: dict[str, Any] = statefulset["spec"]["template"]["spec"]
+        return spec
+
+    def test_init_containers_are_the_charts(self):
+        """The jar-copying init container and the native sidecar equal the chart's."""
+        snippet = example("bitnami-plugin.yaml")["controller"]["initContainers"]
+        assert snippet == self.chart_pod()["initContainers"]
+
+    def test_volumes_and_broker_mounts_are_the_charts(self):
+        """extraVolumes are the chart's sidecar volumes (the plugin's among them), and Kafka's
+        extraVolumeMounts are the chart's broker mounts for the plugin."""
+        controller = example("bitnami-plugin.yaml")["controller"]
+        pod = self.chart_pod()
+        assert controller["extraVolumes"] == [
+            v for v in pod["volumes"] if v["name"].startswith(SIDECAR)
+        ]
+        kafka = containers_by_name(pod)["kafka"]
+        assert controller["extraVolumeMounts"] == [
+            m for m in kafka["volumeMounts"] if m["name"].startswith(SIDECAR)
+        ]
+
+    def test_extra_config_is_sidecar_broker_config(self, tmp_path):
+        """extraConfig is, line for line, `sidecar broker-config --listener INTERNAL` for the
+        companion release's sidecar.toml."""
+        extra = example("bitnami-plugin.yaml")["extraConfig"].splitlines()
+        expected = broker_config(
+            sidecar_toml("bitnami-companion-plugin"), tmp_path, "--listener", "INTERNAL"
+        )
+        assert extra == [f"{key}={value}" for key, value in expected]
+
+    def test_pod_with_the_snippet_validates(self, tmp_path):
+        """A Bitnami-like pod with the snippet passes ``kubernetes-validate --strict``."""
+        controller = example("bitnami-plugin.yaml")["controller"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "kafka-controller-0", "namespace": NAMESPACE},
+            "spec": {
+                "terminationGracePeriodSeconds": controller["terminationGracePeriodSeconds"],
+                "securityContext": {"fsGroup": 1001},
+                "initContainers": controller["initContainers"],
+                "containers": [
+                    {
+                        "name": "kafka",
+                        "image": "bitnami/kafka:4.0.0",
+                        "volumeMounts": [
+                            {"name": "data", "mountPath": "/bitnami/kafka"},
+                            *controller["extraVolumeMounts"],
+                        ],
                     }
                 ],
                 "volumes": [

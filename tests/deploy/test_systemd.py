@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 
+from sidecar.broker_config import DEFAULT_PLUGIN_JAR
 from sidecar.config import load_config
+from sidecar.readserver.app import SOCKET_MODE
 from tests.deploy._tools import DEPLOY, describe, run, tool
 
 UNIT = DEPLOY / "systemd" / "kafka-tiered-sidecar.service"
 ENV_EXAMPLE = DEPLOY / "systemd" / "kafka-tiered-sidecar.env.example"
 SYSUSERS = DEPLOY / "systemd" / "kafka-tiered-sidecar.sysusers"
+BROKER_PROPERTIES = DEPLOY / "systemd" / "server.properties.tiered"
 INSTALLED_EXEC = "/opt/kafka-tiered-sidecar/bin/sidecar"
 MAX_EXPOSURE = 2.5  # systemd-analyze security calls < 2.5 "OK"
 
@@ -201,3 +206,48 @@ class TestEnvironmentFile:
         config = load_config(environ=environ)
         assert config.s3.secret_access_key is not None
         assert "REPLACE" not in repr(config.s3)
+
+
+class TestBrokerPluginOnSystemd:
+    """server.properties.tiered: what a broker host appends for broker-driven tiering."""
+
+    @staticmethod
+    def properties() -> list[str]:
+        lines = BROKER_PROPERTIES.read_text().splitlines()
+        return [line for line in lines if line and not line.startswith("#")]
+
+    def test_properties_are_sidecar_broker_config(self):
+        """The example's properties are, line for line, what `sidecar broker-config` prints with
+        the environment file's settings."""
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", "broker-config"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            env={"PATH": os.environ.get("PATH", ""), **env_example()},
+        )
+        assert result.returncode == 0, result.stderr
+        printed = [line for line in result.stdout.splitlines() if not line.startswith("#")]
+        assert self.properties() == printed
+
+    def test_jar_path_is_the_images(self):
+        """The broker loads the jar from the path the image and the Helm chart use too, and the
+        install steps put it there."""
+        props = dict(line.split("=", 1) for line in self.properties())
+        jar = props["remote.log.storage.manager.class.path"]
+        assert jar == str(DEFAULT_PLUGIN_JAR)
+        assert f"{jar}" in UNIT.read_text()
+        assert "install -D -m 0644 kafka-tiered-sidecar-plugin.jar" in BROKER_PROPERTIES.read_text()
+
+    def test_broker_user_can_reach_the_socket(self):
+        """The socket lies in the unit's runtime directory, whose group (the unit's) may enter
+        it; the socket itself is group read-write, and the steps add the broker to the group."""
+        props = dict(line.split("=", 1) for line in self.properties())
+        socket = Path(props["rsm.config.socket.path"])
+        runtime = single("RuntimeDirectory")
+        assert socket.parent == Path("/run") / runtime
+        assert int(single("RuntimeDirectoryMode"), 8) & 0o050 == 0o050
+        assert SOCKET_MODE & 0o060 == 0o060
+        group = single("Group")
+        assert f"usermod -aG {group} kafka" in BROKER_PROPERTIES.read_text()

@@ -328,7 +328,9 @@ async def test_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
     assert len(committed) == len(produced.committed)
     assert committed == produced.committed
 
-    # Kafka's own console consumer, read_committed from the beginning
+    # Kafka's own console consumer, read_committed from the beginning; Kafka 3.9's console
+    # consumer names the formatter's settings --property
+    formatter = "--formatter-property" if not cluster.version.startswith("3.") else "--property"
     result = cluster.tool(
         "org.apache.kafka.tools.consumer.ConsoleConsumer",
         "--bootstrap-server",
@@ -342,9 +344,9 @@ async def test_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
         str(len(produced.committed)),
         "--timeout-ms",
         "120000",
-        "--formatter-property",
+        formatter,
         "print.key=true",
-        "--formatter-property",
+        formatter,
         "key.separator=|",
         timeout=300,
     )

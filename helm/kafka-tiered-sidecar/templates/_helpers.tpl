@@ -252,6 +252,68 @@ numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML
     {{- end }}
 {{- end }}
 
+{{/*
+The broker plugin. The jar ships in the sidecar image; an init container copies it into the pod
+volume tiered-sidecar-plugin, which the broker mounts at plugin.mountPath. The broker also mounts
+the sidecar's socket directory (the socket is 0660, group fsGroup: the pod's fsGroup makes the
+emptyDir group-owned and setgid).
+*/}}
+{{- define "kafka-tiered-sidecar.pluginJarInImage" -}}
+/opt/kafka-tiered-sidecar/plugin/kafka-tiered-sidecar-plugin.jar
+{{- end }}
+
+{{- define "kafka-tiered-sidecar.pluginInitContainer" -}}
+- name: tiered-sidecar-plugin
+  image: {{ include "kafka-tiered-sidecar.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: ["cp", {{ include "kafka-tiered-sidecar.pluginJarInImage" . | quote }}, "/plugin/kafka-tiered-sidecar-plugin.jar"]
+  {{- with .Values.plugin.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.sidecar.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: tiered-sidecar-plugin
+      mountPath: /plugin
+{{- end }}
+
+{{/* What the broker container mounts for the plugin: the jar's volume and the socket's. */}}
+{{- define "kafka-tiered-sidecar.pluginBrokerMounts" -}}
+- name: tiered-sidecar-plugin
+  mountPath: {{ .Values.plugin.mountPath }}
+  readOnly: true
+- name: tiered-sidecar-run
+  mountPath: /run/kafka-tiered-sidecar
+  readOnly: true
+{{- end }}
+
+{{/*
+The broker properties as a JSON object: what `sidecar broker-config` prints for the rendered
+sidecar.toml (tests/deploy compares the two). Defaults are the sidecar's own.
+*/}}
+{{- define "kafka-tiered-sidecar.brokerProperties" -}}
+{{- $cfg := include "kafka-tiered-sidecar.configDict" . | fromJson }}
+{{- $meta := $cfg.remote_log_metadata | default dict }}
+{{- $read := $cfg.read_server | default dict }}
+{{- if and (hasKey $meta "topic") (ne $meta.topic "__remote_log_metadata") }}
+{{- fail (printf "config.remote_log_metadata.topic is %s, but Kafka's metadata manager always uses __remote_log_metadata: plugin.enabled needs the default topic" $meta.topic) }}
+{{- end }}
+{{- $idle := mulf (float64 (hasKey $read "fetch_timeout_s" | ternary $read.fetch_timeout_s 30)) 1000 | int64 }}
+{{- $props := dict
+  "remote.log.storage.system.enable" "true"
+  "remote.log.storage.manager.class.name" "io.github.kafkatieredsidecar.plugin.SidecarRemoteStorageManager"
+  "remote.log.storage.manager.class.path" (printf "%s/kafka-tiered-sidecar-plugin.jar" (trimSuffix "/" .Values.plugin.mountPath))
+  "rsm.config.socket.path" $read.socket_path
+  "rsm.config.read.idle.timeout.ms" (toString $idle)
+  "remote.log.metadata.manager.class.name" "org.apache.kafka.server.log.remote.metadata.storage.TopicBasedRemoteLogMetadataManager"
+  "remote.log.metadata.manager.listener.name" .Values.plugin.listenerName
+  "rlmm.config.remote.log.metadata.topic.num.partitions" (toString (int64 (hasKey $meta "num_partitions" | ternary $meta.num_partitions 50)))
+  "rlmm.config.remote.log.metadata.topic.replication.factor" (toString (int64 (hasKey $meta "replication_factor" | ternary $meta.replication_factor 3)))
+  "rlmm.config.remote.log.metadata.topic.retention.ms" (toString (int64 (hasKey $meta "retention_ms" | ternary $meta.retention_ms -1))) }}
+{{- toJson $props }}
+{{- end }}
+
 {{/* The pod volumes the sidecar needs besides the broker's log volume. */}}
 {{- define "kafka-tiered-sidecar.volumes" -}}
 - name: tiered-sidecar-config
@@ -268,4 +330,9 @@ numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML
 - name: tiered-sidecar-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- if .Values.plugin.enabled }}
+- name: tiered-sidecar-plugin
+  emptyDir:
+    sizeLimit: 16Mi
+{{- end }}
 {{- end }}

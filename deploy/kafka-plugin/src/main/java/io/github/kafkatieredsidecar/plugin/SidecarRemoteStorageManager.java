@@ -17,7 +17,6 @@ import org.apache.kafka.server.log.remote.storage.RemoteLogSegmentMetadata;
 import org.apache.kafka.server.log.remote.storage.RemoteResourceNotFoundException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageException;
 import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
-import org.apache.kafka.server.log.remote.storage.RetriableRemoteStorageException;
 
 /**
  * Kafka's {@link RemoteStorageManager} backed by the kafka-tiered-sidecar running beside the
@@ -35,7 +34,9 @@ import org.apache.kafka.server.log.remote.storage.RetriableRemoteStorageExceptio
  * </ul>
  *
  * <p>Errors: the sidecar unreachable, a timeout, or the sidecar saying a dependency is down
- * (HTTP 429, 503, 504) are {@link RetriableRemoteStorageException}; a missing segment or index
+ * (HTTP 429, 503, 504) are {@code RetriableRemoteStorageException} (a plain
+ * {@link RemoteStorageException} on Kafka 3.9, which retries on any; see {@link KafkaCompat}); a
+ * missing segment or index
  * (HTTP 404) is {@link RemoteResourceNotFoundException}; anything else (a corrupt segment, bad
  * data in the bucket) is a plain {@link RemoteStorageException}.
  */
@@ -262,8 +263,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         throw errorFor(response.status, text, what);
     }
 
-    private RetriableRemoteStorageException unreachable(String what, IOException cause) {
-        return new RetriableRemoteStorageException(
+    private RemoteStorageException unreachable(String what, IOException cause) {
+        return KafkaCompat.retriable(
                 what + " failed: the sidecar at " + http.endpoint() + " did not answer (" + cause + ")", cause);
     }
 
@@ -277,7 +278,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             return new RemoteResourceNotFoundException(text);
         }
         if (status == 429 || status == 503 || status == 504) {
-            return new RetriableRemoteStorageException(text);
+            return KafkaCompat.retriable(text, null);
         }
         return new RemoteStorageException(text);
     }
@@ -296,8 +297,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 .field("max_timestamp_ms", metadata.maxTimestampMs())
                 .field("broker_id", metadata.brokerId())
                 .field("event_timestamp_ms", metadata.eventTimestampMs())
-                .field("segment_size_in_bytes", metadata.segmentSizeInBytes())
-                .field("txn_index_empty", metadata.isTxnIdxEmpty());
+                .field("segment_size_in_bytes", metadata.segmentSizeInBytes());
+        // absent on Kafka 3.9; the sidecar then treats the transaction index as possibly non-empty
+        KafkaCompat.txnIndexEmpty(metadata).ifPresent(empty -> json.field("txn_index_empty", empty));
         json.array("segment_leader_epochs");
         for (Map.Entry<Integer, Long> entry : metadata.segmentLeaderEpochs().entrySet()) {
             json.pair(entry.getKey(), entry.getValue());
