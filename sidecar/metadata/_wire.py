@@ -10,8 +10,9 @@ into a 32-bit int the way ``ByteUtils.readUnsignedVarint`` does (bits beyond 32 
 shifted out, values of 2**31 and above wrap to negative ints), and each caller then treats a
 negative value as the generated code does (a nullable length of -1 or less is null, a negative
 tagged-field count is an empty section, a negative tag is an unknown tag). So this reader accepts
-exactly what Kafka's reader accepts, and reads it to the same values. Pure and synchronous; no
-Kafka client, no I/O.
+what Kafka's reader accepts and reads it to the same values, with one deliberate narrowing: a string
+must be valid UTF-8 (Kafka's ``new String(bytes, UTF_8)`` substitutes U+FFFD, with replacement rules
+Python's codec does not reproduce byte for byte). Pure and synchronous; no Kafka client, no I/O.
 """
 
 from __future__ import annotations
