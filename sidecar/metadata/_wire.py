@@ -5,9 +5,14 @@ Upstream (apache/kafka): ``clients/src/main/java/org/apache/kafka/common/protoco
 ``Readable.java``, ``ByteBufferAccessor.java`` and ``clients/.../common/utils/ByteUtils.java``;
 the reading rules of ``generator/src/main/java/org/apache/kafka/message/MessageDataGenerator.java``.
 
-Reading follows Kafka's rules, with one deliberate narrowing: a varint must fit a non-negative Java
-int (Kafka silently wraps larger 5-byte varints into negative ints). So everything this reader
-accepts, Kafka's reader accepts too. Pure and synchronous; no Kafka client, no I/O.
+Reading follows Kafka's rules exactly, Java int arithmetic included: an unsigned varint is read
+into a 32-bit int the way ``ByteUtils.readUnsignedVarint`` does (bits beyond 32 of a fifth byte are
+shifted out, values of 2**31 and above wrap to negative ints), and each caller then treats a
+negative value as the generated code does (a nullable length of -1 or less is null, a negative
+tagged-field count is an empty section, a negative tag is an unknown tag). So this reader accepts
+what Kafka's reader accepts and reads it to the same values, with one deliberate narrowing: a string
+must be valid UTF-8 (Kafka's ``new String(bytes, UTF_8)`` substitutes U+FFFD, with replacement rules
+Python's codec does not reproduce byte for byte). Pure and synchronous; no Kafka client, no I/O.
 """
 
 from __future__ import annotations
@@ -21,13 +26,23 @@ from sidecar.metadata.errors import MetadataFormatError
 
 #: the longest string Kafka reads or writes (``0x7fff`` bytes of UTF-8)
 MAX_STRING_BYTES = 0x7FFF
-#: varints above this would be negative Java ints
-_MAX_VARINT = (1 << 31) - 1
+#: the largest value ``AbstractApiMessageSerde.unsignedIntToShort`` lets through
+_MAX_SHORT = 0x7FFF
 #: an empty tagged-field section: ``uvarint(0)``
 EMPTY_TAGGED_FIELDS = b"\x00"
 
 INT8 = struct.Struct(">b")
 INT32 = struct.Struct(">i")
+
+
+def java_int(value: int) -> int:
+    """``value`` wrapped to a Java int (two's complement, 32 bits), as Java arithmetic does."""
+    return ((value + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
+def java_short(value: int) -> int:
+    """``value`` narrowed to a Java short (``(short) value``: the low 16 bits, signed)."""
+    return ((value + (1 << 15)) & 0xFFFF) - (1 << 15)
 
 
 def uvarint(value: int) -> bytes:
@@ -100,7 +115,9 @@ class Reader:
         return layout.unpack_from(self.buf, pos)
 
     def uvarint(self, what: str) -> int:
-        """An unsigned varint (``ByteUtils.readUnsignedVarint``), at most 5 bytes and < 2**31."""
+        """An unsigned varint read into a Java int, as ``ByteUtils.readUnsignedVarint`` does: at
+        most 5 bytes, the fifth byte's bits above the 32nd are lost, and values of 2**31 and above
+        come back negative. Callers handle negative values as Kafka's generated code does."""
         buf, start = self.buf, self.pos
         if start < len(buf) and buf[start] < 0x80:  # the common one-byte case
             self.pos = start + 1
@@ -118,10 +135,18 @@ class Reader:
             shift += 7
             if shift > 28:
                 self.fail(f"{what}: varint is longer than 5 bytes", start)
-        if value > _MAX_VARINT:
-            self.fail(f"{what}: varint {value} does not fit a non-negative Java int", start)
         self.pos = pos
-        return value
+        return java_int(value)
+
+    def short(self, what: str) -> int:
+        """A header field (frame version, apiKey, version) as ``AbstractApiMessageSerde``'s
+        ``unsignedIntToShort`` reads it: a varint of at most 0x7fff as a Java int (so any negative
+        int passes), narrowed to a short."""
+        start = self.pos
+        value = self.uvarint(what)
+        if value > _MAX_SHORT:
+            self.fail(f"{what}: {value} is too large (at most {_MAX_SHORT})", start)
+        return java_short(value)
 
     def uuid(self, what: str) -> uuid.UUID:
         """A UUID: most significant 8 bytes, then least significant 8 bytes, big-endian."""
@@ -130,7 +155,7 @@ class Reader:
     def compact_string(self, what: str) -> str:
         """A non-nullable compact string of at most 0x7fff bytes of valid UTF-8."""
         start = self.pos
-        size = self.uvarint(what) - 1
+        size = java_int(self.uvarint(what) - 1)
         if size < 0:
             self.fail(f"{what}: non-nullable string was serialized as null", start)
         if size > MAX_STRING_BYTES:
@@ -143,8 +168,8 @@ class Reader:
             self.fail(f"{what}: invalid UTF-8 ({exc.reason})", data_start + exc.start)
 
     def compact_nullable_bytes(self, what: str) -> bytes | None:
-        """Compact nullable bytes."""
-        size = self.uvarint(what) - 1
+        """Compact nullable bytes; any length below 0 (in Java int arithmetic) is null."""
+        size = java_int(self.uvarint(what) - 1)
         if size < 0:
             return None
         return self.take(size, what)
@@ -152,16 +177,22 @@ class Reader:
     def compact_array_length(self, what: str) -> int:
         """The element count of a non-nullable compact array, checked as Kafka does."""
         start = self.pos
-        count = self.uvarint(what) - 1
+        count = java_int(self.uvarint(what) - 1)
         if count < 0:
             self.fail(f"{what}: non-nullable array was serialized as null", start)
         if count > self.remaining:
             self.fail(f"{what}: {count} elements cannot fit in {self.remaining} byte(s)", start)
         return count
 
-    def tagged_fields(self, what: str) -> dict[int, tuple[int, bytes]]:
-        """A tagged-field section as ``{tag: (offset of the tag, value)}``; a repeated tag keeps the
-        last value, as Kafka's generated ``read`` does. Unknown tags are the caller's to ignore."""
+    def tagged_fields(
+        self, what: str, byte_tags: frozenset[int] = frozenset()
+    ) -> dict[int, tuple[int, bytes]]:
+        """A tagged-field section as ``{tag: (offset of the tag, value)}``, read as Kafka's
+        generated ``read`` does: a negative count is an empty section, a repeated tag keeps the
+        last value, and the fields come in any order. ``byte_tags`` are the struct's known tags of
+        type bool or int8: Kafka reads exactly one byte for them, whatever their size says, and
+        goes on from there. Every other tag is unknown and skipped by its size (the caller
+        ignores it)."""
         buf, pos = self.buf, self.pos
         if pos < len(buf) and buf[pos] == 0:  # the common empty section
             self.pos = pos + 1
@@ -170,6 +201,12 @@ class Reader:
         for _ in range(self.uvarint(f"{what} tagged field count")):
             tag_pos = self.pos
             tag = self.uvarint(f"{what} tag")
+            size_pos = self.pos
             size = self.uvarint(f"{what} tag {tag} size")
+            if tag in byte_tags:
+                fields[tag] = (tag_pos, self.take(1, f"{what} tag {tag}"))
+                continue
+            if size < 0:
+                self.fail(f"{what} tag {tag}: negative size {size}", size_pos)
             fields[tag] = (tag_pos, self.take(size, f"{what} tag {tag}"))
         return fields

@@ -9,14 +9,15 @@ and the schemas in ``storage/src/main/resources/message/Remote*Record.json``.
 A value is ``uvarint(frame version = 1) uvarint(apiKey) uvarint(version = 0)`` followed by the
 record in Kafka's flexible-version encoding (every struct ends with a tagged-field section).
 
-``decode`` accepts only what Kafka's serde accepts (frame version 1, apiKeys 0-3, version 0, no
-trailing bytes, known state ids, start offset >= 0, end >= start, a non-empty epoch map), and is as
-lenient as Kafka where Kafka is: unknown tagged fields are skipped, epochs may come in any order
-(a repeated epoch keeps its last offset), any non-zero TxnIndexEmpty byte is true. It rejects three
-things Kafka lets through: invalid UTF-8 in a topic name (Kafka substitutes U+FFFD), varints that
-Kafka wraps to negative ints, and a TxnIndexEmpty tag whose size is not 1 (Kafka reads one byte
-anyway and misreads the rest). Any failure is a MetadataFormatError naming the byte offset; nothing
-else escapes.
+``decode`` accepts what Kafka's serde accepts and reads it to the same event: frame version 1,
+apiKeys 0-3, a version that Kafka's nested structs take (0, or a negative short that a wrapped
+5-byte varint gives), no trailing bytes, known state ids, start offset >= 0, end >= start, a
+non-empty epoch map. It is as lenient as Kafka where Kafka is: unknown tagged fields are skipped,
+epochs may come in any order (a repeated epoch keeps its last offset), varints wrap as Java ints
+do, and TxnIndexEmpty is one byte read whatever its tag's size says (any non-zero byte is true).
+It rejects one thing Kafka lets through: invalid UTF-8 in a topic name (Kafka substitutes U+FFFD
+with Java's decoder, whose replacements Python's codec does not reproduce byte for byte). Any
+failure is a MetadataFormatError naming the byte offset; nothing else escapes.
 
 ``encode`` writes only what a broker's metadata consumer (``ConsumerTask``) can apply, because any
 exception there stops the consumer for every partition it serves: no snapshot records (apiKey 3),
@@ -124,6 +125,8 @@ _SNAPSHOT = struct.Struct(
 _TXN_INDEX_EMPTY_TAG = 0
 #: the top-level tagged section with ``TxnIndexEmpty = true``: one field, tag 0, size 1, value 1
 _TXN_INDEX_EMPTY_TRUE = tagged_fields({_TXN_INDEX_EMPTY_TAG: b"\x01"})
+#: the known one-byte tags of that section, read as one byte whatever their size says
+_BYTE_TAGS = frozenset((_TXN_INDEX_EMPTY_TAG,))
 
 
 def _header(api_key: int) -> bytes:
@@ -249,17 +252,19 @@ def decode(value: bytes | bytearray | memoryview) -> RemoteLogMetadata:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise TypeError(f"a record value is bytes, not {type(value).__name__}")
     reader = Reader(bytes(value))
-    frame_version = reader.uvarint("frame version")
+    frame_version = reader.short("frame version")
     if frame_version != FRAME_VERSION:
         reader.fail(f"frame version {frame_version} is not supported (only {FRAME_VERSION})", 0)
     api_key_at = reader.pos
-    api_key = reader.uvarint("apiKey")
+    api_key = reader.short("apiKey")
     read_record = _READERS.get(api_key)
     if read_record is None:
         reader.fail(f"unknown apiKey {api_key} (known: 0-3)", api_key_at)
     version_at = reader.pos
-    version = reader.uvarint("version")
-    if version != RECORD_VERSION:
+    version = reader.short("version")
+    # Kafka's serde passes the version on unchecked; every nested struct's read (the first field
+    # of apiKeys 0-2, the epoch entries of apiKey 3, which must not be empty) refuses one above 0.
+    if version > RECORD_VERSION:
         reader.fail(
             f"{_RECORD_NAMES[api_key]} version {version} is not supported (only {RECORD_VERSION})",
             version_at,
@@ -309,15 +314,10 @@ def _read_epochs(reader: Reader, what: str) -> tuple[tuple[int, int], ...]:
 
 
 def _read_txn_index_empty(reader: Reader, what: str) -> bool:
-    """The top-level tagged section of apiKeys 0 and 3; tag 0 is ``TxnIndexEmpty`` (bool)."""
-    field = reader.tagged_fields(what).get(_TXN_INDEX_EMPTY_TAG)
-    if field is None:
-        return False
-    tag_at, data = field
-    if len(data) != 1:
-        # Kafka reads one byte whatever the size says, and then misreads the rest.
-        reader.fail(f"{what}.TxnIndexEmpty (tag 0) has size {len(data)}, expected 1", tag_at)
-    return data[0] != 0
+    """The top-level tagged section of apiKeys 0 and 3; tag 0 is ``TxnIndexEmpty`` (bool), which
+    Kafka's generated ``read`` takes as ``readByte() != 0`` without looking at the tag's size."""
+    field = reader.tagged_fields(what, _BYTE_TAGS).get(_TXN_INDEX_EMPTY_TAG)
+    return field is not None and field[1][0] != 0
 
 
 def _segment_state(reader: Reader, state_id: int, at: int, what: str) -> RemoteLogSegmentState:

@@ -428,6 +428,69 @@ class TestDecodeToleratesWhatKafkaTolerates:
         assert decode(splice(BASE, BASE_TAGS, b"\x80\x80\x80\x80\x00")) == BASE_EVENT
 
     @pytest.mark.parametrize(
+        "tags",
+        [
+            pytest.param("010002", id="size-2-one-byte-left"),
+            pytest.param("010000", id="size-0"),
+            pytest.param("0100ffffffff0f", id="size-negative"),
+            pytest.param("0100ffffffff07", id="size-2-pow-31-minus-1"),
+        ],
+    )
+    def test_txn_index_empty_is_one_byte_whatever_its_size(self, tags: str) -> None:
+        """Kafka reads TxnIndexEmpty with ``readByte()`` and never looks at the tag's size."""
+        value = splice(BASE, BASE_TAGS, bytes.fromhex(tags) + b"\x01")
+        assert decode(value) == dataclasses.replace(BASE_EVENT, txn_index_empty=True)
+
+    def test_txn_index_empty_size_2_with_one_byte_left_kafka_accepts(self) -> None:
+        """The exact value a randomized parity run found: tag 0 says size 2 and one byte follows.
+        Kafka's serde reads it (one byte, true, nothing left over), so we read it the same way."""
+        value = bytes.fromhex(
+            "01000004666f6f0123456789abcdeffedcba9876543210000000000011111111"
+            "1111111122222222222222220000000000000000000000000000000063000000"
+            "010000018bcfe568000000018bcfe56be8020000000000000000000000000000"
+            "000400000001000201"
+        )
+        assert value == splice(BASE, BASE_TAGS, bytes.fromhex("01000201"))
+        event = decode(value)
+        assert event == dataclasses.replace(BASE_EVENT, txn_index_empty=True)
+
+    @pytest.mark.parametrize(
+        ("at", "varint", "why"),
+        [
+            pytest.param(0, "8180fcff0f", "0xffff0001 narrows to short 1", id="frame-version"),
+            pytest.param(2, "8080808008", "0x80000000 narrows to short 0", id="version-0"),
+            pytest.param(2, "ffffffff0f", "-1: nested structs refuse only > 0", id="version"),
+            pytest.param(
+                BASE_CUSTOM_METADATA, "ffffffff0f", "-1 minus 1 is null", id="custom-null"
+            ),
+            pytest.param(BASE_TAGS, "ffffffff0f", "a negative count reads no tag", id="count"),
+            pytest.param(
+                BASE_TAGS, "01ffffffff0f0107", "a negative tag is unknown", id="tag-negative"
+            ),
+            pytest.param(
+                BASE_SEGMENT_ID_TAGS,
+                "01808080801001ff",
+                "nested: 2**32 is unknown tag 0",
+                id="nested-tag-0",
+            ),
+        ],
+    )
+    def test_varints_wrap_as_java_ints(self, at: int, varint: str, why: str) -> None:
+        """A varint is read into a Java int, as ``ByteUtils.readUnsignedVarint`` does (bits past
+        the 32nd are lost, 2**31 and above are negative), and then used as Kafka's code uses it."""
+        value = splice(BASE, at, bytes.fromhex(varint))
+        assert decode(value) == BASE_EVENT, why
+
+    def test_wrapped_varint_tag_0_is_txn_index_empty(self) -> None:
+        """``80 80 80 80 10`` is 2**32, which Kafka's int keeps as 0: the TxnIndexEmpty tag."""
+        value = splice(BASE, BASE_TAGS, bytes.fromhex("01808080801001") + b"\x01")
+        assert decode(value) == dataclasses.replace(BASE_EVENT, txn_index_empty=True)
+
+    def test_wrapped_api_key(self) -> None:
+        """An apiKey of 0x80000002 narrows to short 2 in ``unsignedIntToShort``."""
+        assert decode(splice(DELETE, 1, bytes.fromhex("8280808008"))) == decode(DELETE)
+
+    @pytest.mark.parametrize(
         "state",
         [pytest.param(state, id=state.name) for state in RemoteLogSegmentState],
     )
@@ -490,16 +553,18 @@ def _error_cases() -> list[Any]:
         ("invalid-utf8", splice(BASE, 5, b"\xff"), 5, "invalid UTF-8"),
         ("varint-6-bytes", b"\x81\x80\x80\x80\x80\x00" + BASE[1:], 0, "longer than 5 bytes"),
         (
-            "varint-2-pow-31",
+            "custom-metadata-length-2-pow-31",  # wraps to Integer.MIN_VALUE; minus 1 is MAX_VALUE
             splice(BASE, BASE_CUSTOM_METADATA, b"\x80\x80\x80\x80\x08"),
-            BASE_CUSTOM_METADATA,
-            "non-negative Java int",
+            BASE_CUSTOM_METADATA + 5,
+            "needs 2147483647 byte(s)",
         ),
+        ("version-32768", splice(BASE, 2, b"\x80\x80\x02"), 2, "version: 32768 is too large"),
+        ("api-key-65536", splice(BASE, 1, b"\x80\x80\x04"), 1, "apiKey: 65536 is too large"),
         (
-            "varint-wraps-to-null-in-java",
-            splice(BASE, BASE_CUSTOM_METADATA, b"\xff\xff\xff\xff\x0f"),
-            BASE_CUSTOM_METADATA,
-            "non-negative Java int",
+            "unknown-tag-negative-size",
+            splice(BASE, BASE_TAGS, bytes.fromhex("0105ffffffff0f")),
+            BASE_TAGS + 2,
+            "negative size -1",
         ),
         ("truncated-varint", BASE[:BASE_TAGS] + b"\x80", BASE_TAGS, "inside a varint"),
         (
@@ -522,16 +587,16 @@ def _error_cases() -> list[Any]:
         ("update-state-9", splice(UPDATE, UPDATE_STATE, b"\x09"), UPDATE_STATE, "state id 9"),
         ("delete-state-3", splice(DELETE, DELETE_STATE, b"\x03"), DELETE_STATE, "state id 3"),
         (
-            "txn-index-empty-size-2",
+            "txn-index-empty-size-2-then-garbage",  # Kafka reads one byte; the other is left over
             splice(BASE, BASE_TAGS, bytes.fromhex("0100020101")),
-            BASE_TAGS + 1,
-            "size 2, expected 1",
+            len(BASE) + 3,
+            "1 byte(s) of garbage",
         ),
         (
-            "txn-index-empty-size-0",
+            "txn-index-empty-no-byte",
             splice(BASE, BASE_TAGS, bytes.fromhex("010000")),
-            BASE_TAGS + 1,
-            "size 0, expected 1",
+            len(BASE) + 2,
+            "truncated",
         ),
         (
             "unknown-tag-past-end",
