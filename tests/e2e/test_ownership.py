@@ -241,7 +241,7 @@ async def _scrub(config: Path, s3: Any) -> dict[str, Any]:
     """`sidecar scrub --json` with no grace period."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json",
-        "--set", "retention.orphan_grace_s=0", "--set", "retention.multipart_grace_s=0",
+        "--set", "retention.orphan_grace_s=0.001", "--set", "retention.multipart_grace_s=0.001",
         env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await process.communicate()

@@ -50,7 +50,7 @@ async def test_scrub_under_s3_faults_never_deletes_a_referenced_object(
         s3_proxied,
         topic_name,
         s3_prefix,
-        retention={"orphan_grace_s": 0.0, "multipart_grace_s": 0.0, "scrub_enabled": False},
+        retention={"orphan_grace_s": 0.001, "multipart_grace_s": 0.001, "scrub_enabled": False},
     )
     env = sidecar_env(s3)
     sidecar = await Sidecar.start(run.config, env, tmp_path / "sidecar.log")
