@@ -603,3 +603,110 @@ async def test_each_segment_is_uploaded_once_and_copy_latency_is_measured(
         f" {_quantile(seconds, 0.5) * 1000:.1f} ms, p99 {_quantile(seconds, 0.99) * 1000:.1f} ms,"
         f" max {max(seconds) * 1000:.1f} ms"
     )
+
+
+async def test_standalone_topic_migrates_to_broker_driven_without_a_second_upload(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path, topic_name: str
+) -> None:
+    """A topic the sidecar tiered standalone (its own events on ``__remote_log_metadata``) is
+    switched to ``remote.storage.enable=true`` on a broker with the plugin. The sidecar hands it
+    over; the broker's first copy starts right after the sidecar's last FINISHED segment, so
+    no offset is uploaded twice; a consumer from offset 0 after local deletion reads the
+    standalone-era segments through the plugin; the broker's retention deletes them through the
+    plugin as well."""
+    async with plugged_broker(
+        s3, s3_prefix, stack_root, tmp_path, include_topics=[topic_name]
+    ) as plugged:
+        cluster, sidecar = plugged.cluster, plugged.sidecar
+        bootstrap = cluster.bootstrap_servers
+        standalone_configs = {
+            "segment.bytes": str(1024 * 1024),
+            "retention.ms": "-1",
+        }
+        await create_topic(bootstrap, topic_name, configs=standalone_configs)
+        sent = await _produce_values(bootstrap, topic_name, range(4000))  # about 8 segments
+        partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+        tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+        async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+            # standalone: the sidecar tiers every rolled segment, the broker keeps them all
+            await metadata.wait_until(
+                lambda: (
+                    bool(f := metadata.finished(tip))
+                    and f[-1].end_offset + 1 == _active_base(partition_dir)
+                ),
+                timeout=300,
+                what="the sidecar's standalone copies of every rolled segment",
+            )
+            standalone = metadata.finished(tip)
+            assert len(standalone) >= 5
+            assert _local_start(partition_dir) == 0
+            last_standalone_end = standalone[-1].end_offset
+            standalone_ids = {str(m.segment_id.id) for m in standalone}
+            await sidecar.wait_until(  # it logs each copy after reading its FINISHED back
+                lambda: (
+                    {e["segment_id"] for e in sidecar.matching("segment_tiered")} >= standalone_ids
+                ),
+                timeout=60,
+                what="the sidecar's log of its copies",
+            )
+            tiered_here = {e["segment_id"] for e in sidecar.matching("segment_tiered")}
+            assert tiered_here == standalone_ids
+
+            # the switch: the broker tiers the topic from now on, through the plugin
+            await _set_topic_config(bootstrap, topic_name, TOPIC_CONFIGS)
+            await sidecar.wait_for("tiering_handed_to_broker", topic=topic_name, timeout=60)
+            sent += await _produce_values(bootstrap, topic_name, range(4000, 8000))
+            finished = await _all_but_active_tiered(metadata, tip, partition_dir)
+            await metadata.read_to_end()
+            copies = metadata.copies(tip)
+            started = [
+                e
+                for e in metadata.events
+                if isinstance(e, SegmentMetadata)
+                and e.topic_id_partition == tip
+                and e.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED
+            ]
+
+        # the sidecar published nothing after the switch: every copy since is the broker's
+        assert {e["segment_id"] for e in sidecar.matching("segment_tiered")} == tiered_here
+        broker_copies = finished[len(standalone) :]
+        assert finished[: len(standalone)] == standalone
+        assert len(broker_copies) >= 4
+        assert {e["segment_id"] for e in sidecar.matching("broker_copy_finished")} == {
+            str(m.segment_id.id) for m in broker_copies
+        }
+        # the broker's first copy continues right after the sidecar's last one: no overlap,
+        # no gap, one attempt per segment, nothing left STARTED
+        assert broker_copies[0].start_offset == last_standalone_end + 1
+        assert all(b.start_offset == a.end_offset + 1 for a, b in itertools.pairwise(finished))
+        assert len(started) == len(finished)
+        assert {c.state for c in copies} == {RemoteLogSegmentState.COPY_SEGMENT_FINISHED}
+        layout = KeyLayout(prefix=plugged.prefix)
+        logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+        bases = Counter(p.base_offset for k in logs if (p := layout.parse(k)) is not None)
+        assert sorted(bases) == [m.start_offset for m in finished]
+        assert set(bases.values()) == {1}
+
+        # the standalone-era segments are gone locally: a consumer from offset 0 reads them
+        # through the plugin, by the segment ids the sidecar gave them
+        assert _local_start(partition_dir) > last_standalone_end
+        got = await _consume(bootstrap, topic_name, "read_uncommitted", len(sent))
+        assert [(k, v) for k, v, _ in got] == sent
+        samples = await metric_samples(plugged.metrics_port)
+        fetched = sample(
+            samples,
+            "kafka_tiered_sidecar_read_requests_total",
+            endpoint="rsm_fetch_segment",
+            status="200",
+        )
+        assert fetched > 0
+
+        # the broker's remote retention deletes every copy, the sidecar's among them
+        await _set_topic_config(bootstrap, topic_name, {**TOPIC_CONFIGS, "retention.ms": "1000"})
+        await _poll(
+            lambda: not [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")],
+            timeout=180,
+            what="remote deletion by the broker",
+        )
+        deleted = {e["segment_id"] for e in sidecar.matching("broker_delete_finished")}
+        assert deleted >= {str(m.segment_id.id) for m in finished}
