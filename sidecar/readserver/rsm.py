@@ -4,7 +4,8 @@ POST with a JSON body that carries the broker's ``RemoteLogSegmentMetadata``.
 * ``copy``: the broker's files and leader-epoch checkpoint → the copier uploads them;
   answers ``{"custom_metadata": null}`` (nothing to add to Kafka's metadata).
 * ``fetch-segment``: bytes ``start..end`` (inclusive; no end = to the end) of the ``.log``,
-  streamed through the chunk cache with a Content-Length.
+  streamed through the chunk cache with a Content-Length; read-ahead stays below
+  ``readahead_end`` (inclusive; default ``end``), the end of the range the window belongs to.
 * ``fetch-index``: one index, byte-exact; a missing one is 404 (the plugin's
   ``RemoteResourceNotFoundException``).
 * ``delete``: every object of the segment; idempotent.
@@ -51,8 +52,14 @@ from sidecar.readserver.errors import (
     RemoteObjectNotFoundError,
     SegmentNotCopyableError,
 )
-from sidecar.readserver.routes import RSM_ROUTE_PREFIX, SERVICE_KEY, _pieces, _send
-from sidecar.readserver.service import ByteStream
+from sidecar.readserver.routes import (
+    RSM_ROUTE_PREFIX,
+    SERVICE_KEY,
+    _pieces,
+    _send,
+    _send_plan,
+)
+from sidecar.readserver.service import Plan
 from sidecar.storage.manifest import IndexKind
 
 __all__ = ["COPIER_KEY", "add_rsm_routes", "segment_metadata"]
@@ -225,11 +232,12 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
             f" {segment.segment_id.id} ({size} bytes)",
             size=size,
         )
-    last = size - 1 if end is None else min(end, size - 1)
+    # the plugin asks for one window of a longer range at a time: read ahead (the chunk
+    # prefetch) into the rest of that range, so the next window's chunks are on their way
+    readahead_end = _int(body, "readahead_end", 0, _MAX_INT32, optional=True)
     service = request.app[SERVICE_KEY]
-    pieces = service.read_range(service.log_ref(segment), start, last, readahead_limit=last + 1)
     try:
-        stream = await ByteStream.prime(pieces, length=last - start + 1)
+        stream = await service.log_range(segment, start, end, readahead_end=readahead_end)
     except KeyNotFoundError as exc:
         raise RemoteObjectNotFoundError(
             f"the .log of segment {segment.segment_id.id} is not in the bucket"
@@ -238,6 +246,8 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
     )
     response.content_length = stream.length
+    if isinstance(stream, Plan):  # every chunk cached: sent from the chunk files
+        return await _send_plan(request, response, stream, endpoint="rsm_fetch_segment")
     return await _send(request, response, _pieces(stream), endpoint="rsm_fetch_segment")
 
 

@@ -311,3 +311,42 @@ class TestRequests:
         async for rsm in _serve(tmp_path, broker, copier=False):
             status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
             assert (status, json.loads(body)["code"]) == (503, "copy_unavailable")
+
+
+class TestFetchWindows:
+    CHUNK = 16 * 1024  # the chunk size of the served cache
+
+    @pytest.fixture
+    def broker(self, tmp_path: Path) -> Broker:
+        """One segment of many chunks, plus the active one."""
+        mount = tmp_path / "mount"
+        part = write_partition(
+            mount,
+            "orders",
+            0,
+            [data_batches(0, 40, value_size=1000), data_batches(200, 1)],
+            topic_id=TOPIC_ID,
+        )
+        return Broker(Path("/broker/data"), mount, part)
+
+    async def test_a_window_reads_ahead_into_the_rest_of_its_range(self, rsm, broker):
+        """The plugin asks for a range one window at a time: while one window is served, the
+        chunks after it, up to ``readahead_end``, are fetched from the store; every window's
+        bytes are exact, served from the store or the cache alike."""
+        sid = uuid.uuid4()
+        status, _ = await rsm.post("copy", _copy_body(broker, 0, 200, sid))
+        assert status == 200
+        log = (broker.partition / segment_file_name(0, FileKind.LOG)).read_bytes()
+        assert len(log) > 6 * self.CHUNK
+        meta = {**_metadata(broker, 0, 200, sid), "readahead_end": len(log) - 1}
+        before = rsm.objects.calls["get_range"]
+        status, body = await rsm.post("fetch-segment", {**meta, "start": 0, "end": self.CHUNK - 1})
+        assert (status, body) == (200, log[: self.CHUNK])
+        deadline = asyncio.get_running_loop().time() + 30
+        while rsm.objects.calls["get_range"] - before < 2:  # a GET past the window
+            assert asyncio.get_running_loop().time() < deadline, "no read-ahead past the window"
+            await asyncio.sleep(0.01)
+        for start in range(self.CHUNK, len(log), self.CHUNK):
+            end = min(len(log), start + self.CHUNK) - 1
+            status, body = await rsm.post("fetch-segment", {**meta, "start": start, "end": end})
+            assert (status, body) == (200, log[start : end + 1])
