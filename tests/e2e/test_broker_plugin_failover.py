@@ -127,8 +127,9 @@ async def test_leadership_move_continues_without_gap_or_second_upload(
     plugged3: PluggedCluster, s3: Any, topic_name: str, tmp_path: Path
 ) -> None:
     """The leader is stopped mid-stream: the new leader's broker and sidecar continue from the
-    old leader's last FINISHED copy (no gap, no range copied twice, nothing left STARTED), and
-    a consumer from offset 0 reads every offset exactly once through the new leader."""
+    old leader's last FINISHED copy (no gap; no range copied twice but the one segment Kafka's
+    handover race can make both leaders copy), and a consumer from offset 0 reads every offset
+    exactly once through the new leader."""
     cluster, sidecars = plugged3.cluster, plugged3.sidecars
     bootstrap = cluster.bootstrap_servers
     await create_topic(bootstrap, topic_name, replication=3, configs=TOPIC_CONFIGS)
@@ -177,9 +178,18 @@ async def test_leadership_move_continues_without_gap_or_second_upload(
     by_broker = Counter(m.broker_id for m in finished)
     assert by_broker[old] >= 4, by_broker
     assert by_broker[new] >= 2, by_broker
-    # contiguous from 0, no range copied twice, one attempt per copy
-    assert finished[0].start_offset == 0
-    assert all(b.start_offset == a.end_offset + 1 for a, b in itertools.pairwise(finished))
+    # Kafka's race at the handover: the old leader's copy in flight may write FINISHED after
+    # the new leader computed where to continue (once, when it became leader), and then both
+    # copy that one segment. Only that: at most one range twice, one copy from each leader.
+    starts = Counter(m.start_offset for m in finished)
+    twice = [m for m in finished if starts[m.start_offset] == 2]
+    assert max(starts.values()) <= 2, starts
+    assert len(twice) in (0, 2), twice
+    assert {m.broker_id for m in twice} in (set(), {old, new})
+    ranges = sorted({(m.start_offset, m.end_offset) for m in finished})
+    # contiguous from 0, no other range copied twice, one attempt per copy
+    assert ranges[0][0] == 0
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges)), ranges
     # the old leader may have written COPY_SEGMENT_STARTED for its next segment as it shut
     # down: Kafka leaves that record to remote retention. It never reached the bucket (the
     # keys below), and it is the only copy without FINISHED.
@@ -191,17 +201,24 @@ async def test_leadership_move_continues_without_gap_or_second_upload(
     assert len(started) == len(finished) + len(dangling)
     print(
         f"\nleadership move {old} -> {new}: copies by broker {dict(by_broker)},"
+        f" copied by both at the handover: {sorted({m.start_offset for m in twice})},"
         f" left STARTED by the old leader: {[c.start_offset for c in dangling]}"
     )
     layout = KeyLayout(prefix=plugged3.prefix)
     logs = [k for k in bucket_keys(s3, plugged3.prefix) if k.endswith(".log")]
-    bases = Counter(p.base_offset for k in logs if (p := layout.parse(k)) is not None)
-    assert sorted(bases) == [m.start_offset for m in finished]
-    assert set(bases.values()) == {1}
-    # each sidecar uploaded exactly its own broker's copies
+    keyed = Counter(p.segment_id for k in logs if (p := layout.parse(k)) is not None)
+    # every FINISHED copy once; besides, at most the dangling copy's objects (the old
+    # sidecar finished an upload its broker gave up on: they go with its remote retention)
+    dangling_ids = {c.segment_id.id for c in dangling}
+    assert {m.segment_id.id for m in finished} <= set(keyed)
+    assert set(keyed) - {m.segment_id.id for m in finished} <= dangling_ids
+    assert set(keyed.values()) == {1}
+    # each sidecar uploaded its own broker's copies
     for node_id, sidecar in sidecars.items():
         mine = {str(m.segment_id.id) for m in finished if m.broker_id == node_id}
-        assert {e["segment_id"] for e in sidecar.matching("broker_copy_finished")} == mine
+        uploaded = {e["segment_id"] for e in sidecar.matching("broker_copy_finished")}
+        assert mine <= uploaded
+        assert uploaded - mine <= {str(i) for i in dangling_ids}
 
     # through the new leader, from offset 0 (the old leader's copies are remote only there)
     assert _local_start(new_dir) > max(m.end_offset for m in finished if m.broker_id == old)
