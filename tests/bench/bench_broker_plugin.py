@@ -22,6 +22,9 @@ partition's 1 MiB at a time).
 
     .venv/bin/python tests/bench/bench_broker_plugin.py               # 200 MiB, 2 runs each
     .venv/bin/python tests/bench/bench_broker_plugin.py --mib 64 --runs 1 --probes 8
+    .venv/bin/python tests/bench/bench_broker_plugin.py --mib 64 --runs 1 \
+        --sidecar-set read_server.chunk_size_bytes=1048576 \
+        --sidecar-set read_server.prefetch_chunks=8
 
 Everything lives in a ``/tmp/bench-plugin-*`` directory, removed at the end unless ``--keep``;
 the brokers, the sidecar and SeaweedFS are stopped by PID in a ``finally``.
@@ -239,6 +242,23 @@ def quantile(values: list[float], q: float) -> float:
 # --- the sidecar
 
 
+def sidecar_sections(settings: list[str]) -> dict[str, dict[str, Any]]:
+    """``section.key=value`` settings (``--sidecar-set``) as config sections; numbers parsed."""
+    sections: dict[str, dict[str, Any]] = {}
+    for setting in settings:
+        name, value = setting.split("=", 1)
+        section, key = name.split(".", 1)
+        parsed: Any = value
+        for kind in (int, float):
+            try:
+                parsed = kind(value)
+                break
+            except ValueError:
+                continue
+        sections.setdefault(section, {})[key] = parsed
+    return sections
+
+
 class SidecarProcess:
     """``sidecar run`` as a subprocess with its output in a file; restartable on a fresh cache."""
 
@@ -311,6 +331,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             metadata_topic=METADATA_TOPIC,
             include_topics=[],
             prefix="bench/",
+            **sidecar_sections(args.sidecar_set),
         )
         printed = subprocess.run(
             [
@@ -459,6 +480,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probes", type=int, default=16, help="first-record probes")
     parser.add_argument("--heap", default="1g", help="the brokers' -Xmx")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
+    parser.add_argument(
+        "--sidecar-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a sidecar setting, e.g. read_server.chunk_size_bytes=1048576 (repeatable)",
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-plugin-"))
     try:
