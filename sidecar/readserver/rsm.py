@@ -17,8 +17,10 @@ publishes a metadata event: in broker-driven mode the broker's RLMM does.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -76,6 +78,8 @@ _INDEX_TYPES: Final = {
     "PRODUCER_SNAPSHOT": IndexKind.PRODUCER_SNAPSHOT,
     "LEADER_EPOCH": IndexKind.LEADER_EPOCH_CHECKPOINT,
 }
+#: how often a copy in progress checks that the broker still waits for it
+_DISCONNECT_CHECK_S: Final = 1.0
 _MAX_INT64: Final = 2**63 - 1
 _MAX_INT32: Final = 2**31 - 1
 
@@ -197,7 +201,7 @@ async def _copy(request: web.Request) -> web.StreamResponse:
         raise BrokerCopyUnavailableError("this read server was started without the copier")
     segment = copy.metadata
     try:
-        await copier.copy(copy)
+        await _copy_while_connected(request, copier, copy)
     except (BrokerPathError, NotCopyable, SidecarError) as exc:
         log.warning(
             "broker_copy_refused"
@@ -218,6 +222,42 @@ async def _copy(request: web.Request) -> web.StreamResponse:
             raise CopyInterruptedError(str(exc)) from exc
         raise
     return web.json_response({"custom_metadata": None})
+
+
+async def _copy_while_connected(
+    request: web.Request, copier: SegmentCopier, copy: BrokerCopyRequest
+) -> None:
+    """Run the copy while the broker waits for it. A broker that closed the connection (its
+    copy timeout, a shutdown, a lost leadership) has given up on this segment id and writes no
+    COPY_SEGMENT_FINISHED for it: the copy is cancelled and the copier deletes what it wrote,
+    rather than leaving objects that no metadata names."""
+    task = asyncio.create_task(copier.copy(copy), name="broker copy")
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
+            if done:
+                task.result()
+                return
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                break
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    segment = copy.metadata
+    log.warning(
+        "broker_copy_abandoned",
+        topic=segment.segment_id.topic_id_partition.topic,
+        partition=segment.segment_id.topic_id_partition.partition,
+        base_offset=segment.start_offset,
+        segment_id=str(segment.segment_id.id),
+        reason="the broker closed the connection",
+    )
+    raise CopyInterruptedError(
+        f"the broker closed the connection during the copy of segment {segment.segment_id.id}"
+    )
 
 
 async def _fetch_segment(request: web.Request) -> web.StreamResponse:

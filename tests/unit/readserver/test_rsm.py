@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import uuid
@@ -234,6 +235,35 @@ class TestCopyRefusals:
         refused = [e for e in logs if e["event"] == "broker_copy_refused"]
         assert refused
         assert refused[0]["base_offset"] == 0
+
+    async def test_copy_the_broker_gave_up_on_leaves_nothing(self, rsm, broker, monkeypatch):
+        """The broker closes the connection while the sidecar uploads (its copy timeout, a
+        shutdown): it will never write FINISHED for that segment id, so the copy is cancelled
+        and what was written is deleted."""
+        writing = asyncio.Event()
+        put = rsm.objects.put
+
+        async def stuck_put(key: str, data: Any, **kwargs: Any) -> Any:
+            if key.endswith(".indexes"):
+                writing.set()  # the .log is in the bucket; the upload hangs here
+                await asyncio.Event().wait()
+            return await put(key, data, **kwargs)
+
+        monkeypatch.setattr(rsm.objects, "put", stuck_put)
+        request = asyncio.create_task(rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4())))
+        await asyncio.wait_for(writing.wait(), 10)
+        assert rsm.objects.objects  # the .log
+        with capture_logs() as logs:
+            request.cancel()  # the client goes away: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            deadline = asyncio.get_running_loop().time() + 30
+            while rsm.objects.objects:
+                assert asyncio.get_running_loop().time() < deadline, "the copy was left behind"
+                await asyncio.sleep(0.05)
+        assert [e["event"] for e in logs if e["event"].startswith("broker_copy_abandoned")] == [
+            "broker_copy_abandoned"
+        ]
 
     async def test_size_mismatch_is_refused(self, rsm, broker):
         body = _copy_body(broker, 0, 30, uuid.uuid4())
