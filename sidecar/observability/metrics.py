@@ -235,7 +235,8 @@ class Metrics:
         )
         self.preempted_copies = Counter(
             "preempted_copies",
-            "Copies abandoned because leadership moved or another broker deleted them, by reason.",
+            "Copies abandoned because leadership moved, another broker deleted them or the topic"
+            " turned broker-driven, by reason.",
             ["reason"],
             namespace=NAMESPACE,
             registry=r,

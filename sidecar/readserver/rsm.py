@@ -4,7 +4,8 @@ POST with a JSON body that carries the broker's ``RemoteLogSegmentMetadata``.
 * ``copy``: the broker's files and leader-epoch checkpoint → the copier uploads them;
   answers ``{"custom_metadata": null}`` (nothing to add to Kafka's metadata).
 * ``fetch-segment``: bytes ``start..end`` (inclusive; no end = to the end) of the ``.log``,
-  streamed through the chunk cache with a Content-Length.
+  streamed through the chunk cache with a Content-Length; read-ahead stays below
+  ``readahead_end`` (inclusive; default ``end``), the end of the range the window belongs to.
 * ``fetch-index``: one index, byte-exact; a missing one is 404 (the plugin's
   ``RemoteResourceNotFoundException``).
 * ``delete``: every object of the segment; idempotent.
@@ -16,8 +17,10 @@ publishes a metadata event: in broker-driven mode the broker's RLMM does.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -51,8 +54,14 @@ from sidecar.readserver.errors import (
     RemoteObjectNotFoundError,
     SegmentNotCopyableError,
 )
-from sidecar.readserver.routes import RSM_ROUTE_PREFIX, SERVICE_KEY, _pieces, _send
-from sidecar.readserver.service import ByteStream
+from sidecar.readserver.routes import (
+    RSM_ROUTE_PREFIX,
+    SERVICE_KEY,
+    _pieces,
+    _send,
+    _send_plan,
+)
+from sidecar.readserver.service import Plan
 from sidecar.storage.manifest import IndexKind
 
 __all__ = ["COPIER_KEY", "add_rsm_routes", "segment_metadata"]
@@ -69,6 +78,8 @@ _INDEX_TYPES: Final = {
     "PRODUCER_SNAPSHOT": IndexKind.PRODUCER_SNAPSHOT,
     "LEADER_EPOCH": IndexKind.LEADER_EPOCH_CHECKPOINT,
 }
+#: how often a copy in progress checks that the broker still waits for it
+_DISCONNECT_CHECK_S: Final = 1.0
 _MAX_INT64: Final = 2**63 - 1
 _MAX_INT32: Final = 2**31 - 1
 
@@ -190,7 +201,7 @@ async def _copy(request: web.Request) -> web.StreamResponse:
         raise BrokerCopyUnavailableError("this read server was started without the copier")
     segment = copy.metadata
     try:
-        await copier.copy(copy)
+        await _copy_while_connected(request, copier, copy)
     except (BrokerPathError, NotCopyable, SidecarError) as exc:
         log.warning(
             "broker_copy_refused"
@@ -213,6 +224,42 @@ async def _copy(request: web.Request) -> web.StreamResponse:
     return web.json_response({"custom_metadata": None})
 
 
+async def _copy_while_connected(
+    request: web.Request, copier: SegmentCopier, copy: BrokerCopyRequest
+) -> None:
+    """Run the copy while the broker waits for it. A broker that closed the connection (its
+    copy timeout, a shutdown, a lost leadership) has given up on this segment id and writes no
+    COPY_SEGMENT_FINISHED for it: the copy is cancelled and the copier deletes what it wrote,
+    rather than leaving objects that no metadata names."""
+    task = asyncio.create_task(copier.copy(copy), name="broker copy")
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
+            if done:
+                task.result()
+                return
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                break
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    segment = copy.metadata
+    log.warning(
+        "broker_copy_abandoned",
+        topic=segment.segment_id.topic_id_partition.topic,
+        partition=segment.segment_id.topic_id_partition.partition,
+        base_offset=segment.start_offset,
+        segment_id=str(segment.segment_id.id),
+        reason="the broker closed the connection",
+    )
+    raise CopyInterruptedError(
+        f"the broker closed the connection during the copy of segment {segment.segment_id.id}"
+    )
+
+
 async def _fetch_segment(request: web.Request) -> web.StreamResponse:
     body = await _body(request)
     segment = segment_metadata(body)
@@ -225,11 +272,12 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
             f" {segment.segment_id.id} ({size} bytes)",
             size=size,
         )
-    last = size - 1 if end is None else min(end, size - 1)
+    # the plugin asks for one window of a longer range at a time: read ahead (the chunk
+    # prefetch) into the rest of that range, so the next window's chunks are on their way
+    readahead_end = _int(body, "readahead_end", 0, _MAX_INT32, optional=True)
     service = request.app[SERVICE_KEY]
-    pieces = service.read_range(service.log_ref(segment), start, last, readahead_limit=last + 1)
     try:
-        stream = await ByteStream.prime(pieces, length=last - start + 1)
+        stream = await service.log_range(segment, start, end, readahead_end=readahead_end)
     except KeyNotFoundError as exc:
         raise RemoteObjectNotFoundError(
             f"the .log of segment {segment.segment_id.id} is not in the bucket"
@@ -238,6 +286,8 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
         headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
     )
     response.content_length = stream.length
+    if isinstance(stream, Plan):  # every chunk cached: sent from the chunk files
+        return await _send_plan(request, response, stream, endpoint="rsm_fetch_segment")
     return await _send(request, response, _pieces(stream), endpoint="rsm_fetch_segment")
 
 

@@ -852,30 +852,50 @@ class ReadService:
         inclusive and clamped to the last byte; no end = to the end of the segment): a
         :class:`Plan` when every chunk of them is cached, else a stream through the cache."""
         segment = await self.finished_segment(tp, segment_id)
+        return await self.log_range(segment, start, end_inclusive)
+
+    async def log_range(
+        self,
+        segment: SegmentMetadata,
+        start: int,
+        end_inclusive: int | None,
+        *,
+        readahead_end: int | None = None,
+    ) -> ByteStream | Plan:
+        """:meth:`segment_range` of ``segment`` as given (the broker plugin's metadata: the
+        store need not have seen it). ``readahead_end`` (inclusive) is the end of a longer range
+        that this one is a window of: the chunk prefetch goes on into it."""
         size = segment.segment_size_in_bytes
         if start < 0 or start >= size or (end_inclusive is not None and end_inclusive < start):
             raise RangeNotSatisfiableError(
                 f"bytes {start}-{'' if end_inclusive is None else end_inclusive} are not within"
-                f" segment {segment_id} ({size} bytes)",
+                f" segment {segment.segment_id.id} ({size} bytes)",
                 size=size,
             )
         end = size - 1 if end_inclusive is None else min(end_inclusive, size - 1)
         obj = self.log_ref(segment)
-        # read ahead past the range only for a reader that continues where it stopped
+        # read ahead past the range only for a reader that continues where it stopped, or into
+        # the rest of the range a window belongs to
         sequential = self._range_ends.get(obj.key) == start - 1
         self._range_ends[obj.key] = end
         self._range_ends.move_to_end(obj.key)
         while len(self._range_ends) > _SEQUENTIAL_MEMORY:
             self._range_ends.popitem(last=False)
+        ahead_to = None if sequential else end
+        if readahead_end is not None:
+            ahead_to = min(size - 1, max(readahead_end, end))
         planned = self._plan and end - start + 1 >= self._plan_min_bytes
         plan = await self._open_range(obj, start, end) if planned else None
         if plan is not None:
-            if sequential:  # the reader goes on: fetch what follows while this is sent
-                after = end // self.chunks.chunk_size + 1
-                for index in range(after, after + self.chunks.readahead_chunks):
-                    self.chunks.prefetch(obj, index)
+            # the reader goes on: fetch what follows while this is sent
+            chunk = self.chunks.chunk_size
+            after = end // chunk + 1
+            last = (size - 1 if ahead_to is None else ahead_to) // chunk
+            for index in range(after, min(after + self.chunks.readahead_chunks, last + 1)):
+                self.chunks.prefetch(obj, index)
             return plan
-        pieces = self.read_range(obj, start, end, readahead_limit=None if sequential else end + 1)
+        limit = None if ahead_to is None else ahead_to + 1
+        pieces = self.read_range(obj, start, end, readahead_limit=limit)
         return await ByteStream.prime(pieces, length=end - start + 1)
 
     async def index(self, tp: TopicIdPartition, segment_id: uuid.UUID, kind: IndexKind) -> bytes:

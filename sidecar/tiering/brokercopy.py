@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
@@ -94,6 +95,7 @@ class BrokerCopier:
     async def copy(self, request: BrokerCopyRequest) -> int:
         """Upload the segment's objects; returns the bytes of its ``.log``."""
         metadata = request.metadata
+        started = time.monotonic()
         opened = await asyncio.to_thread(self._open, request)
         try:
             await write_segment_objects(
@@ -117,6 +119,8 @@ class BrokerCopier:
             base_offset=metadata.start_offset,
             segment_id=str(metadata.segment_id.id),
             bytes=opened.size,
+            # check and upload, as the broker's copier thread waits for them
+            seconds=round(time.monotonic() - started, 4),
         )
         return opened.size
 

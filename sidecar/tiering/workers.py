@@ -295,7 +295,9 @@ class TieringEngine:
             mp = metadata_partition(tip, self._settings.num_metadata_partitions)
             tracked.add(mp)  # followers read their partitions' metadata too, as Kafka's do
             if not selected:
-                continue  # broker-driven: its metadata is tailed for reads, never copied here
+                # broker-driven: its metadata is tailed for reads, never copied here
+                self._handed_to_broker((scan.topic, scan.partition))
+                continue
             key = (scan.topic, scan.partition)
             worker = self._workers.get(key)
             if not view.may_upload(scan.topic, scan.partition):
@@ -388,6 +390,28 @@ class TieringEngine:
         self._repaired = {k for k in self._repaired if k in kept or k in running}
         self._led_since = {k: t for k, t in self._led_since.items() if k in kept}
         self._waiting_for = {i: k for i, k in self._waiting_for.items() if k in kept}
+
+    def _handed_to_broker(self, key: _PartitionKey) -> None:
+        """A partition this sidecar tiered whose topic turned broker-driven
+        (``remote.storage.enable=true``): the broker's RLM copies it from now on, starting after
+        the last FINISHED copy it reads. A copy in flight is abandoned (deleted unless FINISHED
+        may have been sent), so it cannot land after the broker's first pass has planned past it."""
+        if self._led_since.pop(key, None) is None:
+            return  # never tiered here since this process started: nothing to hand over
+        self._repaired.discard(key)
+        worker = self._workers.get(key)
+        running = worker is not None and not worker.task.done() and not worker.preempted
+        if worker is not None and running:
+            worker.preempted = True
+            worker.task.cancel()
+            self._metrics.preempted_copies.labels("broker_driven").inc()
+        topic, partition = key
+        log.info(
+            "tiering_handed_to_broker",
+            topic=topic,
+            partition=partition,
+            upload_abandoned=running,
+        )
 
     def _lost(self, key: _PartitionKey, worker: _Worker | None, *, stale: bool) -> None:
         """This broker does not (or cannot tell that it does) lead the partition any more."""
@@ -500,10 +524,16 @@ class TieringEngine:
                 self.poke()
 
     def _may_upload(self, key: _PartitionKey) -> bool:
+        """The worker was not preempted, the topic is still tiered here (not turned
+        broker-driven) and this broker leads the partition on a fresh view."""
         topic, partition = key
         worker = self._workers.get(key)
         preempted = worker is not None and worker.preempted
-        return not preempted and self._cluster.view.may_upload(topic, partition)
+        return (
+            not preempted
+            and self._cluster.selected(topic)
+            and self._cluster.view.may_upload(topic, partition)
+        )
 
     async def _work_partition(self, key: _PartitionKey) -> bool:
         """Upload the partition's planned segments one by one; returns (with nothing left to do)

@@ -11,6 +11,8 @@ broker's remote retention then deletes them through deleteLogSegmentData."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -29,13 +31,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from sidecar.metadata.events import RemoteLogSegmentState
+from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata, TopicIdPartition
 from sidecar.storage.keys import KeyLayout
 from tests.conftest import REPO, stack
 from tests.e2e._support import (
     MetadataTopic,
     Sidecar,
     bucket_keys,
+    metric_samples,
+    sample,
     topic_id_partition,
     write_config,
 )
@@ -222,6 +226,7 @@ class PluggedBroker:
     config: Path
     env: dict[str, str]
     logs: Path
+    metrics_port: int
 
     async def restart_sidecar(self) -> None:
         """Start the sidecar again (after the test stopped it) and wait for its socket."""
@@ -229,26 +234,31 @@ class PluggedBroker:
         await self.sidecar.wait_for("read_server_listening", timeout=60)
 
 
-@pytest.fixture
-async def plugged(
-    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path
+@contextlib.asynccontextmanager
+async def plugged_broker(
+    s3: Any,
+    prefix: str,
+    stack_root: Path,
+    tmp_path: Path,
+    *,
+    include_topics: list[str] | None = None,
 ) -> AsyncIterator[PluggedBroker]:
     """A one-node broker tiering through the plugin, configured from `sidecar broker-config`,
-    and the sidecar beside it; the test's bucket prefix is emptied after it."""
+    and the sidecar beside it, which also tiers ``include_topics`` standalone."""
     jar = plugin_jar()
     # a short state dir: the read socket's path must fit in 107 bytes
     state = Path(tempfile.mkdtemp(prefix="rsm-", dir="/tmp"))
-    prefix = s3_prefix
     cluster = stack.KafkaCluster.create(stack_root / f"kafka-{state.name}", nodes=1)
+    metrics_port = stack.free_port()
     config = write_config(
         tmp_path / "sidecar.toml",
         state_dir=state,
         log_dir=cluster.nodes[0].log_dir,
         bootstrap=cluster.bootstrap_servers,
         s3=s3,
-        metrics_port=stack.free_port(),
+        metrics_port=metrics_port,
         metadata_topic=METADATA_TOPIC,
-        include_topics=[],
+        include_topics=include_topics or [],
         prefix=prefix,
     )
     printed = subprocess.run(
@@ -275,6 +285,7 @@ async def plugged(
         config,
         env,
         tmp_path,
+        metrics_port,
     )
     try:
         await broker.sidecar.wait_for("read_server_listening", timeout=60)
@@ -283,6 +294,16 @@ async def plugged(
         await broker.sidecar.stop()
         cluster.stop()
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture
+async def plugged(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path
+) -> AsyncIterator[PluggedBroker]:
+    """A one-node broker tiering through the plugin and the sidecar beside it; the test's
+    bucket prefix is emptied after it."""
+    async with plugged_broker(s3, s3_prefix, stack_root, tmp_path) as broker:
+        yield broker
 
 
 async def _set_topic_config(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
@@ -456,3 +477,236 @@ async def test_sidecar_down_is_retried_and_nothing_is_deleted_locally(
     assert got == expected
     logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
     assert len(logs) == len(finished)  # the failed attempts left no object behind
+
+
+async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
+    """``len(keys)`` records of about 2 KB (hex of random bytes) to partition 0, acks=all."""
+    sent = []
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for i in keys:
+            key, value = f"k{i}".encode(), os.urandom(1024).hex().encode()
+            await producer.send(topic, key=key, value=value, partition=0)
+            sent.append((key, value))
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+def _active_base(partition_dir: Path) -> int:
+    """The base offset of the broker's active (last) segment."""
+    return max(int(p.name.split(".")[0]) for p in partition_dir.glob("*.log"))
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _all_but_active_tiered(
+    metadata: MetadataTopic, tip: TopicIdPartition, partition_dir: Path
+) -> list[SegmentMetadata]:
+    """Wait until the FINISHED copies reach the active segment and the broker deleted every
+    rolled one locally; the FINISHED copies."""
+
+    def done() -> bool:
+        finished = metadata.finished(tip)
+        active = _active_base(partition_dir)
+        return (
+            bool(finished)
+            and finished[-1].end_offset + 1 == active
+            and _local_start(partition_dir) == active
+        )
+
+    await metadata.wait_until(done, timeout=300, what="every rolled segment tiered")
+    return metadata.finished(tip)
+
+
+async def test_each_segment_is_uploaded_once_and_copy_latency_is_measured(
+    plugged: PluggedBroker, s3: Any, topic_name: str, tmp_path: Path
+) -> None:
+    """Every rolled segment reaches S3 exactly once: one COPY_SEGMENT_STARTED per segment, none
+    left without FINISHED, one copy request, three PUTs (.log, indexes, manifest) and one .log
+    in the bucket each. The broker's copy calls are timed (p50, p99) and printed."""
+    cluster, sidecar = plugged.cluster, plugged.sidecar
+    bootstrap = cluster.bootstrap_servers
+    await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+    # the prefix's ownership marker is the sidecar's own PUT, written once at start
+    await sidecar.wait_until(
+        lambda: bool(
+            sidecar.matching("prefix_claimed") or sidecar.matching("prefix_owner_checked")
+        ),
+        timeout=60,
+        what="the prefix claim",
+    )
+    before = await metric_samples(plugged.metrics_port)
+    await _produce_values(bootstrap, topic_name, range(6000))  # about 12 MiB, 12 segments
+    partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+    tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+    async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+        finished = await _all_but_active_tiered(metadata, tip, partition_dir)
+        await metadata.read_to_end()
+        copies = metadata.copies(tip)
+        started = [
+            e
+            for e in metadata.events
+            if isinstance(e, SegmentMetadata)
+            and e.topic_id_partition == tip
+            and e.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED
+        ]
+    n = len(finished)
+    assert n >= 8
+    # contiguous from offset 0, one attempt per segment, nothing left STARTED
+    assert finished[0].start_offset == 0
+    assert all(b.start_offset == a.end_offset + 1 for a, b in itertools.pairwise(finished))
+    assert len(started) == n
+    assert [c.state for c in copies] == [RemoteLogSegmentState.COPY_SEGMENT_FINISHED] * n
+
+    samples = await metric_samples(plugged.metrics_port)
+    copy_calls = sample(
+        samples, "kafka_tiered_sidecar_read_requests_total", endpoint="rsm_copy", status="200"
+    )
+    assert copy_calls == n
+    failed_calls = sum(
+        v
+        for (name, labels), v in samples.items()
+        if name == "kafka_tiered_sidecar_read_requests_total"
+        and ("endpoint", "rsm_copy") in labels
+        and ("status", "200") not in labels
+    )
+    assert failed_calls == 0
+    puts, multipart = (
+        sample(samples, "kafka_tiered_sidecar_s3_requests_total", operation=op)
+        - sample(before, "kafka_tiered_sidecar_s3_requests_total", operation=op)
+        for op in ("put_object", "create_multipart_upload")
+    )
+    assert (puts, multipart) == (3 * n, 0)  # each segment's .log, indexes and manifest once
+    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+    layout = KeyLayout(prefix=plugged.prefix)
+    bases = Counter(p.base_offset for k in logs if (p := layout.parse(k)) is not None)
+    assert sorted(bases) == [m.start_offset for m in finished]
+    assert set(bases.values()) == {1}
+
+    # the copy calls' latency: the sidecar's own timing of each (check and upload), and the
+    # read socket's histogram of the whole request
+    seconds = [e["seconds"] for e in sidecar.matching("broker_copy_finished")]
+    assert len(seconds) == n
+    histogram_count = sample(
+        samples, "kafka_tiered_sidecar_read_request_seconds_count", endpoint="rsm_copy"
+    )
+    assert histogram_count == n
+    mib = sum(m.segment_size_in_bytes for m in finished) / 2**20
+    print(
+        f"\nbroker copy calls: {n} segments, {mib:.1f} MiB; latency p50"
+        f" {_quantile(seconds, 0.5) * 1000:.1f} ms, p99 {_quantile(seconds, 0.99) * 1000:.1f} ms,"
+        f" max {max(seconds) * 1000:.1f} ms"
+    )
+
+
+async def test_standalone_topic_migrates_to_broker_driven_without_a_second_upload(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path, topic_name: str
+) -> None:
+    """A topic the sidecar tiered standalone (its own events on ``__remote_log_metadata``) is
+    switched to ``remote.storage.enable=true`` on a broker with the plugin. The sidecar hands it
+    over; the broker's first copy starts right after the sidecar's last FINISHED segment, so
+    no offset is uploaded twice; a consumer from offset 0 after local deletion reads the
+    standalone-era segments through the plugin; the broker's retention deletes them through the
+    plugin as well."""
+    async with plugged_broker(
+        s3, s3_prefix, stack_root, tmp_path, include_topics=[topic_name]
+    ) as plugged:
+        cluster, sidecar = plugged.cluster, plugged.sidecar
+        bootstrap = cluster.bootstrap_servers
+        standalone_configs = {
+            "segment.bytes": str(1024 * 1024),
+            "retention.ms": "-1",
+        }
+        await create_topic(bootstrap, topic_name, configs=standalone_configs)
+        sent = await _produce_values(bootstrap, topic_name, range(4000))  # about 8 segments
+        partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+        tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+        async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+            # standalone: the sidecar tiers every rolled segment, the broker keeps them all
+            await metadata.wait_until(
+                lambda: (
+                    bool(f := metadata.finished(tip))
+                    and f[-1].end_offset + 1 == _active_base(partition_dir)
+                ),
+                timeout=300,
+                what="the sidecar's standalone copies of every rolled segment",
+            )
+            standalone = metadata.finished(tip)
+            assert len(standalone) >= 5
+            assert _local_start(partition_dir) == 0
+            last_standalone_end = standalone[-1].end_offset
+            standalone_ids = {str(m.segment_id.id) for m in standalone}
+            await sidecar.wait_until(  # it logs each copy after reading its FINISHED back
+                lambda: (
+                    {e["segment_id"] for e in sidecar.matching("segment_tiered")} >= standalone_ids
+                ),
+                timeout=60,
+                what="the sidecar's log of its copies",
+            )
+            tiered_here = {e["segment_id"] for e in sidecar.matching("segment_tiered")}
+            assert tiered_here == standalone_ids
+
+            # the switch: the broker tiers the topic from now on, through the plugin
+            await _set_topic_config(bootstrap, topic_name, TOPIC_CONFIGS)
+            await sidecar.wait_for("tiering_handed_to_broker", topic=topic_name, timeout=60)
+            sent += await _produce_values(bootstrap, topic_name, range(4000, 8000))
+            finished = await _all_but_active_tiered(metadata, tip, partition_dir)
+            await metadata.read_to_end()
+            copies = metadata.copies(tip)
+            started = [
+                e
+                for e in metadata.events
+                if isinstance(e, SegmentMetadata)
+                and e.topic_id_partition == tip
+                and e.state is RemoteLogSegmentState.COPY_SEGMENT_STARTED
+            ]
+
+        # the sidecar published nothing after the switch: every copy since is the broker's
+        assert {e["segment_id"] for e in sidecar.matching("segment_tiered")} == tiered_here
+        broker_copies = finished[len(standalone) :]
+        assert finished[: len(standalone)] == standalone
+        assert len(broker_copies) >= 4
+        assert {e["segment_id"] for e in sidecar.matching("broker_copy_finished")} == {
+            str(m.segment_id.id) for m in broker_copies
+        }
+        # the broker's first copy continues right after the sidecar's last one: no overlap,
+        # no gap, one attempt per segment, nothing left STARTED
+        assert broker_copies[0].start_offset == last_standalone_end + 1
+        assert all(b.start_offset == a.end_offset + 1 for a, b in itertools.pairwise(finished))
+        assert len(started) == len(finished)
+        assert {c.state for c in copies} == {RemoteLogSegmentState.COPY_SEGMENT_FINISHED}
+        layout = KeyLayout(prefix=plugged.prefix)
+        logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+        bases = Counter(p.base_offset for k in logs if (p := layout.parse(k)) is not None)
+        assert sorted(bases) == [m.start_offset for m in finished]
+        assert set(bases.values()) == {1}
+
+        # the standalone-era segments are gone locally: a consumer from offset 0 reads them
+        # through the plugin, by the segment ids the sidecar gave them
+        assert _local_start(partition_dir) > last_standalone_end
+        got = await _consume(bootstrap, topic_name, "read_uncommitted", len(sent))
+        assert [(k, v) for k, v, _ in got] == sent
+        samples = await metric_samples(plugged.metrics_port)
+        fetched = sample(
+            samples,
+            "kafka_tiered_sidecar_read_requests_total",
+            endpoint="rsm_fetch_segment",
+            status="200",
+        )
+        assert fetched > 0
+
+        # the broker's remote retention deletes every copy, the sidecar's among them
+        await _set_topic_config(bootstrap, topic_name, {**TOPIC_CONFIGS, "retention.ms": "1000"})
+        await _poll(
+            lambda: not [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")],
+            timeout=180,
+            what="remote deletion by the broker",
+        )
+        deleted = {e["segment_id"] for e in sidecar.matching("broker_delete_finished")}
+        assert deleted >= {str(m.segment_id.id) for m in finished}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import uuid
@@ -235,6 +236,35 @@ class TestCopyRefusals:
         assert refused
         assert refused[0]["base_offset"] == 0
 
+    async def test_copy_the_broker_gave_up_on_leaves_nothing(self, rsm, broker, monkeypatch):
+        """The broker closes the connection while the sidecar uploads (its copy timeout, a
+        shutdown): it will never write FINISHED for that segment id, so the copy is cancelled
+        and what was written is deleted."""
+        writing = asyncio.Event()
+        put = rsm.objects.put
+
+        async def stuck_put(key: str, data: Any, **kwargs: Any) -> Any:
+            if key.endswith(".indexes"):
+                writing.set()  # the .log is in the bucket; the upload hangs here
+                await asyncio.Event().wait()
+            return await put(key, data, **kwargs)
+
+        monkeypatch.setattr(rsm.objects, "put", stuck_put)
+        request = asyncio.create_task(rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4())))
+        await asyncio.wait_for(writing.wait(), 10)
+        assert rsm.objects.objects  # the .log
+        with capture_logs() as logs:
+            request.cancel()  # the client goes away: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            deadline = asyncio.get_running_loop().time() + 30
+            while rsm.objects.objects:
+                assert asyncio.get_running_loop().time() < deadline, "the copy was left behind"
+                await asyncio.sleep(0.05)
+        assert [e["event"] for e in logs if e["event"].startswith("broker_copy_abandoned")] == [
+            "broker_copy_abandoned"
+        ]
+
     async def test_size_mismatch_is_refused(self, rsm, broker):
         body = _copy_body(broker, 0, 30, uuid.uuid4())
         body["segment_size_in_bytes"] += 1
@@ -311,3 +341,42 @@ class TestRequests:
         async for rsm in _serve(tmp_path, broker, copier=False):
             status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
             assert (status, json.loads(body)["code"]) == (503, "copy_unavailable")
+
+
+class TestFetchWindows:
+    CHUNK = 16 * 1024  # the chunk size of the served cache
+
+    @pytest.fixture
+    def broker(self, tmp_path: Path) -> Broker:
+        """One segment of many chunks, plus the active one."""
+        mount = tmp_path / "mount"
+        part = write_partition(
+            mount,
+            "orders",
+            0,
+            [data_batches(0, 40, value_size=1000), data_batches(200, 1)],
+            topic_id=TOPIC_ID,
+        )
+        return Broker(Path("/broker/data"), mount, part)
+
+    async def test_a_window_reads_ahead_into_the_rest_of_its_range(self, rsm, broker):
+        """The plugin asks for a range one window at a time: while one window is served, the
+        chunks after it, up to ``readahead_end``, are fetched from the store; every window's
+        bytes are exact, served from the store or the cache alike."""
+        sid = uuid.uuid4()
+        status, _ = await rsm.post("copy", _copy_body(broker, 0, 200, sid))
+        assert status == 200
+        log = (broker.partition / segment_file_name(0, FileKind.LOG)).read_bytes()
+        assert len(log) > 6 * self.CHUNK
+        meta = {**_metadata(broker, 0, 200, sid), "readahead_end": len(log) - 1}
+        before = rsm.objects.calls["get_range"]
+        status, body = await rsm.post("fetch-segment", {**meta, "start": 0, "end": self.CHUNK - 1})
+        assert (status, body) == (200, log[: self.CHUNK])
+        deadline = asyncio.get_running_loop().time() + 30
+        while rsm.objects.calls["get_range"] - before < 2:  # a GET past the window
+            assert asyncio.get_running_loop().time() < deadline, "no read-ahead past the window"
+            await asyncio.sleep(0.01)
+        for start in range(self.CHUNK, len(log), self.CHUNK):
+            end = min(len(log), start + self.CHUNK) - 1
+            status, body = await rsm.post("fetch-segment", {**meta, "start": start, "end": end})
+            assert (status, body) == (200, log[start : end + 1])

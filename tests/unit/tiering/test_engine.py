@@ -326,6 +326,26 @@ class TestBrokerDriven:
         assert r.objects.objects == {}
         assert r.finished() == []
 
+    async def test_topic_turned_broker_driven_mid_upload_is_handed_over(self, rig):
+        """remote.storage.enable=true set while the sidecar uploads: the copy in flight is
+        abandoned (deleted, never FINISHED) and nothing more is uploaded, so the broker's first
+        copy pass starts from the sidecar's last FINISHED copy."""
+        r = rig()
+        r.objects.gate.clear()
+        r.start()
+        await asyncio.wait_for(r.objects.uploading.wait(), 5)
+        r.cluster.broker_driven_topics.add(TOPIC)
+        r.engine.poke()
+        first = next(e for _, e in r.publisher.events if isinstance(e, SegmentMetadata))
+        await r.until(lambda: DELETE_FINISHED in r.states_of(first))
+        r.objects.gate.set()
+        await asyncio.sleep(0.1)
+        await r.stop()
+        assert r.states_of(first) == [STARTED, DELETE_STARTED, DELETE_FINISHED]
+        assert r.finished() == []
+        assert r.objects.objects == {}
+        assert r.metrics.preempted_copies.labels("broker_driven")._value.get() == 1
+
 
 class TestEngineRepair:
     """Unfinished copies and deletes are repaired by their owner at once, and by another

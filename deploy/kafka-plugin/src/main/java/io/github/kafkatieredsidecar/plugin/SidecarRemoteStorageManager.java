@@ -134,9 +134,13 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return new WindowedStream(metadata, start, Math.max(last, start));
     }
 
-    private InputStream fetchWindow(RemoteLogSegmentMetadata metadata, long start, long end)
+    /**
+     * One window {@code start..end} of a range that ends at {@code rangeEnd}: the sidecar may read
+     * ahead up to {@code rangeEnd} (its chunk prefetch), never past it.
+     */
+    private InputStream fetchWindow(RemoteLogSegmentMetadata metadata, long start, long end, long rangeEnd)
             throws RemoteStorageException {
-        Json body = metadataJson(metadata).field("start", start).field("end", end);
+        Json body = metadataJson(metadata).field("start", start).field("end", end).field("readahead_end", rangeEnd);
         return stream("/v1/rsm/fetch-segment", body, "fetch of " + describe(metadata) + " from byte " + start);
     }
 
@@ -163,7 +167,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
         private InputStream open() throws RemoteStorageException {
             long end = Math.min(last, next + fetchWindowBytes - 1);
-            InputStream window = fetchWindow(metadata, next, end);
+            InputStream window = fetchWindow(metadata, next, end, last);
             next = end + 1;
             return window;
         }

@@ -1,0 +1,502 @@
+"""Benchmark of broker-driven reads through the plugin, side by side in one run, against
+SeaweedFS and real single-node Kafka brokers:
+
+1. **plugin, cold**: Kafka's ``ConsumerPerformance`` reads a topic's tiered part (every offset
+   below the broker's local log start) through the broker, whose RemoteStorageManager is the
+   plugin, with the sidecar's chunk cache empty (the sidecar restarted on a cleared cache);
+2. **plugin, warm**: the same read again, every chunk in the sidecar's cache;
+3. **local**: the same consumer reading the same number of records of the same size from a
+   topic of the same broker that is not tiered (its local log, in the page cache);
+4. **LocalTieredStorage**: a second broker, identical but for its RemoteStorageManager, Kafka's
+   own ``LocalTieredStorage`` (the ``kafka-storage`` test jar; remote segments are files), the
+   same topic settings and data, the same read.
+
+Goals: warm >= 0.9 x LocalTieredStorage, cold >= 0.5 x local. Also the time to the first record
+at a cold remote offset (a new offset in another segment each time, sidecar cache empty; the
+same probes against LocalTieredStorage), p50/p99, and the broker JVM's CPU seconds per GiB
+served (``/proc/<pid>/stat``) for each read, plus the sidecar's for the plugin's reads.
+
+Throughput is ConsumerPerformance's ``fetch.MB.sec`` (the rebalance excluded), one consumer,
+its default fetch sizes (``max.partition.fetch.bytes`` 1 MiB: a remote fetch serves one
+partition's 1 MiB at a time).
+
+    .venv/bin/python tests/bench/bench_broker_plugin.py               # 200 MiB, 2 runs each
+    .venv/bin/python tests/bench/bench_broker_plugin.py --mib 64 --runs 1 --probes 8
+    .venv/bin/python tests/bench/bench_broker_plugin.py --mib 64 --runs 1 \
+        --sidecar-set read_server.chunk_size_bytes=1048576 \
+        --sidecar-set read_server.prefetch_chunks=8
+
+Everything lives in a ``/tmp/bench-plugin-*`` directory, removed at the end unless ``--keep``;
+the brokers, the sidecar and SeaweedFS are stopped by PID in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
+
+from tests.conftest import stack  # noqa: E402
+from tests.e2e._support import write_config  # noqa: E402
+from tests.sidecar_runner import sidecar_env  # noqa: E402
+
+PLUGIN_JAR = REPO / "deploy" / "kafka-plugin" / "target" / "kafka-tiered-sidecar-plugin.jar"
+METADATA_TOPIC = "__remote_log_metadata"
+LTS_CLASS = "org.apache.kafka.server.log.remote.storage.LocalTieredStorage"
+RLMM_PROPS = {
+    "remote.log.metadata.manager.listener.name": "PLAINTEXT",
+    "rlmm.config.remote.log.metadata.topic.replication.factor": "1",
+    "rlmm.config.remote.log.metadata.topic.num.partitions": "5",
+    "remote.log.manager.task.interval.ms": "1000",
+}
+
+
+def tiered_configs(segment_bytes: int) -> dict[str, str]:
+    return {
+        "remote.storage.enable": "true",
+        "segment.bytes": str(segment_bytes),
+        "local.retention.bytes": "1",
+        "retention.ms": "-1",
+    }
+
+
+# --- tools
+
+
+def plugin_jar() -> Path:
+    if not PLUGIN_JAR.exists():
+        pom = REPO / "deploy" / "kafka-plugin" / "pom.xml"
+        subprocess.run(["mvn", "-B", "-q", "-f", str(pom), "-DskipTests", "package"], check=True)
+    return PLUGIN_JAR
+
+
+def lts_jar(version: str) -> Path:
+    """Kafka's kafka-storage test jar (LocalTieredStorage), fetched into ~/.m2 when missing."""
+    m2 = Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka" / "kafka-storage"
+    jar = m2 / version / f"kafka-storage-{version}-test.jar"
+    if not jar.exists():
+        subprocess.run(
+            [
+                *("mvn", "-B", "-q", "dependency:get"),
+                f"-Dartifact=org.apache.kafka:kafka-storage:{version}:jar:test",
+            ],
+            check=True,
+        )
+    return jar
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (and its waited-for children: none here), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def poll(check: Any, *, timeout: float, what: str, every: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} within {timeout} s")
+        time.sleep(every)
+
+
+def kafka_tool(cluster: Any, main: str, *args: str, timeout: float = 600) -> str:
+    result = cluster.tool(main, *args, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"{main} failed:\n{(result.stdout + result.stderr)[-3000:]}")
+    return result.stdout
+
+
+def create_topic(cluster: Any, topic: str, configs: dict[str, str]) -> None:
+    args = ["--bootstrap-server", cluster.bootstrap_servers, "--create", "--topic", topic]
+    args += ["--partitions", "1", "--replication-factor", "1"]
+    for key, value in configs.items():
+        args += ["--config", f"{key}={value}"]
+    kafka_tool(cluster, "org.apache.kafka.tools.TopicCommand", *args)
+
+
+def produce(cluster: Any, topic: str, records: int, record_bytes: int) -> None:
+    kafka_tool(
+        cluster,
+        "org.apache.kafka.tools.ProducerPerformance",
+        *("--topic", topic, "--num-records", str(records), "--record-size", str(record_bytes)),
+        *(
+            "--throughput",
+            "-1",
+            "--producer-props",
+            f"bootstrap.servers={cluster.bootstrap_servers}",
+        ),
+        *("acks=1", "linger.ms=20", "batch.size=262144", "compression.type=none"),
+    )
+
+
+def offset(cluster: Any, topic: str, spec: str) -> int:
+    out = kafka_tool(
+        cluster,
+        "org.apache.kafka.tools.GetOffsetShell",
+        *("--bootstrap-server", cluster.bootstrap_servers, "--topic", topic, "--time", spec),
+    )
+    line = next(x for x in out.splitlines() if x.startswith(f"{topic}:0:"))
+    return int(line.rsplit(":", 1)[1])
+
+
+def wait_tiered(cluster: Any, topic: str) -> int:
+    """Wait until the broker kept only its active segment locally; the local log start."""
+    partition = cluster.nodes[0].log_dir / f"{topic}-0"
+    poll(
+        lambda: len(list(partition.glob("*.log"))) == 1,
+        timeout=900,
+        what=f"tiering of {topic}",
+        every=1.0,
+    )
+    return poll(lambda: offset(cluster, topic, "-4"), timeout=120, what="the local log start")
+
+
+def consume(cluster: Any, topic: str, messages: int, pids: dict[str, int]) -> dict[str, float]:
+    """One ConsumerPerformance read of ``messages`` records from offset 0 (a new group)."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    out = kafka_tool(
+        cluster,
+        "org.apache.kafka.tools.ConsumerPerformance",
+        *("--bootstrap-server", cluster.bootstrap_servers, "--topic", topic),
+        *("--num-records", str(messages), "--group", f"bench-{uuid.uuid4().hex[:8]}"),
+        *("--timeout", "60000", "--hide-header"),
+    )
+    after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    # start.time, end.time, MB, MB.sec, nMsg, nMsg.sec, rebalance.ms, fetch.ms, fetch.MB.sec, ...
+    row = [x.strip() for x in out.strip().splitlines()[-1].split(",")]
+    mb, n, fetch_mb_s = float(row[2]), int(row[4]), float(row[8])
+    if n < messages:
+        raise RuntimeError(f"ConsumerPerformance read {n} of {messages} records:\n{out}")
+    gib = mb / 1024
+    result = {"mib": mb, "mib_s": fetch_mb_s, "records": n}
+    for name in pids:
+        result[f"cpu_s_per_gib_{name}"] = (after[name] - before[name]) / gib
+    return result
+
+
+async def first_record_ms(bootstrap: str, topic: str, offsets: list[int]) -> list[float]:
+    """Time from seek to the first record at each offset, one consumer (connected first)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=60000
+    )
+    await consumer.start()
+    times = []
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)
+        for at in offsets:
+            consumer.seek(tp, at)
+            started = time.monotonic()
+            while True:
+                batch = await consumer.getmany(tp, timeout_ms=30000, max_records=1)
+                if batch.get(tp):
+                    break
+            times.append((time.monotonic() - started) * 1000)
+            record = batch[tp][0]
+            if record.offset != at:
+                raise RuntimeError(f"asked for offset {at}, got {record.offset}")
+    finally:
+        await consumer.stop()
+    return times
+
+
+def probe_offsets(local_start: int, records_per_segment: int, count: int, seed: int) -> list[int]:
+    """``count`` offsets below ``local_start``, each in a different segment, random within it."""
+    rng = random.Random(seed)
+    segments = list(range(max(1, local_start // records_per_segment)))
+    rng.shuffle(segments)
+    picked = []
+    for segment in segments[:count]:
+        low = segment * records_per_segment
+        high = min(local_start, low + records_per_segment) - 1
+        picked.append(rng.randint(low, max(low, high)))
+    return picked
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# --- the sidecar
+
+
+def sidecar_sections(settings: list[str]) -> dict[str, dict[str, Any]]:
+    """``section.key=value`` settings (``--sidecar-set``) as config sections; numbers parsed."""
+    sections: dict[str, dict[str, Any]] = {}
+    for setting in settings:
+        name, value = setting.split("=", 1)
+        section, key = name.split(".", 1)
+        parsed: Any = value
+        for kind in (int, float):
+            try:
+                parsed = kind(value)
+                break
+            except ValueError:
+                continue
+        sections.setdefault(section, {})[key] = parsed
+    return sections
+
+
+class SidecarProcess:
+    """``sidecar run`` as a subprocess with its output in a file; restartable on a fresh cache."""
+
+    def __init__(self, config: Path, env: dict[str, str], state: Path, log: Path) -> None:
+        self.config, self.env, self.state, self.log = config, env, state, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.state / "read.sock"
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sidecar", "run", "--config", str(self.config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
+        poll(self.socket.exists, timeout=90, what="the sidecar's read socket")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart_cold(self) -> None:
+        """Stop, empty the chunk cache, start again."""
+        self.stop()
+        shutil.rmtree(self.state / "read-cache", ignore_errors=True)
+        self.start()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+# --- the run
+
+
+def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    record_bytes = 1024
+    records = args.mib * 1024 * 1024 // record_bytes
+    segment_bytes = args.segment_mib * 1024 * 1024
+    records_per_segment = segment_bytes // (record_bytes + 70)  # ~70 bytes of record overhead
+    results: dict[str, Any] = {"mib": args.mib, "segment_mib": args.segment_mib}
+    s3 = stack.SeaweedS3.create(root / "s3")
+    clusters: list[Any] = []
+    sidecar: SidecarProcess | None = None
+    try:
+        s3.start()
+        # --- the plugin's broker and its sidecar
+        state = Path(tempfile.mkdtemp(prefix="bp-", dir="/tmp"))  # a short socket path
+        cluster = stack.KafkaCluster.create(root / "kafka-plugin", nodes=1)
+        cluster.heap = args.heap
+        clusters.append(cluster)
+        config = write_config(
+            root / "sidecar.toml",
+            state_dir=state,
+            log_dir=cluster.nodes[0].log_dir,
+            bootstrap=cluster.bootstrap_servers,
+            s3=s3,
+            metrics_port=stack.free_port(),
+            metadata_topic=METADATA_TOPIC,
+            include_topics=[],
+            prefix="bench/",
+            **sidecar_sections(args.sidecar_set),
+        )
+        printed = subprocess.run(
+            [
+                *(sys.executable, "-m", "sidecar", "broker-config", "-c", str(config)),
+                *("--plugin-jar", str(plugin_jar())),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        props = dict(
+            line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#")
+        )
+        cluster.overrides.update(props)
+        cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
+        cluster.start()
+        sidecar = SidecarProcess(config, sidecar_env(s3), state, root / "sidecar.log")
+        sidecar.start()
+        create_topic(cluster, "tiered", tiered_configs(segment_bytes))
+        create_topic(cluster, "local", {"segment.bytes": str(segment_bytes), "retention.ms": "-1"})
+        produce(cluster, "tiered", records, record_bytes)
+        produce(cluster, "local", records, record_bytes)
+        local_start = wait_tiered(cluster, "tiered")
+        results["remote_records"] = local_start
+        broker_pid = cluster.nodes[0].pid()
+        print(f"plugin broker: {local_start} of {records} records remote", flush=True)
+
+        probes = probe_offsets(local_start, records_per_segment, args.probes, seed=7)
+        sidecar.restart_cold()
+        ttfr = asyncio.run(first_record_ms(cluster.bootstrap_servers, "tiered", probes))
+        results["plugin_first_record_ms"] = ttfr
+        runs: dict[str, list[dict[str, float]]] = {
+            "plugin_cold": [],
+            "plugin_warm": [],
+            "local": [],
+        }
+        for _ in range(args.runs):
+            sidecar.restart_cold()
+            pids = {"broker": broker_pid, "sidecar": sidecar.pid}
+            runs["plugin_cold"].append(consume(cluster, "tiered", local_start, pids))
+            runs["plugin_warm"].append(consume(cluster, "tiered", local_start, pids))
+            runs["local"].append(consume(cluster, "local", local_start, {"broker": broker_pid}))
+            print({k: v[-1] for k, v in runs.items()}, flush=True)
+        sidecar.stop()
+        cluster.stop()
+
+        # --- the same broker with Kafka's LocalTieredStorage
+        lts = stack.KafkaCluster.create(root / "kafka-lts", nodes=1)
+        lts.heap = args.heap
+        clusters.append(lts)
+        lts.overrides.update(
+            {
+                "remote.log.storage.system.enable": "true",
+                "remote.log.storage.manager.class.name": LTS_CLASS,
+                "remote.log.storage.manager.class.path": str(lts_jar(lts.version)),
+                "rsm.config.dir": str(root / "lts-remote"),
+                **RLMM_PROPS,
+            }
+        )
+        lts.start()
+        create_topic(lts, "tiered", tiered_configs(segment_bytes))
+        produce(lts, "tiered", records, record_bytes)
+        lts_start = wait_tiered(lts, "tiered")
+        messages = min(local_start, lts_start)
+        lts_pid = lts.nodes[0].pid()
+        print(f"LocalTieredStorage broker: {lts_start} of {records} records remote", flush=True)
+        results["lts_first_record_ms"] = asyncio.run(
+            first_record_ms(
+                lts.bootstrap_servers,
+                "tiered",
+                probe_offsets(lts_start, records_per_segment, args.probes, seed=7),
+            )
+        )
+        runs["lts"] = []
+        for _ in range(args.runs):
+            runs["lts"].append(consume(lts, "tiered", messages, {"broker": lts_pid}))
+            print({"lts": runs["lts"][-1]}, flush=True)
+        lts.stop()
+        results["runs"] = runs
+        return results
+    finally:
+        if sidecar is not None:
+            sidecar.stop()
+            shutil.rmtree(sidecar.state, ignore_errors=True)
+        for cluster in clusters:
+            cluster.stop()
+        s3.stop()
+
+
+def report(results: dict[str, Any]) -> str:
+    runs = results["runs"]
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    lines = [
+        f"machine: {platform.machine()}, {os.cpu_count()} cores,"
+        f" Python {platform.python_version()}",
+        f"data: {results['mib']} MiB of 1 KiB records, {results['segment_mib']} MiB segments;"
+        f" {results['remote_records']} records below the local log start are read",
+        f"runs: {len(runs['local'])} (medians)",
+        "consumer throughput (ConsumerPerformance fetch.MB.sec), broker CPU s/GiB:",
+    ]
+    for name, label in (
+        ("plugin_cold", "plugin, sidecar cache cold"),
+        ("plugin_warm", "plugin, sidecar cache warm"),
+        ("local", "local log (same broker)"),
+        ("lts", "LocalTieredStorage"),
+    ):
+        extra = ""
+        if "cpu_s_per_gib_sidecar" in runs[name][0]:
+            extra = f", sidecar {med(name, 'cpu_s_per_gib_sidecar'):.1f} CPU s/GiB"
+        lines.append(
+            f"    {label:32s} {med(name, 'mib_s'):8.1f} MiB/s   broker"
+            f" {med(name, 'cpu_s_per_gib_broker'):.1f} CPU s/GiB{extra}"
+        )
+    warm_lts = med("plugin_warm", "mib_s") / med("lts", "mib_s")
+    cold_local = med("plugin_cold", "mib_s") / med("local", "mib_s")
+    warm_local = med("plugin_warm", "mib_s") / med("local", "mib_s")
+    lines += [
+        f"    warm / LocalTieredStorage  {warm_lts:.2f} x   (goal >= 0.9)"
+        f"  {'met' if warm_lts >= 0.9 else 'MISSED'}",
+        f"    cold / local               {cold_local:.2f} x   (goal >= 0.5)"
+        f"  {'met' if cold_local >= 0.5 else 'MISSED'}",
+        f"    warm / local               {warm_local:.2f} x",
+        f"    LocalTieredStorage / local {med('lts', 'mib_s') / med('local', 'mib_s'):.2f} x",
+        "time to the first record at a remote offset (seek to record), ms:",
+    ]
+    for key, label in (
+        ("plugin_first_record_ms", "plugin, cold sidecar cache"),
+        ("lts_first_record_ms", "LocalTieredStorage"),
+    ):
+        values = results[key]
+        lines.append(
+            f"    {label:32s} p50 {quantile(values, 0.5):7.1f}   p99 {quantile(values, 0.99):7.1f}"
+            f"   ({len(values)} probes, each in another segment)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=200, help="data per topic")
+    parser.add_argument("--segment-mib", type=int, default=8, help="segment.bytes in MiB")
+    parser.add_argument("--runs", type=int, default=2, help="reads of each kind (medians)")
+    parser.add_argument("--probes", type=int, default=16, help="first-record probes")
+    parser.add_argument("--heap", default="1g", help="the brokers' -Xmx")
+    parser.add_argument("--keep", action="store_true", help="keep the run's directory")
+    parser.add_argument(
+        "--sidecar-set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a sidecar setting, e.g. read_server.chunk_size_bytes=1048576 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="bench-plugin-"))
+    try:
+        results = run(args, root)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
