@@ -240,7 +240,7 @@ def _segment_objects(s3: Any, layout: KeyLayout, topic: str, topic_id: uuid.UUID
 async def _scrub(config: Path, s3: Any) -> dict[str, Any]:
     """`sidecar scrub --json` with no grace period."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json",
+        sys.executable, "-m", "sidecar", "scrub", "--execute", "--config", str(config), "--json",
         "--set", "retention.orphan_grace_s=0.001", "--set", "retention.multipart_grace_s=0.001",
         env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

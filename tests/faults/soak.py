@@ -171,7 +171,16 @@ async def soak(minutes: float, sample_s: float, root: Path) -> dict[str, Any]:
             if not scrubbed and now >= started + minutes * 30:
                 scrub = await asyncio.to_thread(
                     subprocess.run,
-                    [sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "sidecar",
+                        "scrub",
+                        "--execute",
+                        "--config",
+                        str(config),
+                        "--json",
+                    ],
                     env=sidecar_env(s3),
                     capture_output=True,
                     text=True,

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.e2e]
 
 def _scrub(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json"],
+        [sys.executable, "-m", "sidecar", "scrub", "--execute", "--config", str(config), "--json"],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
