@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sidecar.errors import StorageError
 from sidecar.kafka.checkpoints import decode_kafka_uuid
 from sidecar.kafka.logdir import PartitionScan, scan_partition_dir
@@ -257,21 +255,6 @@ class Rig:
             for _, e in self.publisher.events
             if getattr(e, "segment_id", None) == metadata.segment_id
         ]
-
-
-@pytest.fixture
-async def rig(tmp_path):
-    rigs: list[Rig] = []
-
-    def make(**settings: Any) -> Rig:
-        rigs.append(Rig(tmp_path, **settings))
-        return rigs[-1]
-
-    yield make
-    for r in rigs:
-        if r.task is not None and not r.task.done():
-            await r.stop()
-        r.store.close()
 
 
 class TestEngineTiering:

@@ -35,21 +35,6 @@ from tests.unit.tiering.test_engine import (
 )
 
 
-@pytest.fixture
-async def rig(tmp_path):
-    rigs: list[Rig] = []
-
-    def make(**settings: Any) -> Rig:
-        rigs.append(Rig(tmp_path, **settings))
-        return rigs[-1]
-
-    yield make
-    for r in rigs:
-        if r.task is not None and not r.task.done():
-            await r.stop()
-        r.store.close()
-
-
 def _copies(r: Rig) -> list[SegmentMetadata]:
     return [e for _, e in r.publisher.events if isinstance(e, SegmentMetadata)]
 

@@ -8,10 +8,7 @@ import dataclasses
 import uuid
 
 from sidecar.observability.metrics import Metrics
-from tests.unit.tiering import test_engine
 from tests.unit.tiering.test_engine import OTHER, TOPIC, Rig
-
-rig = test_engine.rig  # the engine test's fixture: a partition and an engine for it
 
 
 def _lag(metrics: Metrics) -> float | None:

@@ -13,27 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import sidecar.kafka.records as records
 from sidecar.tiering.quarantine import Quarantine, QuarantineEntry
 from tests.read_faults import failing_opener
 from tests.unit.tiering.test_engine import Rig
-
-
-@pytest.fixture
-async def rig(tmp_path):
-    rigs: list[Rig] = []
-
-    def make(**settings: Any) -> Rig:
-        rigs.append(Rig(tmp_path, **settings))
-        return rigs[-1]
-
-    yield make
-    for r in rigs:
-        if r.task is not None and not r.task.done():
-            await r.stop()
-        r.store.close()
 
 
 def _metric(r: Rig, name: str, **labels: str) -> float:
