@@ -8,14 +8,16 @@ leader, the old leader's copies included."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,9 @@ async def test_leadership_move_continues_without_gap_or_second_upload(
     await create_topic(bootstrap, topic_name, replication=3, configs=TOPIC_CONFIGS)
     old = (await leaders(bootstrap, topic_name))[0]
     old_dir = cluster.node(old).log_dir / f"{topic_name}-0"
+    # the broker creates the partition's dir when it applies the topic's metadata, which may be
+    # after the topic shows in Metadata responses
+    await _until(lambda: (old_dir / "partition.metadata").exists(), timeout=60)
     tip = topic_id_partition(cluster.node(old).log_dir, topic_name, 0)
     sent = await _produce_values(bootstrap, topic_name, range(4000))
     async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
@@ -225,3 +230,10 @@ async def test_leadership_move_continues_without_gap_or_second_upload(
     got = await _consume(survivors, topic_name, "read_uncommitted", len(sent))
     assert [(k, v) for k, v, _ in got] == sent
     assert old_dir.exists()  # the old leader's log dir was left alone
+
+
+async def _until(condition: Callable[[], bool], *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.1)

@@ -41,13 +41,14 @@ async def plugged39(
     cluster = stack.KafkaCluster.create(
         stack_root / f"kafka39-{state.name}", nodes=1, version=KAFKA_39
     )
+    metrics_port = stack.free_port()
     config = write_config(
         tmp_path / "sidecar.toml",
         state_dir=state,
         log_dir=cluster.nodes[0].log_dir,
         bootstrap=cluster.bootstrap_servers,
         s3=s3,
-        metrics_port=stack.free_port(),
+        metrics_port=metrics_port,
         metadata_topic=main_scenario.METADATA_TOPIC,
         include_topics=[],
         prefix=s3_prefix,
@@ -74,6 +75,7 @@ async def plugged39(
         config,
         env,
         tmp_path,
+        metrics_port,
     )
     try:
         await broker.sidecar.wait_for("read_server_listening", timeout=60)
