@@ -269,8 +269,10 @@ async def read_partition_json(
         if at < 0 or not tail.endswith(b"}"):
             raise RuntimeError(f"a truncated JSON response at offset {offset}")
         following = int(tail[at + len(b'"next_offset":') : -1])
-        if following <= offset:
-            raise RuntimeError(f"no progress at offset {offset}")
+        if following == offset:
+            return total  # no records: the end of the tiered range, like a fetch at the log end
+        if following < offset:
+            raise RuntimeError(f"next offset {following} went back from {offset}")
         offset = following
 
 
