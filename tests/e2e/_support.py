@@ -375,13 +375,31 @@ async def end_offsets(bootstrap: str, topic: str, partitions: Iterable[int]) -> 
         await consumer.stop()
 
 
-async def leaders(bootstrap: str, topic: str) -> dict[int, int]:
-    """Partition → leader node id (-1 when leaderless)."""
+async def leaders(
+    bootstrap: str, topic: str, *, avoid: Iterable[int] = (), timeout: float = 60.0
+) -> dict[int, int]:
+    """Partition → leader node id, once every partition of ``topic`` has a leader that is not
+    in ``avoid``.
+
+    Each broker applies the controller's metadata on its own schedule, so the broker the admin
+    client asks may not know a just-created topic, or may still name a stopped leader; the
+    answer is re-asked until it is settled (there is no event for it)."""
+    avoided = set(avoid) | {-1}
+    deadline = time.monotonic() + timeout
+    last: object = None
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
     await admin.start()
     try:
-        described = await admin.describe_topics([topic])
-        return {p["partition"]: p["leader"] for p in described[0]["partitions"]}
+        while True:
+            described = await admin.describe_topics([topic])
+            last = described
+            if described and not described[0].get("error_code"):
+                found = {p["partition"]: p["leader"] for p in described[0].get("partitions", [])}
+                if found and not avoided.intersection(found.values()):
+                    return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no settled leaders of {topic} within {timeout} s: {last}")
+            await asyncio.sleep(0.2)
     finally:
         await admin.close()
 

@@ -41,7 +41,6 @@ from tests.e2e.test_broker_plugin import (
     _active_base,
     _consume,
     _local_start,
-    _poll,
     _produce_values,
     plugin_jar,
 )
@@ -152,11 +151,7 @@ async def test_leadership_move_continues_without_gap_or_second_upload(
             f"{stack.LOOPBACK}:{n.port}" for n in cluster.nodes if n.node_id != old
         )
 
-        async def moved() -> int | None:
-            leader = (await leaders(survivors, topic_name))[0]
-            return leader if leader not in (-1, old) else None
-
-        new = await _poll(moved, timeout=120, what="a new leader")
+        new = (await leaders(survivors, topic_name, avoid={old}, timeout=120))[0]
         sent += await _produce_values(survivors, topic_name, range(4000, 8000))
         new_dir = cluster.node(new).log_dir / f"{topic_name}-0"
 
