@@ -407,6 +407,9 @@ class KafkaCluster:
     version: str = KAFKA_VERSION
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)
     heap: str = "512m"
+    #: node id → JMX port, for nodes whose broker metrics a test reads (``jmx_attribute``); the
+    #: JMX server binds to loopback and takes no credentials, so it is off unless asked for
+    jmx_ports: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def create(
@@ -595,7 +598,11 @@ class KafkaCluster:
             if node.log_file.exists():
                 node.log_file.rename(node.log_file.with_suffix(f".log.{int(time.time())}"))
             pid = spawn(
-                self._java_cmd(libs, node, ["kafka.Kafka", str(node.home / "server.properties")]),
+                self._java_cmd(
+                    libs,
+                    node,
+                    [*self._jmx_flags(node), "kafka.Kafka", str(node.home / "server.properties")],
+                ),
                 log=node.stdout_file,
                 cwd=node.home,
             )
@@ -640,6 +647,52 @@ class KafkaCluster:
 
     def running(self) -> bool:
         return all(n.running() for n in self.nodes)
+
+    def enable_jmx(self) -> None:
+        """Serve every node's JMX on a loopback port from its next start on."""
+        for node in self.nodes:
+            self.jmx_ports.setdefault(node.node_id, free_port())
+
+    def _jmx_flags(self, node: KafkaNode) -> list[str]:
+        port = self.jmx_ports.get(node.node_id)
+        if port is None:
+            return []
+        return [
+            "-Dcom.sun.management.jmxremote",
+            f"-Dcom.sun.management.jmxremote.port={port}",
+            f"-Dcom.sun.management.jmxremote.rmi.port={port}",
+            f"-Dcom.sun.management.jmxremote.host={LOOPBACK}",
+            f"-Djava.rmi.server.hostname={LOOPBACK}",
+            "-Dcom.sun.management.jmxremote.authenticate=false",
+            "-Dcom.sun.management.jmxremote.ssl=false",
+        ]
+
+    def jmx_attribute(self, node_id: int, object_name: str, attribute: str) -> float | None:
+        """One attribute of one MBean of a running node (``enable_jmx`` before its start), read
+        with Kafka's JmxTool; None while the MBean does not exist."""
+        port = self.jmx_ports[node_id]
+        result = self.tool(
+            "org.apache.kafka.tools.JmxTool",
+            "--jmx-url",
+            f"service:jmx:rmi:///jndi/rmi://{LOOPBACK}:{port}/jmxrmi",
+            "--object-name",
+            object_name,
+            "--attributes",
+            attribute,
+            "--one-time",
+            "true",
+            "--report-format",
+            "properties",
+        )
+        if "No matched attributes" in result.stdout + result.stderr:
+            return None
+        if result.returncode != 0:
+            raise StackError(f"JmxTool failed for {object_name}:\n{result.stderr[-2000:]}")
+        for line in result.stdout.splitlines():
+            name, sep, value = line.rpartition("=")
+            if sep and name.endswith(f":{attribute}"):
+                return float(value)
+        return None
 
     def tool(
         self, main: str, *args: str, timeout: float = 120.0

@@ -40,6 +40,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.serde import decode
 from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
 from sidecar.storage.ownership import marker_key
+from tests.helpers import wait_for
 from tests.kafka_serde import check_metadata_topic
 
 # --- configuration
@@ -351,7 +352,17 @@ def partition_scan(log_dir: Path, topic: str, partition: int) -> PartitionScan:
     return scan
 
 
-def topic_id_partition(log_dir: Path, topic: str, partition: int) -> TopicIdPartition:
+def topic_id_partition(
+    log_dir: Path, topic: str, partition: int, *, timeout: float = 60.0
+) -> TopicIdPartition:
+    """The partition's id from its ``partition.metadata``. The broker writes that file when it
+    applies the topic's metadata, which may be after the topic shows in Metadata responses:
+    the file is waited for (no event announces it)."""
+    wait_for(
+        lambda: (log_dir / f"{topic}-{partition}" / "partition.metadata").exists(),
+        timeout=timeout,
+        what=f"partition.metadata of {topic}-{partition} in {log_dir}",
+    )
     scan = partition_scan(log_dir, topic, partition)
     assert scan.topic_id is not None
     return TopicIdPartition(decode_kafka_uuid(scan.topic_id), topic, partition)

@@ -274,6 +274,7 @@ async def plugged_broker(
     cluster.overrides.update(props)
     # copy and expire every second, so the test does not wait for the 30 s default
     cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
+    cluster.enable_jmx()  # the broker's remote-copy metrics
     cluster.start()
     env = sidecar_env(s3)
     broker = PluggedBroker(
@@ -477,6 +478,143 @@ async def test_sidecar_down_is_retried_and_nothing_is_deleted_locally(
     assert got == expected
     logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
     assert len(logs) == len(finished)  # the failed attempts left no object behind
+
+
+async def test_sidecar_killed_while_producing_loses_nothing_and_catches_up(
+    plugged: PluggedBroker, s3: Any, topic_name: str, tmp_path: Path
+) -> None:
+    """SIGKILL the sidecar while a producer writes and the broker tiers: every copy attempt of
+    the broker fails, retriably (Kafka counts only non-retriable ones in RemoteCopyErrorsPerSec,
+    which stays 0), its RemoteCopyLagSegments grows, it deletes no local segment above the
+    highest remote offset, and a consumer of local data reads on. After a restart the lag
+    returns to 0, no attempt fails after the first new copy, and a consumer from offset 0
+    reads every record once."""
+    cluster = plugged.cluster
+    bootstrap = cluster.bootstrap_servers
+    await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+    partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+    tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+
+    def broker_metric(name: str, attribute: str) -> float:
+        mbean = f"kafka.server:type=BrokerTopicMetrics,name={name},topic={topic_name}"
+        return cluster.jmx_attribute(1, mbean, attribute) or 0.0
+
+    sent: dict[int, tuple[bytes, bytes]] = {}
+    stop = asyncio.Event()
+
+    async def produce() -> None:
+        # paced bursts of about 200 KB, capped at about 40 MiB whatever the waits below take
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            i = 0
+            while not stop.is_set() and i < 20_000:
+                batch = []
+                for _ in range(100):
+                    key, value = f"k{i}".encode(), os.urandom(1024).hex().encode()
+                    future = await producer.send(topic_name, key=key, value=value, partition=0)
+                    batch.append((key, value, future))
+                    i += 1
+                for key, value, future in batch:
+                    sent[(await future).offset] = (key, value)
+                await asyncio.sleep(0.05)
+        finally:
+            await producer.stop()
+
+    def failed_attempts(metadata: MetadataTopic) -> list[SegmentMetadata]:
+        """Copies started and never finished, below the last FINISHED one (not in flight)."""
+        finished = metadata.finished(tip)
+        last = finished[-1].start_offset if finished else -1
+        return [
+            c
+            for c in metadata.copies(tip)
+            if c.state is not RemoteLogSegmentState.COPY_SEGMENT_FINISHED and c.start_offset <= last
+        ]
+
+    producing = asyncio.create_task(produce())
+    try:
+        async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+            await metadata.wait_until(
+                lambda: len(metadata.finished(tip)) >= 2, timeout=180, what="two FINISHED copies"
+            )
+            await plugged.sidecar.kill()
+            await metadata.read_to_end()
+            highest = metadata.finished(tip)[-1].end_offset
+            # the broker tries the next segment again and again, and its lag grows
+            await metadata.wait_until(
+                lambda: sum(c.start_offset > highest for c in metadata.copies(tip)) >= 2,
+                timeout=120,
+                what="retried copies while the sidecar is down",
+            )
+            await _poll(
+                lambda: broker_metric("RemoteCopyLagSegments", "Value") >= 2,
+                timeout=120,
+                what="the broker's copy lag growing",
+            )
+            await metadata.read_to_end()
+            # a copy in flight at the kill may still have finished: that one moves the mark
+            highest = metadata.finished(tip)[-1].end_offset
+            assert _local_start(partition_dir) <= highest + 1  # nothing above it deleted
+            local_start = _offset(cluster, topic_name, "-4")
+            assert local_start <= highest + 1
+            # a consumer of local data is unaffected
+            local = await _consume_from(bootstrap, topic_name, local_start, 500)
+            assert local == [sent[o] for o in range(local_start, local_start + 500)]
+            await metadata.read_to_end()
+            assert metadata.finished(tip)[-1].end_offset == highest  # nothing copied meanwhile
+            assert broker_metric("RemoteCopyErrorsPerSec", "Count") == 0
+
+            await plugged.restart_sidecar()
+            await metadata.wait_until(
+                lambda: len([f for f in metadata.finished(tip) if f.start_offset > highest]) >= 4,
+                timeout=180,
+                what="copies after the restart",
+            )
+            stop.set()
+            await producing
+            finished = await _all_but_active_tiered(metadata, tip, partition_dir)
+            await _poll(
+                lambda: broker_metric("RemoteCopyLagSegments", "Value") == 0,
+                timeout=120,
+                what="the broker's copy lag back to 0",
+            )
+            await metadata.read_to_end()
+            failed = failed_attempts(metadata)
+    finally:
+        stop.set()
+        await asyncio.gather(producing, return_exceptions=True)
+    # every failed attempt was of the one segment after the highest remote offset at the kill
+    assert failed, "no attempt failed while the sidecar was down"
+    assert {c.start_offset for c in failed} == {highest + 1}, failed
+    assert broker_metric("RemoteCopyErrorsPerSec", "Count") == 0
+    assert finished[0].start_offset == 0
+    assert all(b.start_offset == a.end_offset + 1 for a, b in itertools.pairwise(finished))
+    assert sorted(sent) == list(range(len(sent)))
+    got = await _consume(bootstrap, topic_name, "read_uncommitted", len(sent))
+    assert [(k, v) for k, v, _ in got] == [sent[o] for o in sorted(sent)]
+    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+    assert len(logs) == len(finished)  # the failed attempts left no object behind
+
+
+async def _consume_from(
+    bootstrap: str, topic: str, offset: int, count: int
+) -> list[tuple[bytes | None, bytes | None]]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=60000
+    )
+    await consumer.start()
+    got: list[tuple[bytes | None, bytes | None]] = []
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        deadline = time.monotonic() + 120
+        while len(got) < count and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=2000)
+            got.extend((r.key, r.value) for r in batch.get(tp, []))
+    finally:
+        await consumer.stop()
+    return got[:count]
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
