@@ -15,10 +15,19 @@ import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Locale;
+import java.util.concurrent.ConcurrentLinkedDeque;
 
 /**
- * A minimal HTTP/1.1 client for the sidecar's local socket: one request per connection
- * ({@code Connection: close}), a JSON request body, a response with a {@code Content-Length}.
+ * A minimal HTTP/1.1 client for the sidecar's local socket: a JSON request body, a response with
+ * a {@code Content-Length}.
+ *
+ * <p>Reads (fetches of segment windows and indexes) reuse idle connections: Kafka serves remote
+ * data one fetch at a time, each a {@code fetchLogSegment} call, and a new connection per call
+ * costs the sidecar more than the request itself. A connection goes back to the pool only when
+ * its response body was read to the end and the sidecar did not ask to close it; one that the
+ * sidecar closed while idle is found out before or on the first byte of the next answer, and that
+ * request (idempotent: a read) is sent again once on a new connection. Copies and deletes use a
+ * connection of their own ({@code Connection: close}): a copy is never sent twice by this client.
  *
  * <p>The channel is non-blocking and every wait goes through a {@link Selector} with a timeout, so
  * no call blocks past its deadline: connecting, writing the request and each read of the response
@@ -85,9 +94,36 @@ final class SidecarHttp {
     }
 
     private static final int MAX_HEAD_BYTES = 16 * 1024;
+    /** Idle connections kept for reuse; Kafka's remote readers are a small thread pool. */
+    static final int MAX_IDLE = 16;
+    /** An idle connection older than this is closed rather than reused (the sidecar's idle
+     * timeout is longer). */
+    static final long MAX_IDLE_NANOS = 15_000_000_000L;
 
     private final Endpoint endpoint;
     private final int connectTimeoutMs;
+    private final ConcurrentLinkedDeque<Connection> idle = new ConcurrentLinkedDeque<>();
+    private volatile boolean closed;
+
+    /** An open channel and its selector; {@code idleSince} is set while it is in the pool. */
+    static final class Connection implements AutoCloseable {
+        final SocketChannel channel;
+        final Selector selector;
+        boolean reused;
+        long idleSince;
+
+        Connection(SocketChannel channel, Selector selector, boolean reused) {
+            this.channel = channel;
+            this.selector = selector;
+            this.reused = reused;
+        }
+
+        @Override
+        public void close() {
+            closeQuietly(selector);
+            closeQuietly(channel);
+        }
+    }
 
     SidecarHttp(Endpoint endpoint, int connectTimeoutMs) {
         this.endpoint = endpoint;
@@ -99,38 +135,139 @@ final class SidecarHttp {
     }
 
     /**
-     * POST {@code body} to {@code path} and return the response once its head has arrived. The
-     * caller closes the response (which closes the connection). {@code timeoutMs} bounds writing the
-     * request and waiting for the response head (the sidecar's work); {@code idleTimeoutMs} bounds
-     * each wait for body bytes afterwards.
+     * POST {@code body} to {@code path} on a connection of its own and return the response once
+     * its head has arrived. The caller closes the response (which closes the connection).
+     * {@code timeoutMs} bounds writing the request and waiting for the response head (the
+     * sidecar's work); {@code idleTimeoutMs} bounds each wait for body bytes afterwards.
      */
     Response post(String path, byte[] body, int timeoutMs, int idleTimeoutMs) throws IOException {
+        return post(path, body, timeoutMs, idleTimeoutMs, false);
+    }
+
+    /**
+     * As {@link #post(String, byte[], int, int)}; with {@code reuse} (idempotent requests only) on
+     * an idle connection when there is one, which the response's {@code close} hands back.
+     */
+    Response post(String path, byte[] body, int timeoutMs, int idleTimeoutMs, boolean reuse) throws IOException {
+        long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+        if (reuse) {
+            Connection pooled;
+            while ((pooled = takeIdle()) != null) {
+                try {
+                    return exchange(pooled, path, body, deadline, idleTimeoutMs, true);
+                } catch (StaleConnectionException stale) {
+                    // the sidecar closed it while it was idle; the request was not answered
+                }
+            }
+        }
+        return exchange(open(), path, body, deadline, idleTimeoutMs, reuse);
+    }
+
+    /** The request was not answered on a reused connection: nothing of a response arrived. */
+    private static final class StaleConnectionException extends IOException {
+        private static final long serialVersionUID = 1L;
+
+        StaleConnectionException(String message) {
+            super(message);
+        }
+    }
+
+    private Connection open() throws IOException {
         SocketChannel channel = endpoint.socketPath != null
                 ? SocketChannel.open(StandardProtocolFamily.UNIX)
                 : SocketChannel.open(StandardProtocolFamily.INET);
         Selector selector = null;
-        boolean handedOver = false;
         try {
             channel.configureBlocking(false);
             selector = Selector.open();
             connect(channel, selector);
-            long deadline = System.nanoTime() + timeoutMs * 1_000_000L;
+            return new Connection(channel, selector, false);
+        } catch (IOException | RuntimeException e) {
+            closeQuietly(selector);
+            closeQuietly(channel);
+            throw e;
+        }
+    }
+
+    private Response exchange(Connection connection, String path, byte[] body, long deadline, int idleTimeoutMs,
+            boolean keepAlive) throws IOException {
+        boolean handedOver = false;
+        try {
             String head = "POST " + path + " HTTP/1.1\r\n"
                     + "Host: sidecar\r\n"
                     + "User-Agent: kafka-tiered-sidecar-plugin\r\n"
                     + "Content-Type: application/json\r\n"
                     + "Content-Length: " + body.length + "\r\n"
-                    + "Connection: close\r\n\r\n";
-            write(channel, selector, ByteBuffer.wrap(head.getBytes(StandardCharsets.US_ASCII)), deadline);
-            write(channel, selector, ByteBuffer.wrap(body), deadline);
-            Response response = readHead(channel, selector, deadline, idleTimeoutMs);
+                    + (keepAlive ? "" : "Connection: close\r\n") + "\r\n";
+            try {
+                write(connection.channel, connection.selector,
+                        ByteBuffer.wrap(head.getBytes(StandardCharsets.US_ASCII)), deadline);
+                write(connection.channel, connection.selector, ByteBuffer.wrap(body), deadline);
+            } catch (IOException e) {
+                if (connection.reused && !(e instanceof SocketTimeoutException)) {
+                    throw new StaleConnectionException("idle connection closed: " + e);
+                }
+                throw e;
+            }
+            Response response = readHead(connection, deadline, idleTimeoutMs, keepAlive ? this : null);
             handedOver = true;
             return response;
         } finally {
             if (!handedOver) {
-                closeQuietly(selector);
-                closeQuietly(channel);
+                connection.close();
             }
+        }
+    }
+
+    /** The newest idle connection that is still open, or null. */
+    private Connection takeIdle() {
+        Connection connection;
+        while ((connection = idle.pollFirst()) != null) {
+            if (System.nanoTime() - connection.idleSince < MAX_IDLE_NANOS && stillOpen(connection)) {
+                return connection;
+            }
+            connection.close();
+        }
+        return null;
+    }
+
+    /** An idle connection has nothing to read: a byte or the end of stream means it is unusable. */
+    private static boolean stillOpen(Connection connection) {
+        try {
+            return connection.channel.read(ByteBuffer.allocate(1)) == 0;
+        } catch (IOException e) {
+            return false;
+        }
+    }
+
+    /** A response read to its end hands its connection back; a full pool closes it. */
+    void release(Connection connection) {
+        connection.idleSince = System.nanoTime();
+        connection.reused = true;
+        if (closed || idle.size() >= MAX_IDLE) {
+            connection.close();
+            return;
+        }
+        idle.offerFirst(connection);
+        if (closed) {
+            closeIdle();
+        }
+    }
+
+    int idleConnections() {
+        return idle.size();
+    }
+
+    /** Close every idle connection; later releases close theirs. */
+    void close() {
+        closed = true;
+        closeIdle();
+    }
+
+    private void closeIdle() {
+        Connection connection;
+        while ((connection = idle.pollFirst()) != null) {
+            connection.close();
         }
     }
 
@@ -168,8 +305,10 @@ final class SidecarHttp {
         selector.selectedKeys().clear();
     }
 
-    private static Response readHead(SocketChannel channel, Selector selector, long deadline, int idleTimeoutMs)
+    private static Response readHead(Connection connection, long deadline, int idleTimeoutMs, SidecarHttp pool)
             throws IOException {
+        SocketChannel channel = connection.channel;
+        Selector selector = connection.selector;
         ByteBuffer buffer = ByteBuffer.allocate(MAX_HEAD_BYTES);
         SelectionKey key = channel.keyFor(selector);
         key = key == null ? channel.register(selector, 0) : key;
@@ -178,8 +317,19 @@ final class SidecarHttp {
             if (!buffer.hasRemaining()) {
                 throw new IOException("the sidecar's response head is larger than " + MAX_HEAD_BYTES + " bytes");
             }
-            int n = channel.read(buffer);
+            int n;
+            try {
+                n = channel.read(buffer);
+            } catch (IOException e) {
+                if (connection.reused && buffer.position() == 0) {
+                    throw new StaleConnectionException("idle connection reset: " + e);
+                }
+                throw e;
+            }
             if (n < 0) {
+                if (connection.reused && buffer.position() == 0) {
+                    throw new StaleConnectionException("idle connection closed by the sidecar");
+                }
                 throw new EOFException("the sidecar closed the connection before answering");
             }
             if (n == 0) {
@@ -201,6 +351,7 @@ final class SidecarHttp {
             throw new IOException("bad status line from the sidecar: " + lines[0], e);
         }
         long length = -1;
+        boolean keepAlive = pool != null;
         for (int i = 1; i < lines.length; i++) {
             int colon = lines[i].indexOf(':');
             if (colon <= 0) {
@@ -214,6 +365,8 @@ final class SidecarHttp {
                 } catch (NumberFormatException e) {
                     throw new IOException("bad Content-Length from the sidecar: " + value, e);
                 }
+            } else if (name.equals("connection") && value.toLowerCase(Locale.ROOT).contains("close")) {
+                keepAlive = false;
             } else if (name.equals("transfer-encoding") && !value.equalsIgnoreCase("identity")) {
                 throw new IOException("the sidecar answered with Transfer-Encoding " + value
                         + "; this client reads Content-Length bodies only");
@@ -224,7 +377,11 @@ final class SidecarHttp {
         }
         buffer.flip();
         buffer.position(headEnd + 4);
-        return new Response(status, length, new BodyStream(channel, selector, buffer, length, idleTimeoutMs));
+        if (buffer.remaining() > length) {
+            keepAlive = false;  // bytes past the body: not a connection to send another request on
+        }
+        return new Response(status, length,
+                new BodyStream(connection, buffer, length, idleTimeoutMs, keepAlive ? pool : null));
     }
 
     private static int indexOfHeadEnd(ByteBuffer buffer) {
@@ -251,21 +408,24 @@ final class SidecarHttp {
     /**
      * A response body of a known length, read from the channel with an idle timeout per wait.
      * Reading past the length gives -1; a connection that ends early is an {@link EOFException}
-     * (a truncated response, never a short one taken for complete).
+     * (a truncated response, never a short one taken for complete). Closing it after the last
+     * byte hands a keep-alive connection back to its pool; closing it earlier closes the
+     * connection (the rest of the body is never read).
      */
     static final class BodyStream extends InputStream {
         private static final int BUFFER_BYTES = 64 * 1024;
-        private final SocketChannel channel;
-        private final Selector selector;
+        private final Connection connection;
         private final int idleTimeoutMs;
+        private final SidecarHttp pool;
         private ByteBuffer buffer;
         private long remaining;
         private boolean closed;
+        private boolean failed;
 
-        BodyStream(SocketChannel channel, Selector selector, ByteBuffer initial, long length, int idleTimeoutMs) {
-            this.channel = channel;
-            this.selector = selector;
+        BodyStream(Connection connection, ByteBuffer initial, long length, int idleTimeoutMs, SidecarHttp pool) {
+            this.connection = connection;
             this.idleTimeoutMs = idleTimeoutMs;
+            this.pool = pool;
             this.buffer = initial;
             this.remaining = length;
             if (buffer.remaining() > remaining) {
@@ -292,7 +452,12 @@ final class SidecarHttp {
                 return -1;
             }
             if (!buffer.hasRemaining()) {
-                fill();
+                try {
+                    fill();
+                } catch (IOException e) {
+                    failed = true;
+                    throw e;
+                }
             }
             int n = Math.min(len, buffer.remaining());
             buffer.get(b, off, n);
@@ -313,7 +478,10 @@ final class SidecarHttp {
             if (buffer.remaining() > remaining) {
                 buffer.limit((int) remaining);
             }
+            SocketChannel channel = connection.channel;
+            Selector selector = connection.selector;
             SelectionKey key = channel.keyFor(selector);
+            key = key == null ? channel.register(selector, 0) : key;
             long deadline = System.nanoTime() + idleTimeoutMs * 1_000_000L;
             int n;
             while ((n = channel.read(buffer)) == 0) {
@@ -331,8 +499,11 @@ final class SidecarHttp {
         public void close() {
             if (!closed) {
                 closed = true;
-                closeQuietly(selector);
-                closeQuietly(channel);
+                if (pool != null && remaining == 0 && !failed) {
+                    pool.release(connection);
+                } else {
+                    connection.close();
+                }
             }
         }
     }

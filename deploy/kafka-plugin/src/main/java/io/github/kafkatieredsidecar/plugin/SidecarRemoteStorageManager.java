@@ -226,7 +226,14 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void close() {
-        // one connection per call: nothing stays open between calls
+        if (http != null) {
+            http.close();
+        }
+    }
+
+    /** Idle connections kept for the next read (tests). */
+    int idleConnections() {
+        return http == null ? 0 : http.idleConnections();
     }
 
     // -- requests -------------------------------------------------------------------------
@@ -239,18 +246,24 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
     }
 
+    /** A read: idempotent, so it may go over a kept-alive connection. */
     private InputStream stream(String path, Json body, String what) throws RemoteStorageException {
-        return send(path, body, requestTimeoutMs, what).body;
+        return send(path, body, requestTimeoutMs, what, true).body;
+    }
+
+    private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what) throws RemoteStorageException {
+        return send(path, body, timeoutMs, what, false);
     }
 
     /** Send the request; a non-2xx answer becomes the matching exception (and is closed). */
-    private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what) throws RemoteStorageException {
+    private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what, boolean reuse)
+            throws RemoteStorageException {
         if (http == null) {
             throw new RemoteStorageException("the sidecar plugin is not configured");
         }
         SidecarHttp.Response response;
         try {
-            response = http.post(path, body.bytes(), timeoutMs, idleTimeoutMs);
+            response = http.post(path, body.bytes(), timeoutMs, idleTimeoutMs, reuse);
         } catch (IOException e) {
             throw unreachable(what, e);
         }

@@ -24,6 +24,7 @@ import java.util.Optional;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 
 import org.apache.kafka.common.TopicIdPartition;
 import org.apache.kafka.common.TopicPartition;
@@ -154,6 +155,70 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
+    void readsReadToTheEndShareOneConnection() throws Exception {
+        sidecar.keepAlive = true;
+        byte[] payload = new byte[50_000];
+        for (int round = 0; round < 3; round++) {
+            sidecar.answer(200, payload);
+            try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 49_999)) {
+                assertEquals(payload.length, in.readAllBytes().length);
+            }
+            assertEquals(1, rsm.idleConnections());
+        }
+        sidecar.answer(200, "{}".getBytes(StandardCharsets.UTF_8));
+        try (InputStream in = rsm.fetchIndex(metadata(), IndexType.OFFSET)) {
+            assertEquals(2, in.readAllBytes().length);
+        }
+        assertEquals(1, sidecar.accepted.get());
+        for (int i = 0; i < 4; i++) {
+            assertFalse(sidecar.requests.take().head.toLowerCase().contains("connection: close"));
+        }
+    }
+
+    @Test
+    void aReadClosedEarlyDoesNotGoBackToThePool() throws Exception {
+        sidecar.keepAlive = true;
+        sidecar.answer(200, new byte[100_000]);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 99_999)) {
+            assertEquals(10, in.readNBytes(10).length);
+        }
+        assertEquals(0, rsm.idleConnections());
+        sidecar.answer(200, new byte[10]);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 9)) {
+            assertEquals(10, in.readAllBytes().length);
+        }
+        assertEquals(2, sidecar.accepted.get());
+    }
+
+    @Test
+    void aConnectionTheSidecarClosedIsReplacedAndTheReadSucceeds() throws Exception {
+        // the fake closes every connection after one answer: the pooled one is dead
+        for (int round = 0; round < 3; round++) {
+            sidecar.answer(200, new byte[1000]);
+            try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 999)) {
+                assertEquals(1000, in.readAllBytes().length);
+            }
+        }
+        assertEquals(3, sidecar.accepted.get());
+        assertEquals(3, sidecar.requests.size());
+    }
+
+    @Test
+    void copiesAndDeletesNeverReuseAConnection() throws Exception {
+        sidecar.keepAlive = true;
+        sidecar.answer(200, new byte[10]);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 9)) {
+            in.readAllBytes();
+        }
+        sidecar.answer(200, "{}");
+        rsm.deleteLogSegmentData(metadata());
+        sidecar.requests.take();
+        assertTrue(sidecar.requests.take().head.toLowerCase().contains("connection: close"));
+        assertEquals(2, sidecar.accepted.get());
+        assertEquals(1, rsm.idleConnections());
+    }
+
+    @Test
     void anEndPastTheSegmentIsClamped() throws Exception {
         sidecar.answer(200, new byte[] {1});
         try (InputStream in = rsm.fetchLogSegment(metadata(), 999_999, 5_000_000)) {
@@ -228,7 +293,7 @@ class SidecarRemoteStorageManagerTest {
 
     /** A scripted HTTP/1.1 server on a Unix socket: one queued answer per connection. */
     static final class FakeSidecar implements AutoCloseable {
-        record Request(String path, String body) { }
+        record Request(String path, String body, String head) { }
 
         final Path path;
         final BlockingQueue<Request> requests = new ArrayBlockingQueue<>(16);
@@ -236,6 +301,9 @@ class SidecarRemoteStorageManagerTest {
         private final ServerSocketChannel server;
         private final Thread thread;
         volatile boolean silent;
+        /** Serve further requests on a connection unless the request says Connection: close. */
+        volatile boolean keepAlive;
+        final AtomicInteger accepted = new AtomicInteger();
 
         FakeSidecar(Path path) throws IOException {
             this.path = path;
@@ -270,11 +338,28 @@ class SidecarRemoteStorageManagerTest {
 
         private void serve() {
             while (server.isOpen()) {
-                try (SocketChannel channel = server.accept()) {
-                    Request request = readRequest(channel);
+                SocketChannel channel;
+                try {
+                    channel = server.accept();
+                } catch (IOException e) {
+                    return;
+                }
+                accepted.incrementAndGet();
+                Thread handler = new Thread(() -> handle(channel), "fake-sidecar-connection");
+                handler.setDaemon(true);
+                handler.start();
+            }
+        }
+
+        /** One connection: one answer and close, or (keepAlive) answers until the client closes. */
+        private void handle(SocketChannel channel) {
+            try (channel) {
+                Request request;
+                do {
+                    request = readRequest(channel);
                     if (silent) {
                         Thread.sleep(10_000);
-                        continue;
+                        return;
                     }
                     requests.add(request);
                     byte[] answer = answers.take();
@@ -282,9 +367,9 @@ class SidecarRemoteStorageManagerTest {
                     if (answer[0] == 1) {
                         Thread.sleep(10_000);
                     }
-                } catch (IOException | InterruptedException e) {
-                    return;
-                }
+                } while (keepAlive && !request.head.toLowerCase().contains("connection: close"));
+            } catch (IOException | InterruptedException e) {
+                // the client closed the connection, or the test ended
             }
         }
 
@@ -305,7 +390,8 @@ class SidecarRemoteStorageManagerTest {
                     int headBytes = text.substring(0, end + 4).getBytes(StandardCharsets.UTF_8).length;
                     if (all.length - headBytes >= length) {
                         String path = text.substring(0, text.indexOf("\r\n")).split(" ")[1];
-                        return new Request(path, new String(all, headBytes, length, StandardCharsets.UTF_8));
+                        return new Request(path, new String(all, headBytes, length, StandardCharsets.UTF_8),
+                                text.substring(0, end));
                     }
                 }
                 buffer.clear();
