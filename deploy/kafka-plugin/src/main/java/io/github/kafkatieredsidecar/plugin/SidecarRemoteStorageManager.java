@@ -33,6 +33,9 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
  *   <li>{@code fetch.window.bytes} (1 MiB): a fetch asks the sidecar for this much at a time.</li>
  * </ul>
  *
+ * <p>Reads (segment windows, indexes) reuse idle connections ({@link SidecarHttp}); copies and
+ * deletes open one each.
+ *
  * <p>Errors: the sidecar unreachable, a timeout, or the sidecar saying a dependency is down
  * (HTTP 429, 503, 504) are {@code RetriableRemoteStorageException} (a plain
  * {@link RemoteStorageException} on Kafka 3.9, which retries on any; see {@link KafkaCompat}); a
