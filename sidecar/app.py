@@ -58,6 +58,7 @@ from sidecar.storage.ownership import PrefixOwner, PrefixOwnershipError, claim_p
 from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
+from sidecar.tiering.eager import EagerStager, StagingLedger
 from sidecar.tiering.quarantine import Quarantine
 from sidecar.tiering.selection import SelectionMonitor
 from sidecar.tiering.uploader import SegmentUploader
@@ -146,6 +147,7 @@ class Daemon:
         self._s3_down = False  # the last S3 probe failed (logged once per outage)
         self._prefix_owner: PrefixOwner | None = None  # set once the bucket prefix is ours
         self.engine: TieringEngine | None = None
+        self.stager: EagerStager | None = None  # broker-driven segments staged on roll
         self._gauges = _LocalTotals()  # the local-segment gauges, kept per change
         self.retention: RetentionManager | None = None
         self.detector: LogDirDetector[PartitionScan] = LogDirDetector(
@@ -216,6 +218,14 @@ class Daemon:
             self.retention.note_change(old, new)
         if self.engine is not None:
             self.engine.poke()
+        if self.stager is not None:
+            self.stager.poke()
+
+    def _poke_uploaders(self) -> None:
+        if self.engine is not None:
+            self.engine.poke()
+        if self.stager is not None:
+            self.stager.poke()
 
     def _refresh_gauges(self, old: PartitionScan | None, new: PartitionScan | None) -> None:
         """Move the local-segment gauges by one partition's change: the work is that
@@ -329,7 +339,7 @@ class Daemon:
             stale_after_s=config.kafka.metadata_stale_after_s,
             request_timeout_ms=config.kafka.request_timeout_ms,
             client_options=options,
-            on_refresh=lambda _: self.engine.poke() if self.engine is not None else None,
+            on_refresh=lambda _: self._poke_uploaders(),
             on_error=lambda _: self._dependency_error("kafka", "cluster_watcher"),
         )
         resources.push_async_callback(cluster.aclose)
@@ -399,7 +409,9 @@ class Daemon:
             num_metadata_partitions=meta.num_partitions,
         )
         retention = self.retention
-        # the broker plugin's copies and deletes (topics with remote.storage.enable=true)
+        # the broker plugin's copies and deletes (topics with remote.storage.enable=true), and
+        # their segments staged on roll, before the broker's copy pass
+        staging = StagingLedger() if config.broker.eager_upload else None
         copier = BrokerCopier(
             objects=objects,
             layout=layout,
@@ -407,7 +419,26 @@ class Daemon:
             path_map=config.broker.path_map,
             part_size=config.s3.part_size_bytes,
             concurrency=config.s3.max_concurrency,
+            staging=staging,
+            metrics=self.metrics,
         )
+        if staging is not None:
+            self.stager = EagerStager(
+                objects=objects,
+                layout=layout,
+                views=lambda: self.detector.views,
+                cluster=cluster,
+                store=store,
+                tailer=tailer,
+                ledger=staging,
+                metrics=self.metrics,
+                num_metadata_partitions=meta.num_partitions,
+                part_size=config.s3.part_size_bytes,
+                concurrency=config.s3.max_concurrency,
+                # the same gate as the engine's copies: claimed prefix, S3 and Kafka up
+                ready=lambda: self._pause_reason(cluster) is None,
+            )
+        stager = self.stager
         read_server = ReadServer.from_config(
             config, store=store, objects=objects, metrics=self.metrics, copier=copier
         )
@@ -464,9 +495,19 @@ class Daemon:
                 guard(retention.run(self.stopping), name="retention", stopping=self.stopping),
                 name="retention",
             )
+            phase_one = [engine_task, retention_task]
+            if stager is not None:
+                phase_one.append(
+                    tg.create_task(
+                        guard(
+                            stager.run(self.stopping), name="eager upload", stopping=self.stopping
+                        ),
+                        name="eager upload",
+                    )
+                )
             await self.stopping.wait()
             # phase 2: the engine drains with the publisher and tailer still running
-            await asyncio.wait([engine_task, retention_task])
+            await asyncio.wait(phase_one)
             infra.set()
 
     async def _claim_prefix(self, objects: ObjectStore, kafka: RetentionKafka) -> None:

@@ -206,6 +206,11 @@ class BrokerConfig(_Section):
         description="broker-driven copies: a path prefix as the broker names its files → where"
         " this sidecar mounts that directory (read-only); empty = the same paths",
     )
+    eager_upload: bool = Field(
+        True,
+        description="broker-driven topics: upload each segment's .log on roll, so the broker's"
+        " copy call binds it with a copy inside the store instead of uploading then",
+    )
 
 
 class S3Config(_Section):

@@ -34,6 +34,7 @@ S3_OPERATIONS: Final = (
     "list_multipart_uploads",
     "get_object",
     "head_object",
+    "copy_object",
     "list_objects",
     "delete_objects",
 )
@@ -53,9 +54,12 @@ S3_ERROR_REASONS: Final = (
 )
 #: the ``stage`` label of the metadata publish metrics
 PUBLISH_STAGES: Final = ("acked", "read_back")
+#: the ``outcome`` label of ``eager_uploads_total``
+EAGER_OUTCOMES: Final = ("staged", "adopted", "not_staged", "failed")
 #: label sets with fixed values, documented with the metrics reference
 FIXED_LABEL_VALUES: Final = {
     "operation (s3_*)": S3_OPERATIONS,
+    "outcome (eager_uploads_total)": EAGER_OUTCOMES,
     "reason (s3_request_errors_total)": S3_ERROR_REASONS,
     "stage (metadata_publish_*)": PUBLISH_STAGES,
 }
@@ -241,6 +245,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.eager_uploads = Counter(
+            "eager_uploads",
+            "Broker-driven segments uploaded ahead of the broker's copy call, by outcome: staged"
+            " (uploaded on roll), adopted (a copy call bound it to the broker's segment id),"
+            " not_staged (a copy call found nothing staged and uploaded itself), failed (a"
+            " staging upload failed; the copy call uploads instead).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.repairs = Counter(
             "crash_repairs",
             "Unfinished copies deleted and unfinished deletes finished (after a crash, or left by"
@@ -321,6 +335,8 @@ class Metrics:
         for stage in PUBLISH_STAGES:
             self.metadata_publish_seconds.labels(stage)
             self.metadata_publish_errors.labels(stage)
+        for outcome in EAGER_OUTCOMES:
+            self.eager_uploads.labels(outcome)
         self.metadata_store_lag = Gauge(
             "metadata_store_lag_records",
             "Records of the tracked metadata partitions not yet applied to the local store"

@@ -22,7 +22,12 @@ with the metadata store:
   COPY_SEGMENT_STARTED, so every object of ours is of a partition the store knows);
 * an incomplete multipart upload older than ``upload_grace_s`` is aborted if its key is one of
   this cluster's segment keys (by the same rules), unless its segment is a copy in flight
-  (COPY_SEGMENT_STARTED).
+  (COPY_SEGMENT_STARTED);
+* a staged segment (``<prefix>staging/``, :mod:`sidecar.tiering.eager`) is never referenced by
+  metadata: the broker's copy call copies it to the segment's key and removes it. One older
+  than ``object_grace_s`` was never adopted (leadership moved, the topic is gone) and is
+  deleted as an orphan; an incomplete multipart upload of one is aborted after
+  ``upload_grace_s``. A copy call that comes later finds nothing staged and uploads itself.
 
 ``dry_run`` reports the same decisions without deleting. Deletes go out 1000 keys a request,
 a few requests at a time. The store is read in a worker thread.
@@ -107,6 +112,8 @@ class ScrubReport:
     orphans: list[str] = field(default_factory=list)
     #: orphans younger than the grace period, left for a later scrub
     young_orphans: int = 0
+    #: staged segments younger than the grace period (the broker's copy may still adopt them)
+    staged: int = 0
     #: keys of partitions whose metadata this store has not fully read
     out_of_scope: int = 0
     #: keys that are not segment objects of this layout
@@ -133,6 +140,7 @@ class ScrubReport:
             "orphans": len(self.orphans),
             "orphan_keys": self.orphans,
             "young_orphans": self.young_orphans,
+            "staged": self.staged,
             "out_of_scope": self.out_of_scope,
             "foreign": self.foreign,
             "not_ours": self.not_ours,
@@ -220,12 +228,20 @@ class OrphanScrubber:
         others: list[str] = []
         scope: dict[tuple[uuid.UUID, str, int], bool] = {}
         candidates: list[tuple[str, uuid.UUID]] = []
+        staged_orphans: list[str] = []
         async for info in self._objects.list(prefix):
             report.objects_listed += 1
             if is_marker_key(info.key):
                 if info.key != own_marker:
                     others.append(marker_prefix(info.key))
                 report.foreign += 1
+                continue
+            if self._layout.parse_staged(info.key) is not None:
+                modified = info.last_modified
+                if modified is None or (now - modified).total_seconds() < self._object_grace_s:
+                    report.staged += 1
+                else:
+                    staged_orphans.append(info.key)
                 continue
             parsed = self._layout.parse(info.key)
             if parsed is None:
@@ -256,7 +272,11 @@ class OrphanScrubber:
             kept = [c for c in candidates if not c[0].startswith(tuple(others))]
             report.not_ours += len(candidates) - len(kept)
             candidates = kept
+            kept_staged = [k for k in staged_orphans if not k.startswith(tuple(others))]
+            report.not_ours += len(staged_orphans) - len(kept_staged)
+            staged_orphans = kept_staged
             log.info("scrub_skips_other_owners", prefixes=sorted(others)[:20])
+        report.orphans.extend(staged_orphans)
         if candidates:
             # a copy may have started while we listed: look at the store once more
             again = await asyncio.to_thread(_live_segments, self._store)
@@ -269,6 +289,18 @@ class OrphanScrubber:
         report.uploads_listed = len(uploads)
         doomed: list[MultipartUpload] = []
         for upload in uploads:
+            initiated = upload.initiated
+            old_enough = (
+                initiated is not None and (now - initiated).total_seconds() >= self._upload_grace_s
+            )
+            if self._layout.parse_staged(upload.key) is not None and not upload.key.startswith(
+                tuple(others)
+            ):
+                if old_enough:
+                    doomed.append(upload)
+                else:
+                    report.young_uploads += 1
+                continue
             parsed = self._layout.parse(upload.key)
             if (
                 parsed is None
@@ -280,8 +312,7 @@ class OrphanScrubber:
             if live.get(parsed.segment_id) is _STARTED:
                 report.uploads_in_flight += 1
                 continue
-            initiated = upload.initiated
-            if initiated is None or (now - initiated).total_seconds() < self._upload_grace_s:
+            if not old_enough:
                 report.young_uploads += 1
                 continue
             doomed.append(upload)
@@ -298,6 +329,7 @@ class OrphanScrubber:
             referenced=report.referenced,
             orphans=len(report.orphans),
             young_orphans=report.young_orphans,
+            staged=report.staged,
             out_of_scope=report.out_of_scope,
             foreign=report.foreign,
             not_ours=report.not_ours,

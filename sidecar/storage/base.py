@@ -103,6 +103,11 @@ class ObjectStore(Protocol):
         """
         ...
 
+    async def copy(self, source_key: str, key: str) -> ObjectInfo:
+        """Copy an object inside the bucket (the store moves the bytes; at most 5 GiB, above
+        any Kafka segment). A missing source is :class:`~sidecar.errors.KeyNotFoundError`."""
+        ...
+
     async def get(self, key: str) -> bytes:
         """The whole object (for small objects: manifests, indexes)."""
         ...

@@ -11,6 +11,15 @@ each byte-exact at the byte range the manifest records: one PUT instead of five)
 ``manifest.json``, written last as the commit point. The optional hash prefix (4 hex digits of a
 hash of topic id and partition) spreads load across S3 key partitions.
 
+Staged segments (a broker-driven segment uploaded on roll, before the broker's copy call gives
+it a segment id) live apart, under ``<prefix>staging/``::
+
+    <prefix>staging/<topic>-<topicId>/<partition>/<20-digit base offset>-<size>-<crc32c>.log
+
+named by their content (size and CRC-32C of the ``.log``), so a copy call that finds its file's
+key there knows the bytes are the same. ``staging/`` never collides with a segment key (those
+always start with ``<topic>-<22 characters>/`` or a 4-hex-digit hash).
+
 Pure: no I/O.
 """
 
@@ -24,7 +33,7 @@ from dataclasses import dataclass
 
 from sidecar.kafka.checkpoints import decode_kafka_uuid, encode_kafka_uuid
 
-__all__ = ["KeyLayout", "ObjectSuffix", "ParsedKey"]
+__all__ = ["KeyLayout", "ObjectSuffix", "ParsedKey", "StagedKey"]
 
 
 class ObjectSuffix(enum.StrEnum):
@@ -51,6 +60,24 @@ class ParsedKey:
     base_offset: int
     segment_id: uuid.UUID
     suffix: ObjectSuffix
+
+
+_STAGED = re.compile(
+    r"staging/(?P<topic>[a-zA-Z0-9._-]+)-(?P<topic_id>[A-Za-z0-9_-]{22})/(?P<partition>[0-9]+)/"
+    r"(?P<base>[0-9]{20})-(?P<size>[0-9]+)-(?P<crc>[0-9a-f]{8})\.log\Z"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedKey:
+    """What a staged segment's key says about itself."""
+
+    topic: str
+    topic_id: uuid.UUID
+    partition: int
+    base_offset: int
+    size: int
+    crc32c: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +119,49 @@ class KeyLayout:
         return (
             f"{self.partition_prefix(topic, topic_id, partition)}"
             f"{base_offset:020d}-{encode_kafka_uuid(segment_id)}.{suffix.value}"
+        )
+
+    @property
+    def staging_prefix(self) -> str:
+        """Where staged segments live (ends with '/')."""
+        return f"{self.prefix}staging/"
+
+    def staged_key(
+        self,
+        *,
+        topic: str,
+        topic_id: uuid.UUID,
+        partition: int,
+        base_offset: int,
+        size: int,
+        crc32c: int,
+    ) -> str:
+        """The key of a staged ``.log``, named by its size and CRC-32C."""
+        if base_offset < 0 or size < 0 or not 0 <= crc32c < 2**32:
+            raise ValueError(f"bad staged segment: base {base_offset}, size {size}, crc {crc32c}")
+        return (
+            f"{self.staging_prefix}{topic}-{encode_kafka_uuid(topic_id)}/{partition}/"
+            f"{base_offset:020d}-{size}-{crc32c:08x}.log"
+        )
+
+    def parse_staged(self, key: str) -> StagedKey | None:
+        """Parse a staged segment's key; ``None`` for anything else."""
+        if not key.startswith(self.prefix):
+            return None
+        match = _STAGED.match(key[len(self.prefix) :])
+        if match is None:
+            return None
+        try:
+            topic_id = decode_kafka_uuid(match["topic_id"])
+        except ValueError:
+            return None
+        return StagedKey(
+            topic=match["topic"],
+            topic_id=topic_id,
+            partition=int(match["partition"]),
+            base_offset=int(match["base"]),
+            size=int(match["size"]),
+            crc32c=int(match["crc"], 16),
         )
 
     def parse(self, key: str) -> ParsedKey | None:

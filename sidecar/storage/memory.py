@@ -54,6 +54,7 @@ Operation = Literal[
     "get",
     "get_range",
     "head",
+    "copy",
     "delete",
     "list",
     "list_multipart_uploads",
@@ -173,6 +174,13 @@ class MemoryObjectStore:
                 f"{len(body)} bytes"
             )
         return body[start : end_inclusive + 1]
+
+    async def copy(self, source_key: str, key: str) -> ObjectInfo:
+        """Copy an object; its checksum and part count go with it."""
+        await self._enter("copy")
+        obj = self._lookup(source_key)
+        stored = self._store(key, obj.body, obj.crc32c, obj.etag, parts=obj.parts)
+        return ObjectInfo(key, stored.size, None, stored.etag, None)
 
     async def head(self, key: str) -> ObjectInfo:
         """Size, checksum (None for a multipart object, as S3) and entity tag."""

@@ -10,6 +10,11 @@ CRC-32C is checked, and the objects are written byte-exact with the same keys an
 standalone upload (:func:`sidecar.tiering.uploader.write_segment_objects`), keyed by the broker's
 segment id. No metadata event is published: the broker's RLMM writes COPY_SEGMENT_STARTED and
 FINISHED around the call, and DELETE_SEGMENT_* around a delete.
+
+With eager upload (:mod:`sidecar.tiering.eager`) the ``.log`` is usually in the bucket already,
+staged under a key named by its size and CRC-32C: the copy computes the CRC of the file it
+checked, and a staged object of that name is copied to the segment's key inside the store
+instead of uploading the bytes again.
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ from sidecar.brokerapi import (
     BrokerPathError,
     SegmentNotCopyableError,
 )
-from sidecar.errors import FormatError, SegmentVanishedError, SidecarError
+from sidecar.errors import FormatError, KeyNotFoundError, SegmentVanishedError, SidecarError
 from sidecar.kafka.logdir import open_segment_file
 from sidecar.kafka.records import iter_batches
 from sidecar.metadata.events import SegmentMetadata
 from sidecar.observability.logging import get_logger
-from sidecar.storage.base import ObjectStore
+from sidecar.observability.metrics import Metrics
+from sidecar.storage.base import ObjectInfo, ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind
+from sidecar.tiering.eager import StagingLedger, file_crc32c
 from sidecar.tiering.uploader import OpenSegment, segment_keys, write_segment_objects
 
 __all__ = ["BrokerCopier"]
@@ -55,8 +62,12 @@ class BrokerCopier:
         path_map: Mapping[str, Path] | None = None,
         part_size: int,
         concurrency: int,
+        staging: StagingLedger | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._objects = objects
+        self._staging = staging
+        self._metrics = metrics
         self._layout = layout
         self._log_dirs = [Path(os.path.realpath(d)) for d in log_dirs]
         # longest prefix first, so a nested mapping wins over its parent
@@ -93,44 +104,114 @@ class BrokerCopier:
         return real
 
     async def copy(self, request: BrokerCopyRequest) -> int:
-        """Upload the segment's objects; returns the bytes of its ``.log``."""
+        """Upload the segment's objects (adopting a staged ``.log`` when there is one); returns
+        the bytes of its ``.log``."""
         metadata = request.metadata
+        tip = metadata.segment_id.topic_id_partition
+        ident = (tip.topic_id, tip.partition, metadata.start_offset)
         started = time.monotonic()
-        opened = await asyncio.to_thread(self._open, request)
+        copied = False
+        if self._staging is not None:
+            self._staging.claim(ident)  # the stager starts nothing for it from now on
         try:
-            await write_segment_objects(
-                self._objects,
-                self._layout,
-                metadata,
-                opened,
-                part_size=self._part_size,
-                concurrency=self._concurrency,
-            )
-        except BaseException:
-            # what was written under this attempt's keys is of no use to anyone
-            await asyncio.shield(self._delete_quietly(metadata))
-            raise
+            if self._staging is not None:
+                await self._staging.settled(ident)  # a staging upload of it in flight
+            opened, crc = await asyncio.to_thread(self._open, request, self._staging is not None)
+            adopted: str | None = None
+            try:
+                log_info = None
+                if crc is not None:
+                    adopted, log_info = await self._adopt(metadata, opened, crc)
+                await write_segment_objects(
+                    self._objects,
+                    self._layout,
+                    metadata,
+                    opened,
+                    part_size=self._part_size,
+                    concurrency=self._concurrency,
+                    log_info=log_info,
+                )
+            except BaseException:
+                # what was written under this attempt's keys is of no use to anyone
+                await asyncio.shield(self._delete_quietly(metadata))
+                raise
+            finally:
+                await asyncio.to_thread(opened.log.close)
+            copied = True
         finally:
-            await asyncio.to_thread(opened.log.close)
+            if self._staging is not None:
+                self._staging.release(ident, copied=copied)
+        if adopted is not None:
+            await self._drop_staged(adopted)
         log.info(
             "broker_copy_finished",
-            topic=metadata.segment_id.topic_id_partition.topic,
-            partition=metadata.segment_id.topic_id_partition.partition,
+            topic=tip.topic,
+            partition=tip.partition,
             base_offset=metadata.start_offset,
             segment_id=str(metadata.segment_id.id),
             bytes=opened.size,
+            staged=adopted is not None,
             # check and upload, as the broker's copier thread waits for them
             seconds=round(time.monotonic() - started, 4),
         )
         return opened.size
 
-    def _open(self, request: BrokerCopyRequest) -> OpenSegment:
-        """Map and check the paths (symlinks resolve on disk), then open (thread side)."""
+    async def _adopt(
+        self, metadata: SegmentMetadata, opened: OpenSegment, crc: int
+    ) -> tuple[str | None, ObjectInfo | None]:
+        """Copy a staged ``.log`` with this file's size and CRC to the segment's key: (the
+        staged key, the copy's info), or (None, None) when nothing is staged."""
+        tip = metadata.segment_id.topic_id_partition
+        staged = self._layout.staged_key(
+            topic=tip.topic,
+            topic_id=tip.topic_id,
+            partition=tip.partition,
+            base_offset=metadata.start_offset,
+            size=opened.size,
+            crc32c=crc,
+        )
+        ident = (tip.topic_id, tip.partition, metadata.start_offset)
+        if self._staging is None or self._staging.staged_key(ident) != staged:
+            self._count("not_staged")  # not staged, or other bytes than the broker's file
+            return None, None
+        key = segment_keys(self._layout, metadata)[ObjectSuffix.LOG]
+        try:
+            info = await self._objects.copy(staged, key)
+        except KeyNotFoundError:
+            self._count("not_staged")
+            return None, None
+        if info.size != opened.size:
+            raise SegmentNotCopyableError(
+                f"staged {staged} has {info.size} bytes after the copy, not {opened.size}"
+            )
+        self._count("adopted")
+        return staged, ObjectInfo(key, opened.size, crc, info.etag, None)
+
+    async def _drop_staged(self, key: str) -> None:
+        try:
+            await self._objects.delete([key])
+        except SidecarError as exc:  # the orphan scrub removes it after its grace period
+            log.warning("staged_object_not_removed", key=key, error=str(exc))
+
+    def _count(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.eager_uploads.labels(outcome).inc()
+
+    def _open(self, request: BrokerCopyRequest, with_crc: bool) -> tuple[OpenSegment, int | None]:
+        """Map and check the paths (symlinks resolve on disk), then open; with ``with_crc``
+        also the CRC-32C of the whole ``.log`` (thread side)."""
         paths = {
             kind: None if path is None else self.local_path(path, kind)
             for kind, path in request.files.items()
         }
-        return _open(paths, request.leader_epoch_index, request.metadata.segment_size_in_bytes)
+        opened = _open(paths, request.leader_epoch_index, request.metadata.segment_size_in_bytes)
+        if not with_crc:
+            return opened, None
+        try:
+            return opened, file_crc32c(opened.log.fileno(), opened.size)
+        except BaseException:
+            opened.log.close()
+            raise
 
     async def delete(self, metadata: SegmentMetadata) -> None:
         """Delete every object of the segment and abort an unfinished upload of its ``.log``.

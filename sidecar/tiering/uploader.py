@@ -68,7 +68,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
-from sidecar.storage.base import ObjectStore
+from sidecar.storage.base import ObjectInfo, ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
 
@@ -544,17 +544,20 @@ async def write_segment_objects(
     *,
     part_size: int,
     concurrency: int,
+    log_info: ObjectInfo | None = None,
 ) -> int:
     """Write a segment's objects (``.log``, indexes, manifest) and publish nothing: the
     standalone upload wraps this in its metadata events, the broker-driven copy leaves the events
-    to the broker's RLMM. Returns the size of the indexes object."""
+    to the broker's RLMM. ``log_info``: the ``.log`` is in place already (a staged copy), only
+    the file's stability is checked. Returns the size of the indexes object."""
     keys = segment_keys(layout, metadata)
-    log_info = await objects.put_file(
-        keys[ObjectSuffix.LOG],
-        opened.log_path,
-        part_size=part_size,
-        concurrency=concurrency,
-    )
+    if log_info is None:
+        log_info = await objects.put_file(
+            keys[ObjectSuffix.LOG],
+            opened.log_path,
+            part_size=part_size,
+            concurrency=concurrency,
+        )
     after = await asyncio.to_thread(os.fstat, opened.log.fileno())
     if (
         log_info.size != opened.size

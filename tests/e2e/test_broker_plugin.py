@@ -715,14 +715,26 @@ async def test_each_segment_is_uploaded_once_and_copy_latency_is_measured(
         and ("status", "200") not in labels
     )
     assert failed_calls == 0
-    puts, multipart = (
+    puts, multipart, copies = (
         sample(samples, "kafka_tiered_sidecar_s3_requests_total", operation=op)
         - sample(before, "kafka_tiered_sidecar_s3_requests_total", operation=op)
-        for op in ("put_object", "create_multipart_upload")
+        for op in ("put_object", "create_multipart_upload", "copy_object")
     )
-    assert (puts, multipart) == (3 * n, 0)  # each segment's .log, indexes and manifest once
-    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
+    # each segment's .log (staged on roll, or by the copy call), indexes and manifest once
+    assert (puts, multipart) == (3 * n, 0)
+    eager = {
+        outcome: sample(samples, "kafka_tiered_sidecar_eager_uploads_total", outcome=outcome)
+        for outcome in ("staged", "adopted", "not_staged", "failed")
+    }
+    # every copy call either adopted its staged .log with a copy inside the store or uploaded
+    # it itself; nothing was staged and then left
+    assert eager["adopted"] + eager["not_staged"] == n, eager
+    assert eager["staged"] == eager["adopted"] == copies, (eager, copies)
+    assert eager["adopted"] >= 1, eager
+    assert eager["failed"] == 0, eager
     layout = KeyLayout(prefix=plugged.prefix)
+    assert not [k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)]
+    logs = [k for k in bucket_keys(s3, plugged.prefix) if k.endswith(".log")]
     bases = Counter(p.base_offset for k in logs if (p := layout.parse(k)) is not None)
     assert sorted(bases) == [m.start_offset for m in finished]
     assert set(bases.values()) == {1}
@@ -737,7 +749,8 @@ async def test_each_segment_is_uploaded_once_and_copy_latency_is_measured(
     assert histogram_count == n
     mib = sum(m.segment_size_in_bytes for m in finished) / 2**20
     print(
-        f"\nbroker copy calls: {n} segments, {mib:.1f} MiB; latency p50"
+        f"\nbroker copy calls: {n} segments ({eager['adopted']:.0f} staged on roll),"
+        f" {mib:.1f} MiB; latency p50"
         f" {_quantile(seconds, 0.5) * 1000:.1f} ms, p99 {_quantile(seconds, 0.99) * 1000:.1f} ms,"
         f" max {max(seconds) * 1000:.1f} ms"
     )

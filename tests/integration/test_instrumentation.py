@@ -61,9 +61,10 @@ class TestS3Operations:
                 ("get_object", store.get(f"{s3_prefix}small")),
                 ("get_object", store.get_range(f"{s3_prefix}small", 10, 19)),
                 ("head_object", store.head(f"{s3_prefix}small")),
+                ("copy_object", store.copy(f"{s3_prefix}small", f"{s3_prefix}copied")),
                 ("list_objects", _drain(store.list(s3_prefix))),
                 ("list_multipart_uploads", _drain(store.list_multipart_uploads(s3_prefix))),
-                ("delete_objects", store.delete([f"{s3_prefix}small"])),
+                ("delete_objects", store.delete([f"{s3_prefix}small", f"{s3_prefix}copied"])),
             ]
             for operation, call in steps:
                 before = _value(metrics, "s3_requests_total", operation=operation)

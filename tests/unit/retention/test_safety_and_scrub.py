@@ -204,3 +204,45 @@ class TestScrub:
             assert set(objects.objects) == {*_keys(orphan), MARKER}
         finally:
             store.close()
+
+    async def test_staged_segments_go_after_the_grace_period(self, tmp_path):
+        """A staged segment is never referenced by metadata: young ones stay (the broker's copy
+        may still adopt them), old ones and their old incomplete uploads are removed."""
+        store = RemoteSegmentStore(tmp_path / "state")
+        objects = MemoryObjectStore()
+        try:
+            await claim(objects)
+            staged = [
+                LAYOUT.staged_key(
+                    topic=TP.topic,
+                    topic_id=TP.topic_id,
+                    partition=TP.partition,
+                    base_offset=base,
+                    size=1,
+                    crc32c=base,
+                )
+                for base in (0, 10)
+            ]
+            await objects.put(staged[0], b"x")
+            upload_id = await objects.create_multipart_upload(staged[1])
+            clock = [datetime.now(UTC)]
+            scrubber = OrphanScrubber(
+                objects=objects,
+                store=store,
+                layout=LAYOUT,
+                owner=OWNER,
+                object_grace_s=60,
+                upload_grace_s=60,
+                now=lambda: clock[0],
+            )
+            early = await scrubber.scrub()
+            assert (early.staged, early.orphans, early.young_uploads) == (1, [], 1)
+            assert staged[0] in objects.objects
+
+            clock[0] += timedelta(seconds=90)
+            done = await scrubber.scrub()
+            assert done.orphans == [staged[0]]
+            assert done.aborted_uploads == [(staged[1], upload_id)]
+            assert set(objects.objects) == {MARKER}
+        finally:
+            store.close()

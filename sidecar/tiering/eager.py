@@ -1,0 +1,323 @@
+"""Eager upload of broker-driven segments: a segment's ``.log`` goes to S3 as soon as it is rolled
+and committed, before the broker's copy pass asks for it.
+
+For a topic with ``remote.storage.enable=true`` the broker's RLM decides when to copy, and gives
+the copy its segment id only then (after its next pass, up to
+``remote.log.manager.task.interval.ms`` later, longer when it lags). Until then the data is on
+the broker's disk alone. The stager uploads each segment the broker will copy next (this broker
+leads the partition; the segment is rolled, ready and below the LSO, and not covered by a
+FINISHED copy) to a *staged* key named by its size and CRC-32C
+(:meth:`~sidecar.storage.keys.KeyLayout.staged_key`). The broker's copy call
+(:class:`~sidecar.tiering.brokercopy.BrokerCopier`) reads and checks the file as always,
+computes the same name, and binds the staged bytes to the broker's segment id with a copy inside
+the store (CopyObject: no bytes through the sidecar), then writes the indexes and manifest and
+removes the staged object. A copy call that finds nothing staged uploads the ``.log`` itself.
+
+The two meet in a :class:`StagingLedger`, in process: a copy call claims its segment, so the
+stager does not start it (or start it again before the broker's FINISHED reaches the store), and
+waits for a staging upload of that segment already in flight rather than uploading the bytes a
+second time.
+
+A staged object that is never adopted (leadership moved, the topic was deleted, the broker's
+copy found other bytes) is removed by the orphan scrub once it is older than the orphan grace
+period; adoption by a copy call after that simply finds nothing and uploads. Staging uploads run
+one at a time, so memory and S3 load stay bounded whatever the number of partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from sidecar._aio import wait_any
+from sidecar.errors import KeyNotFoundError, SegmentVanishedError, SidecarError
+from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.kafka.logdir import PartitionScan, Segment, open_segment_file
+from sidecar.metadata.events import TopicIdPartition
+from sidecar.metadata.partitioner import metadata_partition
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.metadata.tailer import MetadataTailer
+from sidecar.observability.logging import get_logger
+from sidecar.observability.metrics import Metrics
+from sidecar.storage._crc import crc32c
+from sidecar.storage.base import ObjectStore
+from sidecar.storage.keys import KeyLayout
+from sidecar.tiering.cluster import ClusterWatcher
+from sidecar.tiering.planner import Plan, plan_partition
+from sidecar.tiering.workers import remote_coverage
+
+__all__ = ["EagerStager", "SegmentIdent", "StagingLedger", "file_crc32c"]
+
+log = get_logger(__name__)
+
+#: (topic id, partition, base offset): a segment before the broker names it
+SegmentIdent = tuple[uuid.UUID, int, int]
+#: how long a segment a copy call handled stays off the stager's list (the broker's FINISHED
+#: reaches the store within a second or two; this only bounds the ledger's memory)
+_COPIED_MEMORY_S = 600.0
+_READ_BYTES = 1 << 20
+#: segments staged per partition and pass, before the next partition gets its turn
+_PER_PASS = 4
+
+
+def file_crc32c(fd: int, size: int) -> int:
+    """(thread) CRC-32C of the first ``size`` bytes of an open file, read 1 MiB at a time."""
+    value, offset = 0, 0
+    while offset < size:
+        chunk = os.pread(fd, min(_READ_BYTES, size - offset), offset)
+        if not chunk:
+            raise OSError(f"file ended at byte {offset} of {size}")
+        value = crc32c(chunk, value)
+        offset += len(chunk)
+    return value
+
+
+class StagingLedger:
+    """Which segments a copy call has taken, and which staging uploads are in flight
+    (event-loop side; no locks needed)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._claimed: set[SegmentIdent] = set()
+        self._copied: dict[SegmentIdent, float] = {}
+        self._inflight: dict[SegmentIdent, asyncio.Event] = {}
+        self._staged: dict[SegmentIdent, str] = {}
+
+    def claim(self, ident: SegmentIdent) -> None:
+        """A copy call has begun: no staging upload of this segment starts from now on."""
+        self._claimed.add(ident)
+
+    def release(self, ident: SegmentIdent, *, copied: bool) -> None:
+        """The copy call ended; a copied segment stays off the stager's list until the store
+        covers it (or for a bounded time), a failed one may be staged again."""
+        self._claimed.discard(ident)
+        if copied:
+            self._copied[ident] = self._clock()
+            self._staged.pop(ident, None)
+
+    def note_staged(self, ident: SegmentIdent, key: str) -> None:
+        """The segment's ``.log`` is in the bucket under ``key``."""
+        self._staged[ident] = key
+
+    def staged_key(self, ident: SegmentIdent) -> str | None:
+        """Where the segment was staged, if it was (a copy call then tries to adopt it)."""
+        return self._staged.get(ident)
+
+    def forget(self, ident: SegmentIdent) -> None:
+        """The segment left the stager's plans (covered, or led elsewhere now)."""
+        self._staged.pop(ident, None)
+
+    def taken(self, ident: SegmentIdent) -> bool:
+        """Whether a copy call has this segment (running, or done recently)."""
+        now = self._clock()
+        for old in [i for i, at in self._copied.items() if now - at > _COPIED_MEMORY_S]:
+            del self._copied[old]
+        return ident in self._claimed or ident in self._copied
+
+    def begin(self, ident: SegmentIdent) -> None:
+        self._inflight[ident] = asyncio.Event()
+
+    def end(self, ident: SegmentIdent) -> None:
+        event = self._inflight.pop(ident, None)
+        if event is not None:
+            event.set()
+
+    async def settled(self, ident: SegmentIdent) -> None:
+        """Wait for a staging upload of this segment that is in flight, if any."""
+        event = self._inflight.get(ident)
+        if event is not None:
+            await event.wait()
+
+
+class EagerStager:
+    """Uploads broker-driven segments of partitions this broker leads on roll (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        objects: ObjectStore,
+        layout: KeyLayout,
+        views: Callable[[], Mapping[Path, PartitionScan]],
+        cluster: ClusterWatcher,
+        store: RemoteSegmentStore,
+        tailer: MetadataTailer,
+        ledger: StagingLedger,
+        metrics: Metrics,
+        num_metadata_partitions: int,
+        part_size: int,
+        concurrency: int,
+        wake_interval_s: float = 1.0,
+        ready: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._objects = objects
+        self._layout = layout
+        self._views = views
+        self._cluster = cluster
+        self._store = store
+        self._tailer = tailer
+        self._ledger = ledger
+        self._metrics = metrics
+        self._num_partitions = num_metadata_partitions
+        self._part_size = part_size
+        self._concurrency = concurrency
+        self._wake_interval_s = wake_interval_s
+        self._ready = ready
+        self._wake = asyncio.Event()
+        #: staged here (or found staged) and not yet covered by a FINISHED copy
+        self._staged: dict[SegmentIdent, str] = {}
+        #: a failed staging upload is not tried again before this time
+        self._retry_at: dict[SegmentIdent, float] = {}
+        self.staged_count = 0
+
+    def poke(self) -> None:
+        """A hint (a roll, a cluster refresh): look again now."""
+        self._wake.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            self._wake.clear()
+            if self._ready():
+                try:
+                    await self._pass(stopping)
+                except SidecarError as exc:  # a store query or a refresh failed: next pass
+                    log.warning("eager_pass_failed", error=str(exc), error_type=type(exc).__name__)
+            await wait_any(stopping, self._wake, within=self._wake_interval_s)
+
+    async def _pass(self, stopping: asyncio.Event) -> None:
+        pending: set[SegmentIdent] = set()
+        for scan in list(self._views().values()):
+            if stopping.is_set():
+                return
+            if scan.topic_id is None or not self._cluster.broker_driven(scan.topic):
+                continue
+            if not self._cluster.view.may_upload(scan.topic, scan.partition):
+                continue
+            tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
+            if not self._tailer.caught_up(metadata_partition(tip, self._num_partitions)):
+                continue
+            for segment in await self._candidates(scan, tip):
+                ident = (tip.topic_id, tip.partition, segment.base_offset)
+                pending.add(ident)
+                if stopping.is_set():
+                    return
+                await self._stage(tip, segment, ident)
+        # what left the plans was adopted (covered now), or its partition went elsewhere
+        for ident in [i for i in self._staged if i not in pending]:
+            del self._staged[ident]
+            self._ledger.forget(ident)
+        for ident in [i for i in self._retry_at if i not in pending]:
+            del self._retry_at[ident]
+
+    async def _candidates(self, scan: PartitionScan, tip: TopicIdPartition) -> tuple[Segment, ...]:
+        """The segments the broker copies next, as the standalone engine would plan them."""
+        lso = self._cluster.view.lso(scan.topic, scan.partition)
+        if lso is None:
+            # the periodic refresh asks for the LSOs of standalone partitions only
+            lso = await self._cluster.fetch_lso(scan.topic, scan.partition)
+            if lso is None:
+                return ()
+        plan = await asyncio.to_thread(self._plan, scan, tip, lso)
+        if not plan.uploads and plan.waiting_for_lso:
+            fresh = await self._cluster.fetch_lso(scan.topic, scan.partition)
+            if fresh is not None and fresh != lso:
+                plan = await asyncio.to_thread(self._plan, scan, tip, fresh)
+        return plan.uploads
+
+    def _plan(self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None) -> Plan:
+        return plan_partition(
+            scan,
+            lso=lso,
+            highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
+            coverage=remote_coverage(self._store, scan, tip, lso),
+            limit=_PER_PASS,
+        )
+
+    async def _stage(self, tip: TopicIdPartition, segment: Segment, ident: SegmentIdent) -> None:
+        if ident in self._staged or self._ledger.taken(ident):
+            return
+        if time.monotonic() < self._retry_at.get(ident, 0.0):
+            return
+        self._ledger.begin(ident)
+        started = time.monotonic()
+        try:
+            fingerprint = await asyncio.to_thread(_fingerprint, segment.log_path)
+            if fingerprint is None:
+                return  # deleted meanwhile: nothing to stage
+            size, crc, mtime_ns = fingerprint
+            key = self._layout.staged_key(
+                topic=tip.topic,
+                topic_id=tip.topic_id,
+                partition=tip.partition,
+                base_offset=segment.base_offset,
+                size=size,
+                crc32c=crc,
+            )
+            try:
+                await self._objects.head(key)
+                found = True  # staged before a restart
+            except KeyNotFoundError:
+                found = False
+            if not found:
+                info = await self._objects.put_file(
+                    key, segment.log_path, part_size=self._part_size, concurrency=self._concurrency
+                )
+                after = await asyncio.to_thread(_stat, segment.log_path)
+                if info.size != size or after is None or after != (size, mtime_ns):
+                    # the file changed under the upload: these bytes are not the segment's
+                    await self._objects.delete([key])
+                    return
+                self.staged_count += 1
+                self._metrics.eager_uploads.labels("staged").inc()
+            self._staged[ident] = key
+            self._ledger.note_staged(ident, key)
+            log.debug(
+                "segment_staged",
+                topic=tip.topic,
+                partition=tip.partition,
+                base_offset=segment.base_offset,
+                bytes=size,
+                already=found,
+                seconds=round(time.monotonic() - started, 3),
+            )
+        except (SidecarError, OSError) as exc:
+            # the copy call uploads it instead; try again after a while
+            self._retry_at[ident] = time.monotonic() + 30.0
+            self._metrics.eager_uploads.labels("failed").inc()
+            log.warning(
+                "segment_staging_failed",
+                topic=tip.topic,
+                partition=tip.partition,
+                base_offset=segment.base_offset,
+                error=str(exc),
+                error_type=type(exc).__name__,
+            )
+        finally:
+            self._ledger.end(ident)
+
+
+def _fingerprint(path: Path) -> tuple[int, int, int] | None:
+    """(thread) Size, CRC-32C and mtime of a segment's ``.log``; None when it is gone."""
+    try:
+        handle, _ = open_segment_file(path)
+    except SegmentVanishedError:
+        return None
+    with handle:
+        stat = os.fstat(handle.fileno())
+        crc = file_crc32c(handle.fileno(), stat.st_size)
+        after = os.fstat(handle.fileno())
+        if (after.st_size, after.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+            return None  # still being written: not a rolled segment after all
+        return stat.st_size, crc, stat.st_mtime_ns
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
