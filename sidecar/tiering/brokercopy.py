@@ -171,9 +171,12 @@ class BrokerCopier:
             crc32c=crc,
         )
         ident = (tip.topic_id, tip.partition, metadata.start_offset)
-        if self._staging is None or self._staging.staged_key(ident) != staged:
-            self._count("not_staged")  # not staged, or other bytes than the broker's file
+        known = None if self._staging is None else self._staging.staged_key(ident)
+        if known is not None and known != staged:
+            self._count("not_staged")  # staged with other bytes than the broker's file
             return None, None
+        # not known here may still be staged: by this process before a restart, which the
+        # broker's retry can reach before the stager has looked again
         key = segment_keys(self._layout, metadata)[ObjectSuffix.LOG]
         try:
             info = await self._objects.copy(staged, key)

@@ -61,7 +61,7 @@ SegmentIdent = tuple[uuid.UUID, int, int]
 #: reaches the store within a second or two; this only bounds the ledger's memory)
 _COPIED_MEMORY_S = 600.0
 _READ_BYTES = 1 << 20
-#: segments staged per partition and pass, before the next partition gets its turn
+#: uploads per partition and pass, before the next partition gets its turn
 _PER_PASS = 4
 
 
@@ -200,12 +200,14 @@ class EagerStager:
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             if not self._tailer.caught_up(metadata_partition(tip, self._num_partitions)):
                 continue
+            uploaded = 0
             for segment in await self._candidates(scan, tip):
                 ident = (tip.topic_id, tip.partition, segment.base_offset)
                 pending.add(ident)
                 if stopping.is_set():
                     return
-                await self._stage(tip, segment, ident)
+                if uploaded < _PER_PASS and await self._stage(tip, segment, ident):
+                    uploaded += 1
         # what left the plans was adopted (covered now), or its partition went elsewhere
         for ident in [i for i in self._staged if i not in pending]:
             del self._staged[ident]
@@ -234,20 +236,22 @@ class EagerStager:
             lso=lso,
             highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
             coverage=remote_coverage(self._store, scan, tip, lso),
-            limit=_PER_PASS,
+            # every candidate: those staged already stay in the plan until the broker copies
+            limit=len(scan.segments),
         )
 
-    async def _stage(self, tip: TopicIdPartition, segment: Segment, ident: SegmentIdent) -> None:
+    async def _stage(self, tip: TopicIdPartition, segment: Segment, ident: SegmentIdent) -> bool:
+        """Stage one segment; whether an upload was made (or tried)."""
         if ident in self._staged or self._ledger.taken(ident):
-            return
+            return False
         if time.monotonic() < self._retry_at.get(ident, 0.0):
-            return
+            return False
         self._ledger.begin(ident)
         started = time.monotonic()
         try:
             fingerprint = await asyncio.to_thread(_fingerprint, segment.log_path)
             if fingerprint is None:
-                return  # deleted meanwhile: nothing to stage
+                return False  # deleted meanwhile: nothing to stage
             size, crc, mtime_ns = fingerprint
             key = self._layout.staged_key(
                 topic=tip.topic,
@@ -267,23 +271,16 @@ class EagerStager:
                     key, segment.log_path, part_size=self._part_size, concurrency=self._concurrency
                 )
                 after = await asyncio.to_thread(_stat, segment.log_path)
-                if info.size != size or after is None or after != (size, mtime_ns):
+                if (
+                    info.size != size
+                    or (info.crc32c is not None and info.crc32c != crc)
+                    or after != (size, mtime_ns)
+                ):
                     # the file changed under the upload: these bytes are not the segment's
                     await self._objects.delete([key])
-                    return
+                    return True
                 self.staged_count += 1
                 self._metrics.eager_uploads.labels("staged").inc()
-            self._staged[ident] = key
-            self._ledger.note_staged(ident, key)
-            log.debug(
-                "segment_staged",
-                topic=tip.topic,
-                partition=tip.partition,
-                base_offset=segment.base_offset,
-                bytes=size,
-                already=found,
-                seconds=round(time.monotonic() - started, 3),
-            )
         except (SidecarError, OSError) as exc:
             # the copy call uploads it instead; try again after a while
             self._retry_at[ident] = time.monotonic() + 30.0
@@ -296,6 +293,20 @@ class EagerStager:
                 error=str(exc),
                 error_type=type(exc).__name__,
             )
+            return True
+        else:
+            self._staged[ident] = key
+            self._ledger.note_staged(ident, key)
+            log.debug(
+                "segment_staged",
+                topic=tip.topic,
+                partition=tip.partition,
+                base_offset=segment.base_offset,
+                bytes=size,
+                already=found,
+                seconds=round(time.monotonic() - started, 3),
+            )
+            return True
         finally:
             self._ledger.end(ident)
 

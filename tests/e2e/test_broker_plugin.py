@@ -242,9 +242,11 @@ async def plugged_broker(
     tmp_path: Path,
     *,
     include_topics: list[str] | None = None,
+    copy_interval_ms: int = 1000,
 ) -> AsyncIterator[PluggedBroker]:
     """A one-node broker tiering through the plugin, configured from `sidecar broker-config`,
-    and the sidecar beside it, which also tiers ``include_topics`` standalone."""
+    and the sidecar beside it, which also tiers ``include_topics`` standalone. The broker's RLM
+    copies and expires every ``copy_interval_ms`` (Kafka's default is 30 s)."""
     jar = plugin_jar()
     # a short state dir: the read socket's path must fit in 107 bytes
     state = Path(tempfile.mkdtemp(prefix="rsm-", dir="/tmp"))
@@ -272,8 +274,8 @@ async def plugged_broker(
     )
     assert props["rsm.config.socket.path"] == str(state / "read.sock")
     cluster.overrides.update(props)
-    # copy and expire every second, so the test does not wait for the 30 s default
-    cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
+    # by default copy and expire every second, so the test does not wait for the 30 s default
+    cluster.overrides["remote.log.manager.task.interval.ms"] = str(copy_interval_ms)
     cluster.enable_jmx()  # the broker's remote-copy metrics
     cluster.start()
     env = sidecar_env(s3)
@@ -617,6 +619,55 @@ async def _consume_from(
     return got[:count]
 
 
+async def test_segments_are_staged_on_roll_before_the_broker_copies(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path, topic_name: str
+) -> None:
+    """Eager upload: with the broker's next copy pass ten minutes away, every rolled segment's
+    .log is in the bucket already, byte for byte, under its staged key, and the broker has not
+    copied (no COPY_SEGMENT_STARTED): the data does not wait on the broker's disk for it."""
+    async with plugged_broker(
+        s3, s3_prefix, stack_root, tmp_path, copy_interval_ms=600_000
+    ) as plugged:
+        cluster = plugged.cluster
+        bootstrap = cluster.bootstrap_servers
+        await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+        await _produce_values(bootstrap, topic_name, range(3000))  # about 6 segments
+        partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+        tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+        active = _active_base(partition_dir)
+        rolled = sorted(
+            p for p in partition_dir.glob("*.log") if int(p.name.split(".")[0]) < active
+        )
+        assert len(rolled) >= 4
+        layout = KeyLayout(prefix=plugged.prefix)
+
+        def staged() -> dict[int, str] | None:
+            keys = {
+                parsed.base_offset: key
+                for key in bucket_keys(s3, plugged.prefix)
+                if (parsed := layout.parse_staged(key)) is not None
+            }
+            return keys if len(keys) >= len(rolled) else None
+
+        found = await _poll(
+            staged,
+            timeout=120,
+            what="every rolled segment staged",
+        )
+        client = s3.client()
+        for path in rolled:
+            key = found[int(path.name.split(".")[0])]
+            body = client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+            assert body == path.read_bytes(), key
+        async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+            await metadata.read_to_end()
+            assert metadata.copies(tip) == []  # the broker has copied nothing yet
+        samples = await metric_samples(plugged.metrics_port)
+        assert sample(samples, "kafka_tiered_sidecar_eager_uploads_total", outcome="staged") == len(
+            found
+        )
+
+
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
     """``len(keys)`` records of about 2 KB (hex of random bytes) to partition 0, acks=all."""
     sent = []
@@ -729,7 +780,9 @@ async def test_each_segment_is_uploaded_once_and_copy_latency_is_measured(
     # every copy call either adopted its staged .log with a copy inside the store or uploaded
     # it itself; nothing was staged and then left
     assert eager["adopted"] + eager["not_staged"] == n, eager
-    assert eager["staged"] == eager["adopted"] == copies, (eager, copies)
+    assert eager["staged"] == eager["adopted"], eager
+    # a copy call tries CopyObject unless it knows its file was staged with other bytes
+    assert eager["adopted"] <= copies <= n, (eager, copies)
     assert eager["adopted"] >= 1, eager
     assert eager["failed"] == 0, eager
     layout = KeyLayout(prefix=plugged.prefix)

@@ -149,6 +149,17 @@ async def test_nothing_staged_or_other_bytes_staged_means_an_upload(partition: P
     assert objects.calls["copy"] == 0  # known not to match: no request
 
 
+async def test_a_log_staged_before_a_restart_is_adopted(partition: Path) -> None:
+    """The ledger is new (the sidecar restarted) but the staged object is there."""
+    objects, ledger, metrics = MemoryObjectStore(), StagingLedger(), Metrics()
+    log = (partition / segment_file_name(30, FileKind.LOG)).read_bytes()
+    await objects.put(_staged_key(partition, 30), log)
+    await _copier(objects, partition, ledger, metrics).copy(_request(partition, 30, 60))
+    assert objects.calls["put_file"] == 0
+    assert _outcomes(metrics) == {"adopted": 1, "not_staged": 0}
+    assert _staged_key(partition, 30) not in objects.objects
+
+
 async def test_a_staged_object_gone_meanwhile_means_an_upload(partition: Path) -> None:
     """The scrub removed a staged object the broker adopts only now: the copy uploads."""
     objects, ledger, metrics = MemoryObjectStore(), StagingLedger(), Metrics()
