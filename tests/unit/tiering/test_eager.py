@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.brokerapi import BrokerCopyRequest
-from sidecar.kafka.logdir import FileKind, segment_file_name
+from sidecar.errors import StorageError
+from sidecar.kafka.logdir import FileKind, scan_partition_dir, segment_file_name
 from sidecar.metadata.events import (
     RemoteLogSegmentId,
     RemoteLogSegmentState,
     SegmentMetadata,
     TopicIdPartition,
 )
+from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.storage._crc import crc32c
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
@@ -27,7 +31,8 @@ from sidecar.storage.manifest import SegmentManifest
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
 from sidecar.tiering.brokercopy import BrokerCopier
-from sidecar.tiering.eager import StagingLedger, file_crc32c
+from sidecar.tiering.cluster import ClusterView
+from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
 from sidecar.tiering.uploader import segment_keys
 from tests.unit.readserver._tiered import data_batches
 
@@ -247,3 +252,105 @@ def test_staged_keys_round_trip_and_never_parse_as_segment_keys() -> None:
         LAYOUT.staged_key(
             topic="t", topic_id=TOPIC_ID, partition=0, base_offset=0, size=1, crc32c=2**32
         )
+
+
+class _Cluster:
+    """The cluster watcher as the stager sees it: the topic is broker-driven and led here."""
+
+    def __init__(self, lso: int | None) -> None:
+        self.view = ClusterView(
+            broker_id=1,
+            leaders={("orders", 0): 1},
+            configs={},
+            last_stable_offsets={} if lso is None else {("orders", 0): lso},
+            refreshed_at=time.monotonic(),
+            stale_after_s=3600,
+        )
+        self.fetched = 0
+        self._lso = lso
+
+    def broker_driven(self, topic: str) -> bool:
+        return topic == "orders"
+
+    async def fetch_lso(self, topic: str, partition: int) -> int | None:
+        self.fetched += 1
+        return 10_000
+
+
+class _Tailer:
+    def caught_up(self, metadata_partition: int) -> bool:
+        return True
+
+
+def _stager(tmp_path: Path, partition: Path, objects: MemoryObjectStore, *, lso: int | None):
+    scan = scan_partition_dir(partition)
+    assert scan is not None
+    metrics, ledger, cluster = Metrics(), StagingLedger(), _Cluster(lso)
+    store = RemoteSegmentStore(tmp_path / "state")
+    stager = EagerStager(
+        objects=objects,
+        layout=LAYOUT,
+        views=lambda: {partition: scan},
+        cluster=cluster,  # type: ignore[arg-type]
+        store=store,
+        tailer=_Tailer(),  # type: ignore[arg-type]
+        ledger=ledger,
+        metrics=metrics,
+        num_metadata_partitions=50,
+        part_size=8 * 1024 * 1024,
+        concurrency=2,
+    )
+    return stager, ledger, metrics, cluster, store
+
+
+async def test_the_stager_uploads_rolled_segments_below_the_lso(tmp_path: Path, partition: Path):
+    objects = MemoryObjectStore()
+    stager, ledger, metrics, cluster, store = _stager(tmp_path, partition, objects, lso=None)
+    try:
+        await stager._pass(asyncio.Event())
+        assert cluster.fetched == 1  # the periodic refresh has no LSO of broker-driven topics
+        for base in (0, 30):  # both rolled segments, not the active one
+            key = _staged_key(partition, base)
+            log = (partition / segment_file_name(base, FileKind.LOG)).read_bytes()
+            assert objects.objects[key] == log
+            assert ledger.staged_key((TOPIC_ID, 0, base)) == key
+        assert len([k for k in objects.objects if LAYOUT.parse_staged(k)]) == 2
+        assert (
+            metrics.registry.get_sample_value(
+                "kafka_tiered_sidecar_eager_uploads_total", {"outcome": "staged"}
+            )
+            == 2
+        )
+        await stager._pass(asyncio.Event())  # nothing new: no second upload
+        assert objects.calls["put_file"] == 2
+    finally:
+        store.close()
+
+
+async def test_a_failed_staging_upload_is_counted_logged_and_retried_later(
+    tmp_path: Path, partition: Path
+):
+    objects = MemoryObjectStore()
+    objects.fail_next("put_file", StorageError("SlowDown"), times=2)
+    stager, ledger, metrics, _cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    try:
+        with capture_logs() as logs:
+            await stager._pass(asyncio.Event())
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+            "segment_staging_failed",
+            "segment_staging_failed",
+        ]
+        assert (
+            metrics.registry.get_sample_value(
+                "kafka_tiered_sidecar_eager_uploads_total", {"outcome": "failed"}
+            )
+            == 2
+        )
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) is None
+        await stager._pass(asyncio.Event())  # within the retry wait: not tried again
+        assert objects.calls["put_file"] == 2
+        stager._retry_at.clear()  # the wait is over
+        await stager._pass(asyncio.Event())
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) == _staged_key(partition, 0)
+    finally:
+        store.close()
