@@ -27,6 +27,7 @@ one at a time, so memory and S3 load stay bounded whatever the number of partiti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import time
@@ -179,14 +180,28 @@ class EagerStager:
         self._wake.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
+        """Root task. On stop, a staging upload in flight is cancelled at once (it aborts its
+        multipart upload): the broker's copy call uploads what was not staged."""
         while not stopping.is_set():
             self._wake.clear()
             if self._ready():
+                work = asyncio.ensure_future(self._pass_logged(stopping))
+                stop = asyncio.ensure_future(stopping.wait())
                 try:
-                    await self._pass(stopping)
-                except SidecarError as exc:  # a store query or a refresh failed: next pass
-                    log.warning("eager_pass_failed", error=str(exc), error_type=type(exc).__name__)
+                    await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop.cancel()
+                    if not work.done():
+                        work.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await work
             await wait_any(stopping, self._wake, within=self._wake_interval_s)
+
+    async def _pass_logged(self, stopping: asyncio.Event) -> None:
+        try:
+            await self._pass(stopping)
+        except SidecarError as exc:  # a store query or a refresh failed: next pass
+            log.warning("eager_pass_failed", error=str(exc), error_type=type(exc).__name__)
 
     async def _pass(self, stopping: asyncio.Event) -> None:
         pending: set[SegmentIdent] = set()

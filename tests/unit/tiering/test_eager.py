@@ -354,3 +354,26 @@ async def test_a_failed_staging_upload_is_counted_logged_and_retried_later(
         assert ledger.staged_key((TOPIC_ID, 0, 0)) == _staged_key(partition, 0)
     finally:
         store.close()
+
+
+async def test_stop_cancels_a_staging_upload_in_flight(tmp_path: Path, partition: Path):
+    """SIGTERM does not wait for a slow staging upload: the copy call uploads instead."""
+    objects = MemoryObjectStore()
+    entered = asyncio.Event()
+
+    async def hang(*args: object, **kwargs: object) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    objects.put_file = hang  # type: ignore[method-assign]
+    stager, ledger, _metrics, _cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    stopping = asyncio.Event()
+    try:
+        running = asyncio.create_task(stager.run(stopping))
+        await entered.wait()
+        stopping.set()
+        await asyncio.wait_for(running, timeout=30)
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) is None
+        await ledger.settled((TOPIC_ID, 0, 0))  # nothing left in flight for a copy to wait on
+    finally:
+        store.close()
