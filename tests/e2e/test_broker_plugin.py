@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -663,9 +664,19 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
             await metadata.read_to_end()
             assert metadata.copies(tip) == []  # the broker has copied nothing yet
         samples = await metric_samples(plugged.metrics_port)
-        assert sample(samples, "kafka_tiered_sidecar_eager_uploads_total", outcome="staged") == len(
-            found
-        )
+        staged_count = sample(samples, "kafka_tiered_sidecar_eager_uploads_total", outcome="staged")
+        assert staged_count == len(found)
+        # never adopted (the broker is not going to copy within this test): the orphan scrub
+        # removes staged objects once they are older than its grace period
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", "scrub", "--execute", "--json",
+            "--config", str(plugged.config), "--set", "retention.orphan_grace_s=0.001",
+            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        assert sorted(json.loads(out)["orphan_keys"]) == sorted(found.values())
+        assert not [k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)]
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
