@@ -9,10 +9,6 @@ produced, in both isolation levels, and ListOffsets -2/-4 answer the remote and 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +17,6 @@ import pytest
 
 import tests.e2e.test_broker_plugin as main_scenario
 from tests.conftest import stack
-from tests.e2e._support import Sidecar, write_config
-from tests.sidecar_runner import sidecar_env
 
 pytestmark = pytest.mark.e2e
 
@@ -36,54 +30,10 @@ async def plugged39(
 ) -> AsyncIterator[main_scenario.PluggedBroker]:
     """A one-node Kafka 3.9.1 KRaft broker tiering through the plugin, its properties appended
     from `sidecar broker-config` exactly as for 4.x, and the sidecar beside it."""
-    jar = main_scenario.plugin_jar()
-    state = Path(tempfile.mkdtemp(prefix="rsm39-", dir="/tmp"))  # the socket path's length
-    cluster = stack.KafkaCluster.create(
-        stack_root / f"kafka39-{state.name}", nodes=1, version=KAFKA_39
-    )
-    metrics_port = stack.free_port()
-    config = write_config(
-        tmp_path / "sidecar.toml",
-        state_dir=state,
-        log_dir=cluster.nodes[0].log_dir,
-        bootstrap=cluster.bootstrap_servers,
-        s3=s3,
-        metrics_port=metrics_port,
-        metadata_topic=main_scenario.METADATA_TOPIC,
-        include_topics=[],
-        prefix=s3_prefix,
-    )
-    printed = subprocess.run(
-        [sys.executable, "-m", "sidecar", "broker-config", "-c", str(config), "--plugin-jar", jar],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    props = dict(
-        line.split("=", 1) for line in printed.splitlines() if line and not line.startswith("#")
-    )
-    cluster.overrides.update(props)
-    cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
-    cluster.start()
-    env = sidecar_env(s3)
-    broker = main_scenario.PluggedBroker(
-        cluster,
-        await Sidecar.start(config, env, tmp_path / "sidecar.log"),
-        state / "read.sock",
-        s3_prefix,
-        state,
-        config,
-        env,
-        tmp_path,
-        metrics_port,
-    )
-    try:
-        await broker.sidecar.wait_for("read_server_listening", timeout=60)
+    async with main_scenario.plugged_broker(
+        s3, s3_prefix, stack_root, tmp_path, version=KAFKA_39
+    ) as broker:
         yield broker
-    finally:
-        await broker.sidecar.stop()
-        cluster.stop()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 async def test_kafka39_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
