@@ -5,6 +5,11 @@ each partition directory; between full scans, inotify events (through watchdog) 
 partition directories dirty and only those are rescanned. Content writes to the active segment
 (``modified``) are ignored: a roll shows up as a created ``.log``/``.snapshot`` or a rename.
 
+When the kernel refuses the inotify watches (``fs.inotify.max_user_watches`` or
+``max_user_instances`` is below what the log dirs need: one watch per partition directory), the
+detector says so once, with the sysctl to raise, and goes on with full rescans alone: rolls are
+then seen within ``rescan_interval_s`` instead of at once.
+
 All file work runs in a worker thread (``asyncio.to_thread``); the event loop only merges
 results, yielding to other tasks every ``_MERGE_CHUNK`` changed partitions (a first scan of a
 broker with ten thousand partitions reports ten thousand changes). The detector reads the log
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -22,12 +28,13 @@ from typing import Generic, TypeVar
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 from sidecar._aio import wait_any
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
 
-__all__ = ["LogDirDetector"]
+__all__ = ["LogDirDetector", "start_observer"]
 
 log = get_logger(__name__)
 
@@ -37,6 +44,42 @@ V = TypeVar("V")
 _DEBOUNCE_S = 0.02
 # changed partitions merged (and reported) per event-loop turn
 _MERGE_CHUNK = 50
+
+
+#: what the kernel answers when inotify watches or instances run out
+_WATCH_LIMIT_ERRNOS = frozenset({errno.ENOSPC, errno.EMFILE})
+
+
+def start_observer(
+    handler: FileSystemEventHandler,
+    log_dirs: Sequence[Path],
+    observer_factory: Callable[[], BaseObserver] = Observer,
+) -> BaseObserver | None:
+    """Watch the log dirs (recursively) for hints; None, after one warning, when the kernel's
+    inotify limits refuse the watches: the caller then relies on full rescans."""
+    observer = observer_factory()
+    for log_dir in log_dirs:
+        if log_dir.is_dir():
+            observer.schedule(handler, str(log_dir), recursive=True)
+        else:
+            log.warning("log_dir_missing", log_dir=str(log_dir))
+    try:
+        observer.start()
+    except OSError as exc:
+        if exc.errno not in _WATCH_LIMIT_ERRNOS:
+            raise
+        with contextlib.suppress(Exception):
+            observer.stop()
+        log.warning(
+            "inotify_watch_limit_reached",
+            error=str(exc),
+            fallback="full rescans of the log dirs only; rolls are seen within"
+            " tiering.rescan_interval_s",
+            fix="raise the limits on the host, e.g. sysctl -w fs.inotify.max_user_watches=1048576"
+            " and sysctl -w fs.inotify.max_user_instances=1024 (one watch per partition dir)",
+        )
+        return None
+    return observer
 
 
 class _Hints(FileSystemEventHandler):
@@ -85,8 +128,12 @@ class LogDirDetector(Generic[V]):
         on_change: Callable[[Path, V | None, V | None], None],
         rescan_interval_s: float,
         metrics: Metrics,
+        observer_factory: Callable[[], BaseObserver] = Observer,
     ) -> None:
         self._log_dirs = [Path(d) for d in log_dirs]
+        self._observer_factory = observer_factory
+        #: inotify hints are on (False after the kernel refused the watches: rescans only)
+        self.watching = False
         self._scan_partition = scan_partition
         self._on_change = on_change
         self._interval = rescan_interval_s
@@ -158,14 +205,9 @@ class LogDirDetector(Generic[V]):
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: full scan, then event-driven partial scans and periodic full scans."""
         loop = asyncio.get_running_loop()
-        observer = Observer()
         handler = _Hints(loop, self._log_dirs, self._mark)
-        for log_dir in self._log_dirs:
-            if log_dir.is_dir():
-                observer.schedule(handler, str(log_dir), recursive=True)
-            else:
-                log.warning("log_dir_missing", log_dir=str(log_dir))
-        observer.start()
+        observer = start_observer(handler, self._log_dirs, self._observer_factory)
+        self.watching = observer is not None
         try:
             next_full = 0.0
             while not stopping.is_set():
@@ -185,5 +227,6 @@ class LogDirDetector(Generic[V]):
                     # let the rest of a roll's burst of events arrive: one rescan, not five
                     await asyncio.sleep(_DEBOUNCE_S)
         finally:
-            observer.stop()
-            await asyncio.to_thread(observer.join, 5.0)
+            if observer is not None:
+                observer.stop()
+                await asyncio.to_thread(observer.join, 5.0)

@@ -135,3 +135,62 @@ class TestLogDirDetector:
         stopping.set()
         await asyncio.wait_for(task, 10)
         assert rec.changes == []
+
+
+class TestWatchLimit:
+    """The kernel refuses inotify watches (fs.inotify.max_user_watches too small for the
+    partition dirs): one warning with the sysctl to raise, then full rescans; never a crash."""
+
+    async def test_watch_limit_falls_back_to_rescans(self, log_dir, monkeypatch):
+        import ctypes
+        import errno
+
+        from structlog.testing import capture_logs
+        from watchdog.observers import inotify_c
+
+        def refused(fd: int, path: bytes, mask: int) -> int:
+            ctypes.set_errno(errno.ENOSPC)  # what the kernel answers past the watch limit
+            return -1
+
+        # the real watchdog observer and its error handling; only the syscall is refused
+        monkeypatch.setattr(inotify_c, "inotify_add_watch", refused)
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=0.05,
+            metrics=Metrics(),
+        )
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(det.run(stopping))
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            (log_dir / "orders-0" / "00000000000000000100.log").write_bytes(b"")
+            while len(rec.changes) < 2:  # the next full rescan sees the roll
+                det.scanned.clear()
+                await asyncio.wait_for(det.scanned.wait(), 10)
+            stopping.set()
+            await asyncio.wait_for(task, 10)
+        assert det.watching is False
+        assert rec.changes[-1][0] == "orders-0"
+        assert "00000000000000000100.log" in rec.changes[-1][2]
+        warnings = [e for e in logs if e["event"] == "inotify_watch_limit_reached"]
+        assert len(warnings) == 1
+        assert "fs.inotify.max_user_watches" in warnings[0]["fix"]
+
+    async def test_other_watch_errors_still_fail(self, log_dir):
+        from sidecar.tiering.detector import start_observer
+
+        class Broken:
+            def schedule(self, *args: object, **kwargs: object) -> None:
+                return None
+
+            def start(self) -> None:
+                raise PermissionError(13, "denied")
+
+            def stop(self) -> None:
+                return None
+
+        with pytest.raises(PermissionError):
+            start_observer(object(), [log_dir], Broken)  # type: ignore[arg-type]
