@@ -216,12 +216,10 @@ class Daemon:
         self._refresh_gauges(old, new)
         if self.retention is not None:  # lost-segment check
             self.retention.note_change(old, new)
-        if self.engine is not None:
-            self.engine.poke()
-        if self.stager is not None:
-            self.stager.poke()
+        self._poke_uploaders()
 
     def _poke_uploaders(self) -> None:
+        """Something changed (a roll, a refresh): the engine and the stager look again now."""
         if self.engine is not None:
             self.engine.poke()
         if self.stager is not None:
@@ -241,8 +239,7 @@ class Daemon:
     async def _mark_ready_after_first_scan(self) -> None:
         await self.detector.scanned.wait()
         self.readiness.set("log_dirs_scanned", True)
-        if self.engine is not None:
-            self.engine.poke()
+        self._poke_uploaders()
         views = self.detector.views.values()
         log.info(
             "log_dirs_scanned",

@@ -162,6 +162,11 @@ def _live_segments(store: RemoteSegmentStore) -> dict[uuid.UUID, RemoteLogSegmen
     return live
 
 
+def _older(when: datetime | None, now: datetime, grace_s: float) -> bool:
+    """Whether an object or upload is past its grace period (an unknown time never is)."""
+    return when is not None and (now - when).total_seconds() >= grace_s
+
+
 def _known_partitions(store: RemoteSegmentStore) -> set[tuple[uuid.UUID, int]]:
     """(topic id, partition) of every partition the metadata mentions (worker thread)."""
     return {(tp.topic_id, tp.partition) for tp in store.partitions()}
@@ -237,8 +242,7 @@ class OrphanScrubber:
                 report.foreign += 1
                 continue
             if self._layout.parse_staged(info.key) is not None:
-                modified = info.last_modified
-                if modified is None or (now - modified).total_seconds() < self._object_grace_s:
+                if not _older(info.last_modified, now, self._object_grace_s):
                     report.staged += 1
                 else:
                     staged_orphans.append(info.key)
@@ -262,8 +266,7 @@ class OrphanScrubber:
             if not ok:
                 report.out_of_scope += 1
                 continue
-            modified = info.last_modified
-            if modified is None or (now - modified).total_seconds() < self._object_grace_s:
+            if not _older(info.last_modified, now, self._object_grace_s):
                 report.young_orphans += 1
                 continue
             candidates.append((info.key, parsed.segment_id))
@@ -289,10 +292,7 @@ class OrphanScrubber:
         report.uploads_listed = len(uploads)
         doomed: list[MultipartUpload] = []
         for upload in uploads:
-            initiated = upload.initiated
-            old_enough = (
-                initiated is not None and (now - initiated).total_seconds() >= self._upload_grace_s
-            )
+            old_enough = _older(upload.initiated, now, self._upload_grace_s)
             if self._layout.parse_staged(upload.key) is not None and not upload.key.startswith(
                 tuple(others)
             ):

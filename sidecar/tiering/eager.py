@@ -109,9 +109,11 @@ class StagingLedger:
         """Where the segment was staged, if it was (a copy call then tries to adopt it)."""
         return self._staged.get(ident)
 
-    def forget(self, ident: SegmentIdent) -> None:
-        """The segment left the stager's plans (covered, or led elsewhere now)."""
-        self._staged.pop(ident, None)
+    def forget_except(self, pending: set[SegmentIdent]) -> None:
+        """Segments that left the stager's plans (covered now, or led elsewhere) are no longer
+        staged as far as a copy call is concerned."""
+        for ident in [i for i in self._staged if i not in pending]:
+            del self._staged[ident]
 
     def taken(self, ident: SegmentIdent) -> bool:
         """Whether a copy call has this segment (running, or done recently)."""
@@ -169,11 +171,8 @@ class EagerStager:
         self._wake_interval_s = wake_interval_s
         self._ready = ready
         self._wake = asyncio.Event()
-        #: staged here (or found staged) and not yet covered by a FINISHED copy
-        self._staged: dict[SegmentIdent, str] = {}
         #: a failed staging upload is not tried again before this time
         self._retry_at: dict[SegmentIdent, float] = {}
-        self.staged_count = 0
 
     def poke(self) -> None:
         """A hint (a roll, a cluster refresh): look again now."""
@@ -224,9 +223,7 @@ class EagerStager:
                 if uploaded < _PER_PASS and await self._stage(tip, segment, ident):
                     uploaded += 1
         # what left the plans was adopted (covered now), or its partition went elsewhere
-        for ident in [i for i in self._staged if i not in pending]:
-            del self._staged[ident]
-            self._ledger.forget(ident)
+        self._ledger.forget_except(pending)
         for ident in [i for i in self._retry_at if i not in pending]:
             del self._retry_at[ident]
 
@@ -257,7 +254,7 @@ class EagerStager:
 
     async def _stage(self, tip: TopicIdPartition, segment: Segment, ident: SegmentIdent) -> bool:
         """Stage one segment; whether an upload was made (or tried)."""
-        if ident in self._staged or self._ledger.taken(ident):
+        if self._ledger.staged_key(ident) is not None or self._ledger.taken(ident):
             return False
         if time.monotonic() < self._retry_at.get(ident, 0.0):
             return False
@@ -294,7 +291,6 @@ class EagerStager:
                     # the file changed under the upload: these bytes are not the segment's
                     await self._objects.delete([key])
                     return True
-                self.staged_count += 1
                 self._metrics.eager_uploads.labels("staged").inc()
         except (SidecarError, OSError) as exc:
             # the copy call uploads it instead; try again after a while
@@ -310,7 +306,6 @@ class EagerStager:
             )
             return True
         else:
-            self._staged[ident] = key
             self._ledger.note_staged(ident, key)
             log.debug(
                 "segment_staged",
