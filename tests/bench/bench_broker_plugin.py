@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -170,8 +171,31 @@ def wait_tiered(cluster: Any, topic: str) -> int:
     return poll(lambda: offset(cluster, topic, "-4"), timeout=120, what="the local log start")
 
 
-def consume(cluster: Any, topic: str, messages: int, pids: dict[str, int]) -> dict[str, float]:
+def sidecar_counters(metrics_port: int) -> dict[str, float]:
+    """The sidecar's ``fetch-segment`` requests and the bytes it sent for them so far."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    found = {"requests": 0.0, "bytes": 0.0}
+    for line in text.splitlines():
+        if 'endpoint="rsm_fetch_segment"' not in line or line.startswith("#"):
+            continue
+        value = float(line.rsplit(" ", 1)[1])
+        if line.startswith("kafka_tiered_sidecar_read_requests_total"):
+            found["requests"] += value
+        elif line.startswith("kafka_tiered_sidecar_read_response_bytes_total"):
+            found["bytes"] += value
+    return found
+
+
+def consume(
+    cluster: Any,
+    topic: str,
+    messages: int,
+    pids: dict[str, int],
+    metrics_port: int | None = None,
+) -> dict[str, float]:
     """One ConsumerPerformance read of ``messages`` records from offset 0 (a new group)."""
+    counters = None if metrics_port is None else sidecar_counters(metrics_port)
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     out = kafka_tool(
         cluster,
@@ -190,6 +214,10 @@ def consume(cluster: Any, topic: str, messages: int, pids: dict[str, int]) -> di
     result = {"mib": mb, "mib_s": fetch_mb_s, "records": n}
     for name in pids:
         result[f"cpu_s_per_gib_{name}"] = (after[name] - before[name]) / gib
+    if metrics_port is not None and counters is not None:
+        now = sidecar_counters(metrics_port)
+        result["fetch_requests_per_mib"] = (now["requests"] - counters["requests"]) / mb
+        result["sent_per_read"] = (now["bytes"] - counters["bytes"]) / (mb * 1024 * 1024)
     return result
 
 
@@ -321,13 +349,14 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         cluster = stack.KafkaCluster.create(root / "kafka-plugin", nodes=1)
         cluster.heap = args.heap
         clusters.append(cluster)
+        metrics_port = stack.free_port()
         config = write_config(
             root / "sidecar.toml",
             state_dir=state,
             log_dir=cluster.nodes[0].log_dir,
             bootstrap=cluster.bootstrap_servers,
             s3=s3,
-            metrics_port=stack.free_port(),
+            metrics_port=metrics_port,
             metadata_topic=METADATA_TOPIC,
             include_topics=[],
             prefix="bench/",
@@ -371,8 +400,12 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         for _ in range(args.runs):
             sidecar.restart_cold()
             pids = {"broker": broker_pid, "sidecar": sidecar.pid}
-            runs["plugin_cold"].append(consume(cluster, "tiered", local_start, pids))
-            runs["plugin_warm"].append(consume(cluster, "tiered", local_start, pids))
+            runs["plugin_cold"].append(
+                consume(cluster, "tiered", local_start, pids, metrics_port)
+            )
+            runs["plugin_warm"].append(
+                consume(cluster, "tiered", local_start, pids, metrics_port)
+            )
             runs["local"].append(consume(cluster, "local", local_start, {"broker": broker_pid}))
             print({k: v[-1] for k, v in runs.items()}, flush=True)
         sidecar.stop()
@@ -444,6 +477,11 @@ def report(results: dict[str, Any]) -> str:
         extra = ""
         if "cpu_s_per_gib_sidecar" in runs[name][0]:
             extra = f", sidecar {med(name, 'cpu_s_per_gib_sidecar'):.1f} CPU s/GiB"
+        if "fetch_requests_per_mib" in runs[name][0]:
+            extra += (
+                f"; {med(name, 'fetch_requests_per_mib'):.2f} fetch requests per MiB read,"
+                f" {med(name, 'sent_per_read'):.2f} bytes sent per byte read"
+            )
         lines.append(
             f"    {label:32s} {med(name, 'mib_s'):8.1f} MiB/s   broker"
             f" {med(name, 'cpu_s_per_gib_broker'):.1f} CPU s/GiB{extra}"

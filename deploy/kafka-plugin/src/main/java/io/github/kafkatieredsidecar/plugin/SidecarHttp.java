@@ -409,11 +409,14 @@ final class SidecarHttp {
      * A response body of a known length, read from the channel with an idle timeout per wait.
      * Reading past the length gives -1; a connection that ends early is an {@link EOFException}
      * (a truncated response, never a short one taken for complete). Closing it after the last
-     * byte hands a keep-alive connection back to its pool; closing it earlier closes the
-     * connection (the rest of the body is never read).
+     * byte hands a keep-alive connection back to its pool. Closing it earlier with at most
+     * {@value #DRAIN_MAX_BYTES} bytes left reads and drops them and hands the connection back
+     * too (a few KiB read locally cost less than a new connection and a response the sidecar
+     * sees cut); with more left, or if that read fails, the connection is closed.
      */
     static final class BodyStream extends InputStream {
         private static final int BUFFER_BYTES = 64 * 1024;
+        static final int DRAIN_MAX_BYTES = 256 * 1024;
         private final Connection connection;
         private final int idleTimeoutMs;
         private final SidecarHttp pool;
@@ -498,12 +501,31 @@ final class SidecarHttp {
         @Override
         public void close() {
             if (!closed) {
+                if (pool != null && !failed && remaining > 0 && remaining <= DRAIN_MAX_BYTES) {
+                    drain();
+                }
                 closed = true;
                 if (pool != null && remaining == 0 && !failed) {
                     pool.release(connection);
                 } else {
                     connection.close();
                 }
+            }
+        }
+
+        /** Read the rest of the body and drop it; a failure leaves the stream failed. */
+        private void drain() {
+            try {
+                while (remaining > 0) {
+                    if (!buffer.hasRemaining()) {
+                        fill();
+                    }
+                    int n = (int) Math.min(remaining, buffer.remaining());
+                    buffer.position(buffer.position() + n);
+                    remaining -= n;
+                }
+            } catch (IOException e) {
+                failed = true;
             }
         }
     }

@@ -55,6 +55,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private int copyTimeoutMs = 600_000;
     private int idleTimeoutMs = 30_000;
     private int fetchWindowBytes = 1024 * 1024;
+    private final ReadOvershoot overshoot = new ReadOvershoot();
 
     @Override
     public void configure(Map<String, ?> configs) {
@@ -153,23 +154,33 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
      * sidecar for the rest of a segment would make it read and send bytes nobody reads. The first
      * window is requested at once (so a missing segment fails the call itself); the next one when
      * the reader gets to it.
+     *
+     * <p>The broker starts a read at the offset index entry before the offset it wants, so it
+     * reads a batch or more before its fetch's worth: a first window of exactly
+     * {@code fetch.window.bytes} would end a little short, and every fetch would cost a second
+     * request for a few KiB of a second window. The first window is therefore
+     * {@code fetch.window.bytes} plus {@link ReadOvershoot#headroom()}, what recent readers read
+     * past it.
      */
     private final class WindowedStream extends InputStream {
         private final RemoteLogSegmentMetadata metadata;
+        private final long start;
         private final long last;
         private long next;
+        private long consumed;
         private InputStream current;
         private boolean closed;
 
         WindowedStream(RemoteLogSegmentMetadata metadata, long start, long last) throws RemoteStorageException {
             this.metadata = metadata;
+            this.start = start;
             this.last = last;
             this.next = start;
-            this.current = open();
+            this.current = open(fetchWindowBytes + overshoot.headroom());
         }
 
-        private InputStream open() throws RemoteStorageException {
-            long end = Math.min(last, next + fetchWindowBytes - 1);
+        private InputStream open(long bytes) throws RemoteStorageException {
+            long end = Math.min(last, next + bytes - 1);
             InputStream window = fetchWindow(metadata, next, end, last);
             next = end + 1;
             return window;
@@ -193,6 +204,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             while (true) {
                 int n = current.read(b, off, len);
                 if (n >= 0) {
+                    consumed += n;
                     return n;
                 }
                 if (next > last) {
@@ -200,7 +212,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }
                 current.close();
                 try {
-                    current = open();
+                    current = open(fetchWindowBytes);
                 } catch (RemoteStorageException e) {
                     throw new IOException(e.getMessage(), e);
                 }
@@ -211,6 +223,10 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         public void close() throws IOException {
             if (!closed) {
                 closed = true;
+                // a reader that stopped before the range's end shows how far a fetch reads
+                if (start + consumed <= last) {
+                    overshoot.record(consumed - fetchWindowBytes);
+                }
                 current.close();
             }
         }

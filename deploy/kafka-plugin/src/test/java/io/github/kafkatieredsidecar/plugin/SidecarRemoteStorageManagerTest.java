@@ -176,10 +176,11 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
-    void aReadClosedEarlyDoesNotGoBackToThePool() throws Exception {
+    void aReadClosedFarFromItsEndDoesNotGoBackToThePool() throws Exception {
         sidecar.keepAlive = true;
-        sidecar.answer(200, new byte[100_000]);
-        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 99_999)) {
+        int size = SidecarHttp.BodyStream.DRAIN_MAX_BYTES + 100_000;
+        sidecar.answer(200, new byte[size]);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, size - 1)) {
             assertEquals(10, in.readNBytes(10).length);
         }
         assertEquals(0, rsm.idleConnections());
@@ -188,6 +189,48 @@ class SidecarRemoteStorageManagerTest {
             assertEquals(10, in.readAllBytes().length);
         }
         assertEquals(2, sidecar.accepted.get());
+    }
+
+    @Test
+    void aReadClosedNearItsEndIsDrainedAndItsConnectionKept() throws Exception {
+        sidecar.keepAlive = true;
+        byte[] payload = new byte[200_000];
+        payload[199_999] = 7;
+        sidecar.answer(200, payload);
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 199_999)) {
+            assertEquals(150_000, in.readNBytes(150_000).length);
+        }
+        assertEquals(1, rsm.idleConnections());
+        // the next answer on that connection starts where the drained body ended
+        sidecar.answer(200, new byte[] {1, 2, 3});
+        try (InputStream in = rsm.fetchLogSegment(metadata(), 0, 2)) {
+            assertArrayEquals(new byte[] {1, 2, 3}, in.readAllBytes());
+        }
+        assertEquals(1, sidecar.accepted.get());
+    }
+
+    @Test
+    void theFirstWindowGrowsByWhatRecentReadsReadPastIt() throws Exception {
+        SidecarRemoteStorageManager windowed = new SidecarRemoteStorageManager();
+        windowed.configure(Map.of("socket.path", sidecar.path.toString(), "fetch.window.bytes", "100"));
+        sidecar.answer(200, new byte[100]);
+        sidecar.answer(200, new byte[100]);
+        // a reader that needs 30 bytes more than one window: two requests
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 1000)) {
+            assertEquals(130, in.readNBytes(130).length);
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1000,\"end\":1099"));
+        assertTrue(sidecar.requests.take().body.contains("\"start\":1100,\"end\":1199"));
+        // the next read's first window covers that, rounded up to the overshoot's granularity
+        long end = 2000 + 100 + ReadOvershoot.ROUND_BYTES - 1;
+        sidecar.answer(200, new byte[100 + ReadOvershoot.ROUND_BYTES]);
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 2000)) {
+            assertEquals(130, in.readNBytes(130).length);
+        }
+        String body = sidecar.requests.take().body;
+        assertTrue(body.contains("\"start\":2000,\"end\":" + end + ","), body);
+        assertTrue(sidecar.requests.isEmpty(), "one request for the whole read");
+        windowed.close();
     }
 
     @Test
