@@ -25,6 +25,7 @@ from sidecar.storage.memory import MemoryObjectStore
 if TYPE_CHECKING:
     from sidecar.observability.metrics import Metrics
     from sidecar.storage.s3 import S3Settings
+    from sidecar.storage.throttle import TokenBucket
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -41,12 +42,18 @@ __all__ = [
 ]
 
 
-def open_store(config: S3Settings, *, metrics: Metrics | None = None) -> ObjectStore:
+def open_store(
+    config: S3Settings,
+    *,
+    metrics: Metrics | None = None,
+    upload_throttle: TokenBucket | None = None,
+) -> ObjectStore:
     """The S3 store for ``sidecar.config.S3Config`` (imports the S3 backend on first use);
-    with ``metrics``, every request is counted and timed by operation.
+    with ``metrics``, every request is counted and timed by operation; with
+    ``upload_throttle``, every upload through it shares that bandwidth cap.
 
     The store opens its client lazily; use it as an async context manager or ``aclose()`` it.
     """
     from sidecar.storage.s3 import S3ObjectStore  # lazy: aiobotocore is heavy
 
-    return S3ObjectStore.from_config(config, metrics=metrics)
+    return S3ObjectStore.from_config(config, metrics=metrics, upload_throttle=upload_throttle)

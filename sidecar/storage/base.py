@@ -13,6 +13,10 @@ Errors are the same for every backend (:mod:`sidecar.errors`):
 * :class:`~sidecar.errors.StorageError` (retriable): everything else. Messages name the
   operation and the key, never a credential.
 
+A backend built with an upload throttle (:mod:`sidecar.storage.throttle`, the daemon's bandwidth
+cap) waits for it before it reads or sends each upload body (a part, a single PUT); the verbs
+stay the same.
+
 ``put_file`` lets local file errors (``OSError``, e.g. ``FileNotFoundError`` when the broker
 deleted the segment first) propagate unchanged, so callers can handle Kafka's deletion race.
 """

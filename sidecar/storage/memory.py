@@ -7,7 +7,9 @@ CRC from ``head`` of a multipart object. It does no network I/O and reads only t
 to ``put_file`` (in a worker thread, like the S3 backend).
 
 Faults: ``store.fail_next("get", StorageError("boom"))`` makes the next ``get`` raise; the
-operation names are :data:`Operation`. ``store.calls`` counts the operations.
+operation names are :data:`Operation`. ``store.calls`` counts the operations. An
+``upload_throttle`` is charged as the S3 backend charges it: each part and each single PUT,
+before its bytes are read.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from sidecar.storage.base import (
     MultipartUpload,
     ObjectInfo,
 )
+from sidecar.storage.throttle import TokenBucket
 
 __all__ = ["MemoryObjectStore", "Operation"]
 
@@ -80,7 +83,8 @@ def _md5(data: bytes) -> bytes:
 class MemoryObjectStore:
     """An object store in a dict. Not shared between event loops or threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, upload_throttle: TokenBucket | None = None) -> None:
+        self._throttle = upload_throttle
         self._objects: dict[str, _Object] = {}
         self._uploads: dict[str, MultipartUpload] = {}
         self._faults: dict[str, deque[BaseException]] = {}
@@ -119,6 +123,7 @@ class MemoryObjectStore:
         """Store ``body`` under ``key``."""
         await self._enter("put")
         body = bytes(body)
+        await self._charge(len(body))
         crc = await crc32c_off_loop(body)
         return self._store(key, body, crc, _md5(body).hex(), parts=0)
 
@@ -135,6 +140,7 @@ class MemoryObjectStore:
         await self._enter("put_file")
         async with open_parts(path) as reader:
             if reader.size <= part_size:
+                await self._charge(reader.size)
                 buffer, crc = await reader.read(0, reader.size)
                 body = buffer.tobytes()
                 buffer.release()
@@ -146,6 +152,7 @@ class MemoryObjectStore:
             try:
                 for part in parts:
                     await self._enter("upload_part")
+                    await self._charge(part.length)
                     buffer, crc = await reader.read(part.offset, part.length)
                     bodies.append(buffer.tobytes())
                     buffer.release()
@@ -157,6 +164,10 @@ class MemoryObjectStore:
         self._uploads.pop(upload_id, None)
         etag = _md5(b"".join(_md5(b) for b in bodies)).hex() + f"-{len(bodies)}"
         return self._store(key, b"".join(bodies), combine_parts(crcs), etag, parts=len(bodies))
+
+    async def _charge(self, size: int) -> None:
+        if self._throttle is not None:
+            await self._throttle.acquire(size)
 
     async def get(self, key: str) -> bytes:
         """The whole object."""

@@ -18,6 +18,10 @@
 * Every request attempt has a timeout; transient failures are retried by the one policy in
   :mod:`sidecar.storage._retry` (botocore's own retries are off). A failed multipart upload is
   aborted best-effort; the orphan scrub removes whatever an abort could not.
+* With an upload throttle (:class:`~sidecar.storage.throttle.TokenBucket`, the daemon's
+  bandwidth cap), every upload body is charged to it before it is read or sent: each part of a
+  multipart upload, each single PUT. The wait is outside the per-attempt timeout, and a retried
+  attempt is not charged again. Copies inside the store and reads are never charged.
 * Every request attempt goes through :meth:`S3ObjectStore._call`, which also measures it: the
   ``s3_requests_total``, ``s3_request_errors_total`` and ``s3_request_seconds`` metrics by S3
   operation (a fixed set, ``S3_OPERATIONS``) and, for errors, a reason from a fixed set.
@@ -88,6 +92,7 @@ from sidecar.storage.base import (
     MultipartUpload,
     ObjectInfo,
 )
+from sidecar.storage.throttle import TokenBucket
 
 __all__ = ["ChecksumEcho", "S3ObjectStore", "S3Settings"]
 
@@ -279,7 +284,8 @@ class S3ObjectStore:
     ``S3ObjectStore(bucket="tiered", endpoint_url="http://127.0.0.1:8333")``; credentials None
     use botocore's default chain (environment, IRSA, instance profile). The client opens on
     ``async with`` or on first use; :meth:`aclose` closes it, after which calls raise
-    ``RuntimeError``.
+    ``RuntimeError``. ``upload_throttle`` caps the bytes per second of every upload through
+    this store (module docstring).
     """
 
     def __init__(
@@ -300,6 +306,7 @@ class S3ObjectStore:
         checksum_echo: ChecksumEcho = "verify",
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         metrics: Metrics | None = None,
+        upload_throttle: TokenBucket | None = None,
     ) -> None:
         if request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
@@ -314,6 +321,7 @@ class S3ObjectStore:
         )
         self._sleep = sleep
         self._metrics = metrics
+        self._throttle = upload_throttle
         self._secrets = tuple(s for s in (access_key_id, secret_access_key) if s)
         credentials: dict[str, str] = {}
         if access_key_id is not None and secret_access_key is not None:
@@ -497,7 +505,13 @@ class S3ObjectStore:
     async def put(self, key: str, body: bytes) -> ObjectInfo:
         """Store ``body`` under ``key`` with one PUT carrying its CRC-32C."""
         body = bytes(body)
+        await self._charge(len(body))
         return await self._put_object(key, body, len(body), await crc32c_off_loop(body))
+
+    async def _charge(self, size: int) -> None:
+        """Wait for the upload throttle to let ``size`` more bytes go (before they are read)."""
+        if self._throttle is not None:
+            await self._throttle.acquire(size)
 
     async def _put_object(
         self, key: str, body: bytes | PartBody, size: int, crc: int
@@ -533,11 +547,13 @@ class S3ObjectStore:
         """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
 
         Memory stays near ``concurrency * part_size``: each of ``concurrency`` workers reads
-        one part (in a thread), uploads it and drops it before reading the next.
+        one part (in a thread), uploads it and drops it before reading the next. With an upload
+        throttle, a worker waits for it before it reads its part.
         """
         check_upload_args(part_size, concurrency)
         async with open_parts(path) as reader:
             if reader.size <= part_size:
+                await self._charge(reader.size)
                 body, crc = await reader.read(0, reader.size)
                 try:
                     return await self._put_object(key, body, reader.size, crc)
@@ -616,6 +632,7 @@ class S3ObjectStore:
 
         async def worker() -> None:
             for part in pending:
+                await self._charge(part.length)
                 body, crc = await reader.read(part.offset, part.length)
                 try:
                     etag = await self._upload_part(key, upload_id, part.number, body, crc)
