@@ -55,6 +55,7 @@ from sidecar.status import partition_status
 from sidecar.storage import ObjectStore, open_store
 from sidecar.storage.keys import KeyLayout
 from sidecar.storage.ownership import PrefixOwner, PrefixOwnershipError, claim_prefix
+from sidecar.storage.throttle import TokenBucket
 from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
@@ -64,7 +65,7 @@ from sidecar.tiering.selection import SelectionMonitor
 from sidecar.tiering.uploader import SegmentUploader
 from sidecar.tiering.workers import EngineSettings, MetadataSync, TieringEngine
 
-__all__ = ["Daemon", "run_daemon"]
+__all__ = ["Daemon", "run_daemon", "upload_throttle"]
 
 log = get_logger(__name__)
 
@@ -96,6 +97,32 @@ def kafka_client_options(kafka: KafkaConfig) -> dict[str, Any]:
             keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
         )
     return options
+
+
+def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | None:
+    """The daemon's one upload bandwidth cap (``tiering.max_upload_bytes_per_second``), for the
+    object store that every upload goes through; None when uploads are not capped.
+
+    The bucket holds one second of bytes or one part (``s3.part_size_bytes``), whichever is
+    smaller: what an idle daemon may send at once before the cap applies. A part larger than
+    that waits for a full bucket and leaves it in debt, so the average still holds.
+    """
+    rate = config.tiering.max_upload_bytes_per_second
+    metrics.upload_throttle_rate.set(rate)
+    if rate == 0:
+        return None
+    bucket = TokenBucket(
+        rate,
+        burst=min(rate, config.s3.part_size_bytes),
+        on_wait=metrics.upload_throttle_wait.inc,
+    )
+    log.info(
+        "upload_bandwidth_capped",
+        bytes_per_second=rate,
+        burst_bytes=int(bucket.burst),
+        part_size_bytes=config.s3.part_size_bytes,
+    )
+    return bucket
 
 
 def _secrets(config: SidecarConfig) -> list[str]:
@@ -288,7 +315,12 @@ class Daemon:
         bootstrap = config.kafka.bootstrap_servers
         store = await asyncio.to_thread(RemoteSegmentStore, config.state_dir)
         resources.callback(store.close)
-        objects = open_store(config.s3, metrics=self.metrics)  # S3 requests by operation
+        objects = open_store(
+            config.s3,
+            metrics=self.metrics,  # S3 requests by operation
+            # one cap for every upload: the engine's, the broker's copy calls, eager staging
+            upload_throttle=upload_throttle(config, self.metrics),
+        )
         resources.push_async_callback(objects.aclose)
         retention_kafka = RetentionKafka(
             bootstrap_servers=bootstrap,

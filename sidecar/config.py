@@ -380,7 +380,7 @@ def _translate(
 
 
 class TieringConfig(_Section):
-    """Which topics are tiered and how the log dirs are watched."""
+    """Which topics are tiered, how the log dirs are watched, and how fast uploads may go."""
 
     include_topics: list[str] = Field(
         default_factory=list,
@@ -399,11 +399,27 @@ class TieringConfig(_Section):
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long uploads in flight may finish"
     )
+    max_upload_bytes_per_second: int = Field(
+        0,
+        description="bytes per second that all uploads of the daemon together may send to S3"
+        " (standalone copies, broker-driven copies, eager staging), as Kafka's"
+        " remote.log.manager.copy.max.bytes.per.second; 0 = unlimited",
+    )
 
     @field_validator("include_topics", "exclude_topics")
     @classmethod
     def _regexes(cls, value: list[str]) -> list[str]:
         return _compiled(value)
+
+    @field_validator("max_upload_bytes_per_second")
+    @classmethod
+    def _upload_cap(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(
+                f"must not be negative, got {value}: 0 means no cap, otherwise give the bytes"
+                " per second all uploads together may send (e.g. 104857600 for 100 MiB/s)"
+            )
+        return value
 
 
 # --- remote retention, topic/partition deletion, orphan scrub

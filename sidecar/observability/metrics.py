@@ -201,6 +201,20 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.upload_throttle_rate = Gauge(
+            "upload_throttle_rate_bytes",
+            "The upload bandwidth cap in bytes per second, shared by every upload of the daemon"
+            " (tiering.max_upload_bytes_per_second); 0 = unlimited.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.upload_throttle_wait = Counter(
+            "upload_throttle_wait_seconds",
+            "Seconds uploads waited for the upload bandwidth cap before sending a part or a PUT,"
+            " summed over concurrent uploads (its rate is the average number of waiting parts).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.quarantined_segments = Gauge(
             "quarantined_segments",
             "Local segments whose bytes are corrupt (bad CRC or framing): not uploaded until"

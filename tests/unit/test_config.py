@@ -103,6 +103,11 @@ class TestLoadConfig:
                 id="bad-host-port",
             ),
             pytest.param("[s3]\npart_size_bytes = 1024\n", "s3.part_size_bytes", id="too-small"),
+            pytest.param(
+                "[tiering]\nmax_upload_bytes_per_second = -1\n",
+                "tiering.max_upload_bytes_per_second",
+                id="negative-upload-cap",
+            ),
         ],
     )
     def test_bad_values_name_the_key(self, tmp_path, text, key):
@@ -182,6 +187,29 @@ class TestConfigCheckCommand:
         result = _cli("config", "check", str(_write(tmp_path, GOOD)), "--set", "s3.bucket")
         assert result.returncode == 2
         assert "KEY=VALUE" in result.stderr
+
+
+class TestUploadCap:
+    def test_unlimited_by_default(self):
+        """Without the setting uploads are not capped (0)."""
+        assert load_config(None, environ={}).tiering.max_upload_bytes_per_second == 0
+
+    def test_file_and_environment(self, tmp_path):
+        """The cap is read from the file and from SIDECAR_TIERING__MAX_UPLOAD_BYTES_PER_SECOND."""
+        path = _write(tmp_path, "[tiering]\nmax_upload_bytes_per_second = 8388608\n")
+        assert load_config(path, environ={}).tiering.max_upload_bytes_per_second == 8388608
+        env = {"SIDECAR_TIERING__MAX_UPLOAD_BYTES_PER_SECOND": "104857600"}
+        assert load_config(path, environ=env).tiering.max_upload_bytes_per_second == 104857600
+
+    def test_negative_is_refused_with_what_to_give_instead(self):
+        """A negative cap says what it means and what the valid values are."""
+        env = {"SIDECAR_TIERING__MAX_UPLOAD_BYTES_PER_SECOND": "-5"}
+        with pytest.raises(ConfigError) as info:
+            load_config(None, environ=env)
+        message = str(info.value)
+        assert "tiering.max_upload_bytes_per_second" in message
+        assert "must not be negative, got -5: 0 means no cap" in message
+        assert info.value.exit_code == 2
 
 
 class TestKafkaNames:

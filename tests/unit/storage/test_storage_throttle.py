@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
+from sidecar.app import upload_throttle
+from sidecar.config import SidecarConfig
+from sidecar.observability.metrics import Metrics
 from sidecar.storage import MemoryObjectStore
 from sidecar.storage._parts import PartReader
 from sidecar.storage.throttle import TokenBucket
 
 MiB = 1024 * 1024
+NS = "kafka_tiered_sidecar_"
 
 
 class FakeTime:
@@ -321,3 +326,50 @@ class TestS3StoreCharges:
             await store.head("t/0.log")
         assert journal.events == [("charge", 70_000), ("read", 70_000), ("charge", 5)]
         assert [r[2] for r in server.requests] == [70_000, 5, 0]
+
+
+class TestDaemonWiring:
+    def test_unlimited_by_default(self) -> None:
+        """Without the setting there is no throttle, and the gauge says 0."""
+        metrics = Metrics()
+        assert upload_throttle(SidecarConfig(), metrics) is None
+        assert metrics.registry.get_sample_value(f"{NS}upload_throttle_rate_bytes") == 0
+
+    @pytest.mark.parametrize(
+        ("rate", "part_size", "burst"),
+        [
+            pytest.param(8 * MiB, 16 * MiB, 8 * MiB, id="one-second"),
+            pytest.param(100 * MiB, 16 * MiB, 16 * MiB, id="one-part"),
+        ],
+    )
+    async def test_one_bucket_with_the_smaller_of_a_second_and_a_part(
+        self, rate: int, part_size: int, burst: int
+    ) -> None:
+        """The cap builds one bucket whose burst is one second of bytes or one part, whichever
+        is smaller; the gauge shows the cap, a log line says it is on, and waits are counted."""
+        metrics = Metrics()
+        config = SidecarConfig.model_validate(
+            {
+                "tiering": {"max_upload_bytes_per_second": rate},
+                "s3": {"part_size_bytes": part_size},
+            }
+        )
+        with capture_logs() as logs:
+            bucket = upload_throttle(config, metrics)
+        assert bucket is not None
+        assert (bucket.rate, bucket.burst) == (rate, burst)
+        assert metrics.registry.get_sample_value(f"{NS}upload_throttle_rate_bytes") == rate
+        assert [e for e in logs if e["event"] == "upload_bandwidth_capped"] == [
+            {
+                "event": "upload_bandwidth_capped",
+                "log_level": "info",
+                "bytes_per_second": rate,
+                "burst_bytes": burst,
+                "part_size_bytes": part_size,
+            }
+        ]
+        await bucket.acquire(burst)  # empty: the next request waits 1/100 s of loop time
+        waited = await bucket.acquire(rate // 100)
+        assert waited > 0
+        total = metrics.registry.get_sample_value(f"{NS}upload_throttle_wait_seconds_total")
+        assert total == waited
