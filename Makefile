@@ -104,6 +104,7 @@ bench: $(STAMP)
 	$(BIN)/python tests/bench/bench_tiering.py
 	$(BIN)/python tests/bench/bench_read.py
 	$(BIN)/python tests/bench/bench_scrub.py
+	$(BIN)/python tests/bench/bench_upload_throttle.py
 	$(BIN)/python tests/bench/bench_spark.py
 
 demo: $(STAMP) plugin
