@@ -400,12 +400,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         for _ in range(args.runs):
             sidecar.restart_cold()
             pids = {"broker": broker_pid, "sidecar": sidecar.pid}
-            runs["plugin_cold"].append(
-                consume(cluster, "tiered", local_start, pids, metrics_port)
-            )
-            runs["plugin_warm"].append(
-                consume(cluster, "tiered", local_start, pids, metrics_port)
-            )
+            runs["plugin_cold"].append(consume(cluster, "tiered", local_start, pids, metrics_port))
+            runs["plugin_warm"].append(consume(cluster, "tiered", local_start, pids, metrics_port))
             runs["local"].append(consume(cluster, "local", local_start, {"broker": broker_pid}))
             print({k: v[-1] for k, v in runs.items()}, flush=True)
         sidecar.stop()
