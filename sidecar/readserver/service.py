@@ -679,6 +679,16 @@ class ReadService:
 
     async def manifest(self, segment: SegmentMetadata) -> SegmentManifest | None:
         """The segment's manifest (cached), or None when the bucket has none."""
+        found = await self._indexes.get(
+            ("manifest", segment.segment_id.id), self._manifest_loader(segment), _manifest_weight
+        )
+        return found if isinstance(found, SegmentManifest) else None
+
+    def _manifest_loader(
+        self, segment: SegmentMetadata, *, prefetch_indexes: bool = False
+    ) -> Callable[[], Awaitable[SegmentManifest | None]]:
+        """A load of the segment's manifest from the bucket; with ``prefetch_indexes``, the
+        GET of its indexes object starts as soon as the manifest names it."""
         key = self.key(segment, ObjectSuffix.MANIFEST)
 
         async def load() -> SegmentManifest | None:
@@ -697,10 +707,35 @@ class ReadService:
                 or manifest.end_offset != segment.end_offset
             ):
                 raise RemoteDataError(f"manifest {key} describes another segment")
+            if prefetch_indexes and manifest.indexes.size > 0:
+                indexes = ObjectRef(manifest.indexes.key, manifest.indexes.size)
+                for index in range(min(self.chunks.chunk_count(indexes.size), 2)):
+                    self.chunks.prefetch(indexes, index)
             return manifest
 
-        found = await self._indexes.get(("manifest", segment.segment_id.id), load, _manifest_weight)
-        return found if isinstance(found, SegmentManifest) else None
+        return load
+
+    async def _prefetch_following(self, segment: SegmentMetadata) -> None:
+        """Start fetching what a read of the segment after ``segment`` needs first: its
+        manifest, its indexes object and its first chunk. The broker reads a partition's remote
+        segments one after the other, and its first read of each new one asks for three indexes
+        and then the segment's first bytes; fetched while the end of ``segment`` is read, none
+        of that waits for a GET. Nothing happens when the store knows no segment after it."""
+        tp = segment.segment_id.topic_id_partition
+        lineage = await self._lineage(tp)
+        at = bisect.bisect_right(lineage.starts, segment.end_offset + 1) - 1
+        if at < 0 or at >= len(lineage.spans):
+            return
+        span = lineage.spans[at]
+        following = span.segment
+        if following.segment_id == segment.segment_id or span.end_offset <= segment.end_offset:
+            return
+        self.chunks.prefetch(self.log_ref(following), 0)
+        self._indexes.warm(
+            ("manifest", following.segment_id.id),
+            self._manifest_loader(following, prefetch_indexes=True),
+            _manifest_weight,
+        )
 
     async def index_bytes(self, segment: SegmentMetadata, kind: IndexKind) -> bytes | None:
         """One index file of the segment, byte-exact and CRC-checked; None when it has none."""
@@ -884,11 +919,15 @@ class ReadService:
         ahead_to = None if sequential else end
         if readahead_end is not None:
             ahead_to = min(size - 1, max(readahead_end, end))
+        chunk = self.chunks.chunk_size
+        at_end = end // chunk + self.chunks.readahead_chunks >= (size - 1) // chunk
+        if ahead_to == size - 1 and at_end:
+            # the read-ahead has reached this segment's end: the reader goes on into the next
+            await self._prefetch_following(segment)
         planned = self._plan and end - start + 1 >= self._plan_min_bytes
         plan = await self._open_range(obj, start, end) if planned else None
         if plan is not None:
             # the reader goes on: fetch what follows while this is sent
-            chunk = self.chunks.chunk_size
             after = end // chunk + 1
             last = (size - 1 if ahead_to is None else ahead_to) // chunk
             for index in range(after, min(after + self.chunks.readahead_chunks, last + 1)):

@@ -342,6 +342,29 @@ class TestSegmentsAndIndexes:
         assert kinds[0] is ByteStream
         assert kinds[-4:] == [Plan] * 4
 
+    async def test_a_window_at_a_segment_end_fetches_the_next_segments_start(self, remote, service):
+        """The broker reads a partition's segments one after the other: a window whose
+        read-ahead reaches its segment's end starts the GETs of the next segment's manifest,
+        indexes and first chunk, so the broker's first calls for that segment (three indexes,
+        then its first bytes) make no GET; after the last segment nothing is fetched."""
+        first = await remote.upload(0, data_batches(0, 40))
+        second = await remote.upload(first.end_offset + 1, data_batches(first.end_offset + 1, 40))
+        size = first.segment_size_in_bytes
+        window = await service.log_range(first, size - 100, None, readahead_end=size - 1)
+        assert await _range_bytes(window) == remote.logs[first.segment_id.id][-100:]
+        await service.manifest(second)  # joins the load the window started
+        await service.chunks.idle()
+        gets = (remote.objects.calls["get"], remote.objects.calls["get_range"])
+        for kind in (IndexKind.OFFSET_INDEX, IndexKind.TIME_INDEX):
+            assert await service.index_bytes(second, kind)
+        start = await service.log_range(second, 0, 999, readahead_end=999)
+        assert await _range_bytes(start) == remote.logs[second.segment_id.id][:1000]
+        assert (remote.objects.calls["get"], remote.objects.calls["get_range"]) == gets
+        # the last segment: its end read, nothing after it to fetch
+        last = second.segment_size_in_bytes
+        tail = await service.log_range(second, last - 100, None, readahead_end=last - 1)
+        assert await _range_bytes(tail) == remote.logs[second.segment_id.id][-100:]
+
     async def test_ranges_outside_the_segment_are_416(self, remote, service):
         """A start at or past the end, or an end before the start, is not satisfiable."""
         segment = await remote.upload(0, data_batches(0, 4))
