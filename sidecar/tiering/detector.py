@@ -26,7 +26,16 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 
@@ -46,6 +55,21 @@ _DEBOUNCE_S = 0.02
 _MERGE_CHUNK = 50
 
 
+#: the only events the hints act on (a roll creates or renames files; deletion and partition
+#: moves remove them). Without a filter watchdog asks the kernel for opens, closes and writes
+#: too: the detector's own reads of every partition's files and each append of the broker then
+#: fill the inotify queue (16384 events by default), and on overflow watchdog walks the whole
+#: tree and reports every file as created, which marks every partition dirty, whose rescan
+#: overflows the queue again: at ten thousand partitions a loop that never ends.
+_HINT_EVENTS = (
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+)
+
 #: what the kernel answers when inotify watches or instances run out
 _WATCH_LIMIT_ERRNOS = frozenset({errno.ENOSPC, errno.EMFILE})
 
@@ -60,7 +84,9 @@ def start_observer(
     observer = observer_factory()
     for log_dir in log_dirs:
         if log_dir.is_dir():
-            observer.schedule(handler, str(log_dir), recursive=True)
+            observer.schedule(
+                handler, str(log_dir), recursive=True, event_filter=list(_HINT_EVENTS)
+            )
         else:
             log.warning("log_dir_missing", log_dir=str(log_dir))
     try:

@@ -194,3 +194,44 @@ class TestWatchLimit:
 
         with pytest.raises(PermissionError):
             start_observer(object(), [log_dir], Broken)  # type: ignore[arg-type]
+
+
+class TestHintMask:
+    """The detector's inotify watches ask only for what a roll, a deletion or a partition
+    move does to the log dirs."""
+
+    def test_reads_and_writes_are_not_watched(self, log_dir, monkeypatch):
+        """No opens, closes, reads or writes are queued by the kernel: the detector's own scans
+        of every partition and the broker's appends never overflow the inotify queue."""
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import inotify_c
+
+        from sidecar.tiering.detector import start_observer
+
+        constants = inotify_c.InotifyConstants
+        masks: list[int] = []
+        real = inotify_c.inotify_add_watch
+
+        def recording(fd: int, path: bytes, mask: int) -> int:
+            masks.append(mask)
+            return real(fd, path, mask)
+
+        monkeypatch.setattr(inotify_c, "inotify_add_watch", recording)
+        observer = start_observer(FileSystemEventHandler(), [log_dir])
+        assert observer is not None
+        try:
+            unwanted = (
+                constants.IN_OPEN
+                | constants.IN_CLOSE_NOWRITE
+                | constants.IN_ACCESS
+                | constants.IN_MODIFY
+                | constants.IN_CLOSE_WRITE
+                | constants.IN_ATTRIB
+            )
+            wanted = constants.IN_CREATE | constants.IN_DELETE | constants.IN_MOVE
+            assert len(masks) == 2  # the log dir and its partition dir
+            assert [m & unwanted for m in masks] == [0, 0]
+            assert [m & wanted for m in masks] == [wanted, wanted]
+        finally:
+            observer.stop()
+            observer.join(5)
