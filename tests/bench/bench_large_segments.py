@@ -23,17 +23,19 @@
    chunks the probes need (those holding the returned batch or range, chunk size from
    ``read_server.chunk_size_bytes``), the ranged GETs of the ``.log`` and the bytes fetched,
    split into needed chunks, read-ahead chunks (past a needed chunk) and any other; the GETs
-   of the manifest and indexes objects; and the time to first byte p50/p99 (the first probe,
-   which loads the manifest and indexes, apart). The server is warmed up on another segment
-   first (S3 connections, imports). One more records pass goes straight to SeaweedFS, with no
-   proxy in the path, for the time to first byte.
+   of the manifest and indexes objects. The same probes then go to a second fresh server that
+   reads SeaweedFS directly, for the time to first byte p50/p99 (the first probe apart: for
+   records it loads the segment's manifest and offset index); the proxy's is printed too. Each
+   server is warmed up on another segment first (S3 connections, code paths).
 
 The log dirs are written with the project's builders (``sidecar.testing``: record batches of
 ``--batch-kib`` KiB of random values, no compression, offset and time indexes, snapshots, epoch
 checkpoint). One partition directory of each size is written and hard-linked under the other
 partition directories (each upload still opens and reads its file; the files are in the page
-cache, as a freshly rolled segment is). Run from the repository root (about 2.5 GiB on disk
-at full scale, plus what SeaweedFS stores):
+cache, as a freshly rolled segment is). Run from the repository root. At full scale the log
+dirs take 2 GiB and SeaweedFS up to 4 GiB per upload run (4 runs by default; the objects of
+each run but the last are deleted, yet SeaweedFS reclaims their space only when it vacuums):
+check ``df -h /tmp`` first.
 
     flock /tmp/sidecar-bench.lock .venv/bin/python tests/bench/bench_large_segments.py
     .venv/bin/python tests/bench/bench_large_segments.py --segment-mib 64 --segments 2 --probes 8
@@ -870,7 +872,7 @@ def main() -> int:
     parser.add_argument("--segments", type=int, default=4, help="large segments (partitions)")
     parser.add_argument("--baseline-mib", type=int, default=32, help="baseline segment size")
     parser.add_argument("--batch-kib", type=int, default=16, help="record batch size (KiB)")
-    parser.add_argument("--runs", type=int, default=1, help="rounds of baseline + large")
+    parser.add_argument("--runs", type=int, default=2, help="rounds of baseline + large")
     parser.add_argument("--probes", type=int, default=32, help="reads per pass (0: no reads)")
     parser.add_argument("--range-kib", type=int, default=64, help="size of each .log range read")
     parser.add_argument("--profile", metavar="DIR", help="record the uploaders with py-spy")
