@@ -80,6 +80,13 @@ log = get_logger(__name__)
 _PartitionKey = tuple[str, int]
 #: what copy lag is computed from, per partition: its scan, its id and its last stable offset
 _LagInput = tuple[PartitionScan, TopicIdPartition, int | None]
+#: a pass over every partition costs CPU in proportion to their number, and at ten thousand
+#: partitions pokes come from every roll, refresh and finished upload: the next pass waits at
+#: least this many times as long as the last one took, so passes take at most a fifth of the
+#: event loop however often the engine is poked (a pass over a few partitions takes well under a
+#: millisecond, and waits nothing)
+_PASS_SPACING = 4.0
+_MIN_SPACING_S = 0.001
 
 
 class MetadataSync:
@@ -203,6 +210,9 @@ class TieringEngine:
         # foreign copies already reported → their partition
         self._waiting_for: dict[uuid.UUID, _PartitionKey] = {}
         self._paths: dict[_PartitionKey, Path] = {}  # partition → its dir, as of the last reconcile
+        #: (topic, partition, topic id) → its TopicIdPartition and metadata partition, computed
+        #: when the partition first appears (a pure-Python hash), not on every pass
+        self._identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
@@ -234,10 +244,14 @@ class TieringEngine:
             async with asyncio.TaskGroup() as tg:
                 while not stopping.is_set():
                     self._wake.clear()
+                    started = time.monotonic()
                     try:
                         self._reconcile(tg)
                     except SidecarError as exc:
                         log.warning("tiering_reconcile_failed", error=str(exc))
+                    spacing = (time.monotonic() - started) * _PASS_SPACING
+                    if spacing >= _MIN_SPACING_S:
+                        await wait_any(stopping, within=spacing)  # pokes meanwhile stay set
                     await wait_any(stopping, self._wake, within=self._settings.wake_interval_s)
                 self._stopping.set()
                 await self._drain()
@@ -282,17 +296,31 @@ class TieringEngine:
         tracked: set[int] = set()
         kept: set[_PartitionKey] = set()  # partitions whose per-partition state is kept
         paths: dict[_PartitionKey, Path] = {}
+        identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
+        choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
         for path, scan in self._views().items():
             paths[(scan.topic, scan.partition)] = path
             if scan.topic_id is None:
                 continue
-            selected = self._cluster.selected(scan.topic)
-            if not selected and not self._cluster.broker_driven(scan.topic):
+            choice = choices.get(scan.topic)
+            if choice is None:
+                choice = (
+                    self._cluster.selected(scan.topic),
+                    self._cluster.broker_driven(scan.topic),
+                )
+                choices[scan.topic] = choice
+            selected, driven = choice
+            if not selected and not driven:
                 continue
             if view.may_upload(scan.topic, scan.partition) or not view.fresh:
                 kept.add((scan.topic, scan.partition))
-            tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
-            mp = metadata_partition(tip, self._settings.num_metadata_partitions)
+            identity = (scan.topic, scan.partition, scan.topic_id)
+            known = self._identities.get(identity)
+            if known is None:
+                tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
+                known = (tip, metadata_partition(tip, self._settings.num_metadata_partitions))
+            identities[identity] = known
+            tip, mp = known
             tracked.add(mp)  # followers read their partitions' metadata too, as Kafka's do
             if not selected:
                 # broker-driven: its metadata is tailed for reads, never copied here
@@ -330,6 +358,7 @@ class TieringEngine:
             self._workers[key] = _Worker(task, failures, retry_at, scan=scan, lso=lso)
         self._forget_except(kept)
         self._paths = paths
+        self._identities = identities
         new = tracked - set(self._tailer.tracked)
         if new:
             self._tailer.track(new)
