@@ -53,6 +53,9 @@ V = TypeVar("V")
 _DEBOUNCE_S = 0.02
 # changed partitions merged (and reported) per event-loop turn
 _MERGE_CHUNK = 50
+#: partition dirs per step of a full rescan: a roll's partition, marked meanwhile, is scanned
+#: between two steps instead of waiting for the whole rescan (seconds at 10,000 partitions)
+_FULL_SCAN_STEP = 500
 
 
 #: the only events the hints act on (a roll creates or renames files; deletion and partition
@@ -190,12 +193,9 @@ class LogDirDetector(Generic[V]):
             result[d.resolve()] = self._scan_partition(d)
         return result
 
-    async def _merge(self, scanned: dict[Path, V | None], *, full: bool) -> None:
+    async def _merge(self, scanned: dict[Path, V | None]) -> None:
         """Loop side: apply scan results and report changes, ``_MERGE_CHUNK`` changes per
         event-loop turn. ``views`` changes in place: readers iterate it within one turn."""
-        if full:
-            for gone in set(self.views) - set(scanned):
-                scanned[gone] = None
         changes = 0
         for d, new in scanned.items():
             old = self.views.get(d)
@@ -216,17 +216,35 @@ class LogDirDetector(Generic[V]):
         """Scan now: all partition dirs when ``dirs`` is None, else just those."""
         started = time.perf_counter()
         try:
-            scanned = await asyncio.to_thread(self._scan, dirs)
+            if dirs is None:
+                await self._full_scan()
+            else:
+                await self._merge(await asyncio.to_thread(self._scan, dirs))
         except Exception:
             self._metrics.log_dir_scans.labels("error").inc()
             log.exception("log_dir_scan_failed")
             raise
-        await self._merge(scanned, full=dirs is None)
         if dirs is None:
             self.full_scans += 1
         self._metrics.log_dir_scans.labels("ok").inc()
         self._metrics.log_dir_scan_seconds.observe(time.perf_counter() - started)
         self.scanned.set()
+
+    async def _full_scan(self) -> None:
+        """Every partition dir, ``_FULL_SCAN_STEP`` at a time, with the dirs marked meanwhile
+        scanned between the steps; then the views of dirs no longer there are dropped."""
+        listed = await asyncio.to_thread(self._list_partition_dirs)
+        seen: set[Path] = set()
+        for first in range(0, len(listed), _FULL_SCAN_STEP):
+            if self._dirty:
+                dirty, self._dirty = self._dirty, set()
+                scanned = await asyncio.to_thread(self._scan, dirty)
+                seen.update(scanned)
+                await self._merge(scanned)
+            scanned = await asyncio.to_thread(self._scan, listed[first : first + _FULL_SCAN_STEP])
+            seen.update(scanned)
+            await self._merge(scanned)
+        await self._merge(dict.fromkeys([d for d in self.views if d not in seen]))
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: full scan, then event-driven partial scans and periodic full scans."""

@@ -235,3 +235,66 @@ class TestHintMask:
         finally:
             observer.stop()
             observer.join(5)
+
+
+class TestStepwiseFullScan:
+    """A full rescan goes a few partition dirs at a time: a partition marked meanwhile (a roll)
+    is scanned between two steps, not after the whole rescan."""
+
+    async def test_a_marked_partition_is_scanned_before_the_rescan_ends(
+        self, tmp_path, monkeypatch
+    ):
+        from sidecar.tiering import detector
+
+        monkeypatch.setattr(detector, "_FULL_SCAN_STEP", 2)
+        log_dir = tmp_path / "data"
+        for n in range(6):
+            (log_dir / f"orders-{n}").mkdir(parents=True)
+        (log_dir / "orders-9").mkdir()
+        order: list[str] = []
+        first_step = asyncio.Event()
+        go_on = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def scan(d: Path) -> str | None:
+            order.append(d.name)
+            if len(order) == 2:  # the end of the first step: a roll in another partition
+                loop.call_soon_threadsafe(first_step.set)
+                asyncio.run_coroutine_threadsafe(go_on.wait(), loop).result(10)
+            return d.name if d.is_dir() else None
+
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=scan,
+            on_change=lambda *_: None,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        full = asyncio.create_task(det.scan_once())
+        await asyncio.wait_for(first_step.wait(), 10)
+        (log_dir / "orders-9").rmdir()  # seen by the mark, not the rescan's listing
+        det._mark(log_dir / "orders-9")
+        go_on.set()
+        await asyncio.wait_for(full, 10)
+        assert order[2] == "orders-9"  # right after the first step
+        assert sorted(order[3:]) == sorted(set(order[3:]))  # nothing scanned twice after it
+        assert len(order) == 8  # 7 listed dirs and the marked one
+        assert sorted(det.views) == sorted((log_dir / f"orders-{n}").resolve() for n in range(6))
+        assert det.full_scans == 1
+
+    async def test_a_partition_gone_since_the_last_rescan_is_dropped(self, log_dir):
+        """A dir in the views that the next rescan does not list is reported gone."""
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=3600,
+            metrics=Metrics(),
+        )
+        await det.scan_once()
+        (log_dir / "orders-0" / "00000000000000000000.log").unlink()
+        (log_dir / "orders-0").rmdir()
+        await det.scan_once()
+        assert rec.changes[-1] == ("orders-0", ("00000000000000000000.log",), None)
+        assert det.views == {}
