@@ -298,6 +298,11 @@ class TieringEngine:
         paths: dict[_PartitionKey, Path] = {}
         identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
         choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
+        # the view's answers, looked up once per pass and inline per partition (this loop runs
+        # over every partition of the broker)
+        fresh = view.fresh
+        me = view.broker_id
+        leaders = view.leaders
         for path, scan in self._views().items():
             paths[(scan.topic, scan.partition)] = path
             if scan.topic_id is None:
@@ -312,7 +317,10 @@ class TieringEngine:
             selected, driven = choice
             if not selected and not driven:
                 continue
-            if view.may_upload(scan.topic, scan.partition) or not view.fresh:
+            may_upload = (
+                fresh and me is not None and leaders.get((scan.topic, scan.partition)) == me
+            )
+            if may_upload or not fresh:
                 kept.add((scan.topic, scan.partition))
             identity = (scan.topic, scan.partition, scan.topic_id)
             known = self._identities.get(identity)
@@ -328,8 +336,8 @@ class TieringEngine:
                 continue
             key = (scan.topic, scan.partition)
             worker = self._workers.get(key)
-            if not view.may_upload(scan.topic, scan.partition):
-                self._lost(key, worker, stale=not view.fresh)
+            if not may_upload:
+                self._lost(key, worker, stale=not fresh)
                 continue
             led_since = self._led_since.setdefault(key, now)
             if now < led_since + self._settings.handover_delay_s:
