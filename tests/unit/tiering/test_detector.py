@@ -298,3 +298,50 @@ class TestStepwiseFullScan:
         await det.scan_once()
         assert rec.changes[-1] == ("orders-0", ("00000000000000000000.log",), None)
         assert det.views == {}
+
+
+class TestRescanSpacing:
+    """With inotify hints on, a full rescan that took t seconds is followed by the next one no
+    sooner than 20 t later (it is a safety net, and at ten thousand partitions it costs
+    seconds); without hints the rescans keep the configured interval, as they are all there is."""
+
+    async def _spacing(self, log_dir: Path, monkeypatch, *, watching: bool) -> float:
+        import ctypes
+        import errno
+        import time
+
+        from watchdog.observers import inotify_c
+
+        if not watching:
+
+            def refused(fd: int, path: bytes, mask: int) -> int:
+                ctypes.set_errno(errno.ENOSPC)
+                return -1
+
+            monkeypatch.setattr(inotify_c, "inotify_add_watch", refused)
+
+        def slow(d: Path) -> tuple[str, ...] | None:
+            time.sleep(0.02)  # a rescan of many partitions
+            return _files(d)
+
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=slow,
+            on_change=lambda *_: None,
+            rescan_interval_s=0.05,
+            metrics=Metrics(),
+        )
+        stopping = asyncio.Event()
+        task = asyncio.create_task(det.run(stopping))
+        await asyncio.wait_for(det.scanned.wait(), 10)
+        await asyncio.sleep(0)  # the loop sets the spacing right after the scan
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        assert det.watching is watching
+        return det.rescan_spacing_s
+
+    async def test_with_hints_a_slow_rescan_spaces_out_the_next(self, log_dir, monkeypatch):
+        assert await self._spacing(log_dir, monkeypatch, watching=True) >= 20 * 0.02
+
+    async def test_without_hints_the_interval_holds(self, log_dir, monkeypatch):
+        assert await self._spacing(log_dir, monkeypatch, watching=False) == 0.05
