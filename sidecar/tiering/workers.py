@@ -213,6 +213,10 @@ class TieringEngine:
         #: (topic, partition, topic id) → its TopicIdPartition and metadata partition, computed
         #: when the partition first appears (a pure-Python hash), not on every pass
         self._identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
+        #: partition → (scan, LSO, store version, segments behind) of the last lag computation
+        self._lag_cache: dict[
+            TopicIdPartition, tuple[PartitionScan, int | None, int, list[Segment]]
+        ] = {}
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
@@ -410,9 +414,21 @@ class TieringEngine:
         self._publish_lag(lag_by_topic)
 
     def _compute_lag(self, inputs: list[_LagInput]) -> dict[str, _Lag]:
+        """(thread) Each partition's segments behind, from the store unless neither its scan,
+        its LSO nor its metadata changed since the last time (at thousands of led partitions
+        the queries of every partition every ``lag_interval_s`` kept a thread busy)."""
         lag_by_topic: dict[str, _Lag] = {}
+        known = self._lag_cache
+        self._lag_cache = {}
         for scan, tip, lso in inputs:
-            self._account_lag(lag_by_topic, scan, tip, lso)
+            version = self._store.partition_version(tip)
+            cached = known.get(tip)
+            if cached is not None and cached[0] is scan and cached[1:3] == (lso, version):
+                behind = cached[3]
+            else:
+                behind = self._segments_behind(scan, tip, lso)
+            self._lag_cache[tip] = (scan, lso, version, behind)
+            self._account_lag(lag_by_topic, scan.topic, behind)
         return lag_by_topic
 
     def _forget_except(self, kept: set[_PartitionKey]) -> None:
@@ -467,17 +483,22 @@ class TieringEngine:
             reason="the cluster view is stale" if stale else "another broker leads",
         )
 
-    def _account_lag(
-        self, lag: dict[str, _Lag], scan: PartitionScan, tip: TopicIdPartition, lso: int | None
-    ) -> None:
+    def _segments_behind(
+        self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None
+    ) -> list[Segment]:
         """Copy lag: rolled segments past the highest remote offset (a few indexed queries)."""
-        topic_lag = lag.setdefault(scan.topic, _Lag())
-        behind = segments_behind(
-            scan,
-            lso=lso,
-            highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
-            coverage=remote_coverage(self._store, scan, tip, lso),
+        return list(
+            segments_behind(
+                scan,
+                lso=lso,
+                highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
+                coverage=remote_coverage(self._store, scan, tip, lso),
+            )
         )
+
+    @staticmethod
+    def _account_lag(lag: dict[str, _Lag], topic: str, behind: list[Segment]) -> None:
+        topic_lag = lag.setdefault(topic, _Lag())
         for segment in behind:
             topic_lag.segments += 1
             topic_lag.bytes += segment.size

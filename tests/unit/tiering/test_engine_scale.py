@@ -13,6 +13,7 @@ from typing import Any
 from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.metadata.events import TopicIdPartition
 from sidecar.tiering import workers
+from tests.unit.tiering.test_engine import TOPIC
 
 
 async def test_a_partitions_identity_is_worked_out_once(rig, monkeypatch):
@@ -81,3 +82,39 @@ async def test_a_slow_pass_spaces_out_the_next_one(rig, monkeypatch):
     assert all(within >= 4 * 0.005 for within in spacings)
     # each spacing comes before the wait for a poke or the wake interval
     assert [count for count, _ in waits[:2]] == [1, 2]
+
+
+async def test_copy_lag_is_queried_again_only_when_its_inputs_change(rig, monkeypatch):
+    """The copy-lag metric is recomputed every ``lag_interval_s``; a partition whose scan, LSO
+    and metadata are unchanged since the last time costs no store query, a new scan one."""
+    r = rig(lag_interval_s=0.01)
+    queried: list[int] = []
+    computed = 0
+    segments_behind = r.engine._segments_behind
+    compute_lag = r.engine._compute_lag
+
+    def counting_queries(scan: Any, tip: Any, lso: int | None) -> Any:
+        queried.append(lso)
+        return segments_behind(scan, tip, lso)
+
+    def counting_passes(inputs: Any) -> Any:
+        nonlocal computed
+        result = compute_lag(inputs)
+        computed += 1
+        return result
+
+    monkeypatch.setattr(r.engine, "_segments_behind", counting_queries)
+    monkeypatch.setattr(r.engine, "_compute_lag", counting_passes)
+    lag = "kafka_tiered_sidecar_copy_lag_segments"
+    r.start()
+    await r.until(r.all_tiered)
+    await r.until(lambda: r.metrics.registry.get_sample_value(lag, {"topic": TOPIC}) == 0)
+    settled, seen = len(queried), computed
+    await r.until(lambda: computed >= seen + 3)
+    assert len(queried) == settled
+    r.scan = dataclasses.replace(r.scan)  # a rescan found the partition changed
+    r.engine.poke()
+    await r.until(lambda: len(queried) == settled + 1)
+    seen = computed
+    await r.until(lambda: computed >= seen + 3)
+    assert len(queried) == settled + 1
