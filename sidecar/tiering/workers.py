@@ -535,9 +535,12 @@ class TieringEngine:
 
     async def _work(self, key: _PartitionKey) -> None:
         topic, partition = key
+        uploaded = self.uploaded
+        quiet = False  # it found nothing to do: nothing for the next pass to act on
         with bind_context(topic=topic, partition=partition):
             try:
                 waiting = await self._work_partition(key)
+                quiet = not waiting and self.uploaded == uploaded
                 worker = self._workers[key]
                 worker.failures = 0
                 worker.idle_until = time.monotonic() + (
@@ -579,7 +582,10 @@ class TieringEngine:
                         attempt=worker.failures,
                     )
             finally:
-                self.poke()
+                # an idle partition's periodic look (every idle_recheck_s) finding nothing pokes
+                # no pass: at a thousand led partitions those looks alone kept passes running
+                if not quiet:
+                    self.poke()
 
     def _may_upload(self, key: _PartitionKey) -> bool:
         """The worker was not preempted, the topic is still tiered here (not turned

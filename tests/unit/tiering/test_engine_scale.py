@@ -118,3 +118,36 @@ async def test_copy_lag_is_queried_again_only_when_its_inputs_change(rig, monkey
     seen = computed
     await r.until(lambda: computed >= seen + 3)
     assert len(queried) == settled + 1
+
+
+async def test_a_look_that_finds_nothing_pokes_no_pass(rig, monkeypatch):
+    """An idle partition is looked at again every ``idle_recheck_s``; a look that finds nothing
+    to upload does not wake the engine for another pass (at a thousand led partitions those
+    looks alone kept passes running), while one that uploaded does."""
+    r = rig(idle_recheck_s=0.02)
+    pokes = 0
+    poke = r.engine.poke
+
+    def counting() -> None:
+        nonlocal pokes
+        pokes += 1
+        poke()
+
+    monkeypatch.setattr(r.engine, "poke", counting)
+    looks = 0
+    work_partition = r.engine._work_partition
+
+    async def counting_looks(key: Any) -> bool:
+        nonlocal looks
+        result = await work_partition(key)
+        looks += 1
+        return result
+
+    monkeypatch.setattr(r.engine, "_work_partition", counting_looks)
+    r.start()
+    await r.until(r.all_tiered)
+    await r.until(lambda: looks >= 2)
+    assert pokes >= 1  # the look that uploaded
+    settled, seen = pokes, looks
+    await r.until(lambda: looks >= seen + 3)
+    assert pokes == settled
