@@ -140,6 +140,12 @@ class _Worker:
     scan: PartitionScan | None = None
     lso: int | None = None
     idle_until: float = 0.0
+    #: the store's version of the partition when the worker started, when it started, and
+    #: whether it found nothing to do: an idle partition is looked at again at ``idle_until``
+    #: only if its metadata changed since, else at ``started + idle_recheck_max_s``
+    version: int = 0
+    started: float = 0.0
+    quiet: bool = False
 
 
 @dataclass
@@ -164,7 +170,9 @@ class EngineSettings:
     lag_interval_s: float = 10.0
     idle_recheck_s: float = 30.0
     """A partition with nothing to upload is planned again when its log dir or LSO changes, or
-    after this long (a safety net)."""
+    after this long if its metadata changed meanwhile (another broker's copy or deletion)."""
+    idle_recheck_max_s: float = 300.0
+    """... and after this long in any case (a safety net; at least ``idle_recheck_s``)."""
     handover_delay_s: float = 11.0
     """From gaining leadership (or starting) to the first upload of a partition: longer than
     the metadata refresh interval plus a wake-up, so the previous leader's sidecar has stopped."""
@@ -355,19 +363,33 @@ class TieringEngine:
             if worker is not None and now < worker.retry_at:
                 continue
             lso = view.lso(scan.topic, scan.partition)
-            if (
-                worker is not None
-                and now < worker.idle_until
-                and worker.scan is scan
-                and worker.lso == lso
-            ):
-                continue  # it found nothing to do, and nothing changed since
+            if worker is not None and worker.scan is scan and worker.lso == lso:
+                if now < worker.idle_until:
+                    continue  # it found nothing to do, and nothing changed since
+                safety_net = max(self._settings.idle_recheck_s, self._settings.idle_recheck_max_s)
+                if (
+                    worker.quiet
+                    and now < worker.started + safety_net
+                    and worker.version == self._store.partition_version(tip)
+                ):
+                    # nor did its metadata: a plan now would find nothing again (at a thousand
+                    # led partitions these looks were most of an idle daemon's work)
+                    worker.idle_until = now + self._settings.idle_recheck_s
+                    continue
             if paused is not None:
                 continue  # no new copy while a dependency is known to be down
             failures = worker.failures if worker is not None else 0
             retry_at = worker.retry_at if worker is not None else 0.0
             task = tg.create_task(self._work(key), name=f"tiering {scan.topic}-{scan.partition}")
-            self._workers[key] = _Worker(task, failures, retry_at, scan=scan, lso=lso)
+            self._workers[key] = _Worker(
+                task,
+                failures,
+                retry_at,
+                scan=scan,
+                lso=lso,
+                version=self._store.partition_version(tip),
+                started=now,
+            )
         self._forget_except(kept)
         self._paths = paths
         self._identities = identities
@@ -398,6 +420,7 @@ class TieringEngine:
         log.info("quarantine_reloaded", segments=len(self.quarantine))
         for worker in self._workers.values():
             worker.idle_until = 0.0
+            worker.quiet = False  # a cleared segment is read and checked anew, now
         self.poke()
 
     def _publish_quarantine(self) -> None:
@@ -542,6 +565,7 @@ class TieringEngine:
                 waiting = await self._work_partition(key)
                 quiet = not waiting and self.uploaded == uploaded
                 worker = self._workers[key]
+                worker.quiet = quiet
                 worker.failures = 0
                 worker.idle_until = time.monotonic() + (
                     self._settings.wake_interval_s if waiting else self._settings.idle_recheck_s

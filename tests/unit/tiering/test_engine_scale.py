@@ -124,7 +124,7 @@ async def test_a_look_that_finds_nothing_pokes_no_pass(rig, monkeypatch):
     """An idle partition is looked at again every ``idle_recheck_s``; a look that finds nothing
     to upload does not wake the engine for another pass (at a thousand led partitions those
     looks alone kept passes running), while one that uploaded does."""
-    r = rig(idle_recheck_s=0.02)
+    r = rig(idle_recheck_s=0.02, idle_recheck_max_s=0.02)  # the safety net: a look each time
     pokes = 0
     poke = r.engine.poke
 
@@ -151,3 +151,40 @@ async def test_a_look_that_finds_nothing_pokes_no_pass(rig, monkeypatch):
     settled, seen = pokes, looks
     await r.until(lambda: looks >= seen + 3)
     assert pokes == settled
+
+
+async def test_an_idle_partition_is_looked_at_again_when_its_metadata_changed(rig, monkeypatch):
+    """Past ``idle_recheck_s`` a partition that found nothing to do is planned again only if
+    the metadata store changed for it meanwhile (another broker's copy or deletion), or once
+    ``idle_recheck_max_s`` has passed; unchanged, passes leave it alone."""
+    r = rig(idle_recheck_s=0.02, idle_recheck_max_s=3600)
+    version = 0
+    monkeypatch.setattr(r.store, "partition_version", lambda tp: version)
+    looks = passes = 0
+    work_partition = r.engine._work_partition
+    reconcile = r.engine._reconcile
+
+    async def counting_looks(key: Any) -> bool:
+        nonlocal looks
+        result = await work_partition(key)
+        looks += 1
+        return result
+
+    def counting_passes(tg: asyncio.TaskGroup) -> None:
+        nonlocal passes
+        passes += 1
+        reconcile(tg)
+
+    monkeypatch.setattr(r.engine, "_work_partition", counting_looks)
+    monkeypatch.setattr(r.engine, "_reconcile", counting_passes)
+    r.start()
+    await r.until(r.all_tiered)
+    await r.until(lambda: looks >= 2)  # the look that uploaded, then one that found nothing
+    settled, seen = looks, passes
+    await r.until(lambda: passes >= seen + 30)  # 30 wake-ups of 10 ms: past idle_recheck_s
+    assert looks == settled
+    version += 1  # an event of the partition applied
+    await r.until(lambda: looks == settled + 1)
+    seen = passes
+    await r.until(lambda: passes >= seen + 30)
+    assert looks == settled + 1
