@@ -4,9 +4,11 @@ SIGTERM, and never writes into the broker's log dir or prints its secrets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -64,16 +66,24 @@ class SidecarProcess:
         rest = await self.proc.stdout.read()
         self.raw.append(rest.decode())
         self._log.write(rest.decode())
+        self.close()
+
+    def close(self) -> None:
         self._log.close()
 
 
-def _snapshot(log_dir: Path) -> dict[str, tuple[int, int]]:
-    """(size, mtime_ns) of every file under the log dir, to prove the sidecar wrote nothing."""
-    return {
-        str(p.relative_to(log_dir)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in log_dir.rglob("*")
-        if p.is_file()
-    }
+def _snapshot(log_dir: Path, topic: str) -> dict[str, tuple[int, int]]:
+    """(size, mtime_ns) of every file in the topic's partition dirs, to prove the sidecar wrote
+    nothing there. Only this topic's: other tests' topics share the broker, and the broker
+    removes their ``-delete`` dirs at any time, also while a walk of the whole log dir runs."""
+    found: dict[str, tuple[int, int]] = {}
+    for partition_dir in log_dir.glob(f"{topic}-*"):
+        for path in partition_dir.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a checkpoint's .tmp, renamed
+                info = path.stat()
+                if stat.S_ISREG(info.st_mode):
+                    found[str(path.relative_to(log_dir))] = (info.st_size, info.st_mtime_ns)
+    return found
 
 
 async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, s3_prefix, tmp_path):
@@ -131,7 +141,7 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, s3_prefix, t
         unselected = await sidecar.next_event("no_partition_selected")
         assert unselected["level"] == "warning"
         assert "include_topics" in unselected["hint"]
-        before = _snapshot(kafka.log_dir)
+        before = _snapshot(kafka.log_dir, topic_name)
 
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/readyz") as r:
@@ -161,10 +171,11 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, s3_prefix, t
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+        sidecar.close()  # its log file, also when the test failed before the drain
 
     # the sidecar never writes into the log dir: every file it saw is unchanged except the
     # ones the broker itself appended to while we produced
-    after = _snapshot(kafka.log_dir)
+    after = _snapshot(kafka.log_dir, topic_name)
     p0_dir = f"{topic_name}-0/"
     for name, meta in before.items():
         if name.startswith(p0_dir) and name in after:
