@@ -90,7 +90,13 @@ class TestSigtermDuringUpload:
                 metadata_topic=metadata_topic,
                 include_topics=[topic_name],
                 prefix=s3_prefix,
-                tiering={"drain_timeout_s": DRAIN_TIMEOUT_S},
+                tiering={
+                    "drain_timeout_s": DRAIN_TIMEOUT_S,
+                    # parts: the upload capped at 8 MiB/s stays open for seconds, so the poll
+                    # below sees it (uncapped, SeaweedFS took it in about a second, and a poll
+                    # could miss it)
+                    **({"max_upload_bytes_per_second": 8 * MIB} if pause == "parts" else {}),
+                },
             )
             env = sidecar_env(s3)
             sidecar = await Sidecar.start(config, env, tmp_path / "sidecar-1.log")
