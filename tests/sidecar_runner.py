@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,3 +144,63 @@ class SidecarProcess:
         if self.proc.returncode is None:
             self.proc.kill()
         await self.stop(signal.SIGKILL)
+
+
+@contextlib.asynccontextmanager
+async def read_server(
+    root: Path,
+    config: Path,
+    env: dict[str, str],
+    name: str,
+    *settings: str,
+    logs: list[dict[str, Any]] | None = None,
+) -> AsyncIterator[tuple[Path, int]]:
+    """``python -m sidecar.readserver`` on its own socket and empty cache, until the block
+    ends; yields (socket, pid). With ``logs``, the JSON log lines it wrote after it listened
+    (up to its exit) are added to it."""
+    socket = root / f"{name}.sock"
+    cache = root / f"cache-{name}"
+    shutil.rmtree(cache, ignore_errors=True)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar.readserver",
+        "--config",
+        str(config),
+        "--set",
+        f"read_server.socket_path={socket}",
+        "--set",
+        f"read_server.cache_dir={cache}",
+        *[arg for setting in settings for arg in ("--set", setting)],
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    assert proc.stdout is not None
+    drain: asyncio.Task[bytes] | None = None
+    try:
+        lines: list[bytes] = []
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            lines.append(line)
+            if not line:
+                raise RuntimeError("read server exited:\n" + b"".join(lines).decode())
+            if b"read_server_listening" in line:
+                break
+        drain = asyncio.create_task(proc.stdout.read())
+        yield socket, proc.pid
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+        if drain is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(drain), 10)
+            if drain.done() and logs is not None:
+                for line in drain.result().splitlines():
+                    with contextlib.suppress(ValueError):
+                        logs.append(json.loads(line))
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
+        shutil.rmtree(cache, ignore_errors=True)

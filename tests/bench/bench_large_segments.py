@@ -75,6 +75,7 @@ from sidecar.kafka.logdir import scan_partition_dir  # noqa: E402
 from sidecar.kafka.records import iter_batches  # noqa: E402
 from sidecar.testing import TestRecord, build_batch, write_partition  # noqa: E402
 from tests.conftest import stack  # noqa: E402
+from tests.sidecar_runner import read_server  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -439,45 +440,6 @@ async def _copy_chunked(src: asyncio.StreamReader, dst: asyncio.StreamWriter) ->
 # the read server and its probes
 
 
-@contextlib.asynccontextmanager
-async def read_server(
-    root: Path, config: Path, env: dict[str, str], name: str, children: set[int], *settings: str
-):
-    """A read server process on its own socket and empty cache (as ``bench_read.py``)."""
-    socket = root / f"{name}.sock"
-    cache = root / f"cache-{name}"
-    shutil.rmtree(cache, ignore_errors=True)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar.readserver", "--config", str(config),
-        "--set", f"read_server.socket_path={socket}", "--set", f"read_server.cache_dir={cache}",
-        *[arg for setting in settings for arg in ("--set", setting)],
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
-    )  # fmt: skip
-    children.add(proc.pid)
-    assert proc.stdout is not None
-    drain: asyncio.Task[bytes] | None = None
-    try:
-        lines: list[bytes] = []
-        while True:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            lines.append(line)
-            if not line:
-                raise RuntimeError("read server exited:\n" + b"".join(lines).decode())
-            if b"read_server_listening" in line:
-                break
-        drain = asyncio.create_task(proc.stdout.read())
-        yield socket
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        await proc.wait()
-        children.discard(proc.pid)
-        if drain is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(drain, 10)
-        shutil.rmtree(cache, ignore_errors=True)
-
-
 async def timed_get(socket: Path, target: str) -> tuple[float, bytes]:
     """(seconds to the first body byte, the body) of one GET on a new connection."""
     request = f"GET {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
@@ -717,7 +679,7 @@ async def amain(args: argparse.Namespace) -> int:
             return 0
         proxy = CountingProxy("127.0.0.1", s3.s3_port)
         proxy.start()
-        await reads(args, root, env, s3, proxy, read_prefix, children)
+        await reads(args, root, env, s3, proxy, read_prefix)
         return 0
     finally:
         for pid in list(children):  # only on an error: each run waits for its processes
@@ -798,7 +760,6 @@ async def reads(
     s3: Any,
     proxy: CountingProxy,
     prefix: str,
-    children: set[int],
 ) -> None:
     state = root / "state"
     configs = {}
@@ -833,9 +794,10 @@ async def reads(
             found: dict[str, tuple[list[float], set[int], list[Exchange]]] = {}
             for which in ("counted", "direct"):  # the same probes, through the proxy and not
                 n += 1
-                async with read_server(
-                    root, configs[which], env, f"r{n}", children, *settings
-                ) as socket:
+                async with read_server(root, configs[which], env, f"r{n}", *settings) as (
+                    socket,
+                    _pid,
+                ):
                     if not ids:
                         for p in (0, 1):
                             _, listing = await timed_get(

@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
-import json
 import os
 import platform
 import random
@@ -70,6 +68,7 @@ from sidecar.storage.keys import KeyLayout, ObjectSuffix  # noqa: E402
 from sidecar.storage.s3 import S3ObjectStore  # noqa: E402
 from sidecar.testing import TestRecord, build_batch  # noqa: E402
 from tests.conftest import stack  # noqa: E402
+from tests.sidecar_runner import read_server  # noqa: E402
 from tests.unit.readserver._tiered import Remote  # noqa: E402
 
 MiB = 1024 * 1024
@@ -120,65 +119,6 @@ async def tier(
 
 # ---------------------------------------------------------------------------------------------
 # the read server as a process
-
-
-@contextlib.asynccontextmanager
-async def read_server(
-    root: Path,
-    config: Path,
-    env: dict[str, str],
-    name: str,
-    *settings: str,
-    logs: list[dict[str, Any]] | None = None,
-):
-    """A read server process on its own socket and cache; with ``logs``, the JSON log lines it
-    wrote after it listened (up to its exit) are added to it."""
-    socket = root / f"{name}.sock"
-    cache = root / f"cache-{name}"
-    shutil.rmtree(cache, ignore_errors=True)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sidecar.readserver",
-        "--config",
-        str(config),
-        "--set",
-        f"read_server.socket_path={socket}",
-        "--set",
-        f"read_server.cache_dir={cache}",
-        *[arg for setting in settings for arg in ("--set", setting)],
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-    )
-    assert proc.stdout is not None
-    drain: asyncio.Task[bytes] | None = None
-    try:
-        lines: list[bytes] = []
-        while True:
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
-            lines.append(line)
-            if not line:
-                raise RuntimeError("read server exited:\n" + b"".join(lines).decode())
-            if b"read_server_listening" in line:
-                break
-        drain = asyncio.create_task(proc.stdout.read())
-        yield socket, proc.pid
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        await proc.wait()
-        if drain is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(drain), 10)
-            if drain.done() and logs is not None:
-                for line in drain.result().splitlines():
-                    with contextlib.suppress(ValueError):
-                        logs.append(json.loads(line))
-            drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drain
-        shutil.rmtree(cache, ignore_errors=True)
 
 
 def session(socket: Path, limit: int = 8) -> aiohttp.ClientSession:
