@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,23 @@ def _files(d: Path) -> tuple[str, ...] | None:
     if not d.is_dir() or "-" not in d.name:
         return None
     return tuple(sorted(p.name for p in d.iterdir()))
+
+
+def _detector(
+    log_dir: Path,
+    *,
+    on_change: Callable[[Path, object, object], None],
+    scan: Callable[[Path], object] = _files,
+    interval: float = 3600,
+) -> LogDirDetector[object]:
+    """A detector of one log dir (an hour between full rescans unless told)."""
+    return LogDirDetector(
+        log_dirs=[log_dir],
+        scan_partition=scan,
+        on_change=on_change,
+        rescan_interval_s=interval,
+        metrics=Metrics(),
+    )
 
 
 class Recorder:
@@ -44,13 +62,7 @@ class TestLogDirDetector:
     async def test_initial_full_scan_reports_partitions(self, log_dir):
         """The first scan reports every partition directory as new."""
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, on_change=rec)
         await det.scan_once()
         assert rec.changes == [("orders-0", None, ("00000000000000000000.log",))]
         assert det.full_scans == 1
@@ -58,13 +70,7 @@ class TestLogDirDetector:
     async def test_inotify_hint_rescans_the_partition(self, log_dir):
         """A file created in a partition dir is seen without waiting for the periodic rescan."""
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, on_change=rec)
         stopping = asyncio.Event()
         task = asyncio.create_task(det.run(stopping))
         await rec.next()
@@ -89,13 +95,7 @@ class TestLogDirDetector:
     async def test_removed_partition_is_reported(self, log_dir):
         """A partition directory that disappears is reported with new=None on the next scan."""
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, on_change=rec)
         await det.scan_once()
         for f in (log_dir / "orders-0").iterdir():
             f.unlink()
@@ -109,26 +109,14 @@ class TestLogDirDetector:
         """Directories the scan function rejects never become views."""
         (log_dir / "garbage").mkdir()
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, on_change=rec)
         await det.scan_once()
         assert [c[0] for c in rec.changes] == ["orders-0"]
 
     async def test_missing_log_dir_is_not_fatal(self, tmp_path):
         """A configured log dir that does not exist yet scans as empty."""
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[tmp_path / "absent"],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(tmp_path / "absent", on_change=rec)
         stopping = asyncio.Event()
         task = asyncio.create_task(det.run(stopping))
         await asyncio.wait_for(det.scanned.wait(), 10)
@@ -155,13 +143,7 @@ class TestWatchLimit:
         # the real watchdog observer and its error handling; only the syscall is refused
         monkeypatch.setattr(inotify_c, "inotify_add_watch", refused)
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=0.05,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, on_change=rec, interval=0.05)
         stopping = asyncio.Event()
         with capture_logs() as logs:
             task = asyncio.create_task(det.run(stopping))
@@ -263,13 +245,7 @@ class TestStepwiseFullScan:
                 asyncio.run_coroutine_threadsafe(go_on.wait(), loop).result(10)
             return d.name if d.is_dir() else None
 
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=scan,
-            on_change=lambda *_: None,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, scan=scan, on_change=lambda *_: None)
         full = asyncio.create_task(det.scan_once())
         await asyncio.wait_for(first_step.wait(), 10)
         (log_dir / "orders-9").rmdir()  # seen by the mark, not the rescan's listing
@@ -285,13 +261,7 @@ class TestStepwiseFullScan:
     async def test_a_partition_gone_since_the_last_rescan_is_dropped(self, log_dir):
         """A dir in the views that the next rescan does not list is reported gone."""
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=3600,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, on_change=rec)
         await det.scan_once()
         (log_dir / "orders-0" / "00000000000000000000.log").unlink()
         (log_dir / "orders-0").rmdir()
@@ -324,13 +294,7 @@ class TestRescanSpacing:
             time.sleep(0.02)  # a rescan of many partitions
             return _files(d)
 
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=slow,
-            on_change=lambda *_: None,
-            rescan_interval_s=0.05,
-            metrics=Metrics(),
-        )
+        det = _detector(log_dir, scan=slow, on_change=lambda *_: None, interval=0.05)
         stopping = asyncio.Event()
         task = asyncio.create_task(det.run(stopping))
         await asyncio.wait_for(det.scanned.wait(), 10)
