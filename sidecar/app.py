@@ -49,6 +49,7 @@ from sidecar.observability.loopwatch import LoopWatchdog
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import ReadServer
 from sidecar.retention._kafka import RetentionKafka
+from sidecar.retention.election import CoordinatorElection
 from sidecar.retention.manager import RetentionManager
 from sidecar.retention.scrub import OrphanScrubber
 from sidecar.status import partition_status
@@ -414,6 +415,17 @@ class Daemon:
         quarantine = engine.quarantine
         # --- remote retention, topic/partition deletion, orphan scrub
         layout = KeyLayout(prefix=config.s3.prefix, hash_prefix=config.s3.hash_prefix)
+        election: CoordinatorElection | None = None
+        if meta.tailing == "selective":
+            election = CoordinatorElection(
+                bootstrap_servers=bootstrap,
+                broker_id=broker_id,
+                topic=meta.topic,
+                group_id=meta.coordinator_group_id,
+                client_kwargs={**options, **meta.consumer_kwargs()},
+                on_error=lambda _: self._dependency_error("kafka", "coordinator_election"),
+                on_change=self._coordinator_changed,
+            )
         self.retention = RetentionManager(
             config=config.retention,
             views=lambda: self.detector.views,
@@ -436,6 +448,7 @@ class Daemon:
             metrics=self.metrics,
             metadata_topic=meta.topic,
             num_metadata_partitions=meta.num_partitions,
+            coordinator=None if election is None else (lambda: election.is_coordinator),
         )
         retention = self.retention
         # the broker plugin's copies and deletes (topics with remote.storage.enable=true), and
@@ -487,6 +500,12 @@ class Daemon:
                 "ready": self.readiness.ready,
                 "checks": self.readiness.snapshot(),
                 "failing": self.readiness.failing(),
+                "metadata": {
+                    "tailing": meta.tailing,
+                    "tracked_partitions": sorted(tailer.tracked),
+                    "coordinator": None if election is None else election.coordinator,
+                    "is_coordinator": election is None or election.is_coordinator,
+                },
                 "partitions": rows,
             }
 
@@ -514,6 +533,12 @@ class Daemon:
                 ("loop watchdog", self.watchdog.run(infra)),
             ):
                 tg.create_task(guard(coro, name=name, stopping=infra), name=name)
+            if election is not None:
+                # one sidecar per cluster runs topic and partition deletion and the scrub
+                tg.create_task(
+                    guard(election.run(infra), name="coordinator election", stopping=infra),
+                    name="coordinator election",
+                )
             tg.create_task(self._mark_ready_after_first_scan(), name="first scan")
             # the prefix belongs to one cluster: claim it (no upload or scrub before), or stop
             # the daemon when another cluster owns it
@@ -584,6 +609,11 @@ class Daemon:
         if cluster.last_error is not None:
             return "Kafka is unreachable"
         return None
+
+    def _coordinator_changed(self, holds: bool) -> None:
+        self.metrics.cluster_coordinator.set(1 if holds else 0)
+        if self.retention is not None:
+            self.retention.poke()  # take up (or drop) the cluster duties now
 
     def _dependency_error(self, dependency: str, component: str) -> None:
         self.metrics.dependency_errors.labels(dependency, component).inc()

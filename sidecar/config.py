@@ -319,6 +319,20 @@ class RemoteLogMetadataConfig(_Section):
         validation_alias=_kafka_name("consume_wait_ms", "remote.log.metadata.consume.wait.ms"),
         description="remote.log.metadata.consume.wait.ms: read-back timeout",
     )
+    tailing: Literal["selective", "all"] = Field(
+        "selective",
+        description="which metadata partitions each sidecar reads: 'selective' (those of the"
+        " partitions its broker hosts, as Kafka's own metadata manager does; one sidecar per"
+        " cluster, elected through coordinator_group, reads all of them and runs topic and"
+        " partition deletion and the orphan scrub) or 'all' (every sidecar reads every"
+        " partition and scrubs; needs no consumer group)",
+    )
+    coordinator_group: str = Field(
+        "",
+        description="consumer group electing the sidecar that runs the cluster-wide duties"
+        " (selective tailing; the sidecar's principal needs Read on it); default"
+        " '<topic>.sidecar-coordinator'",
+    )
     common_client: dict[str, ClientValue] = Field(
         default_factory=dict,
         description="remote.log.metadata.common.client.* overrides (Kafka property names)",
@@ -367,6 +381,11 @@ class RemoteLogMetadataConfig(_Section):
     def producer_kwargs(self) -> dict[str, ClientValue]:
         """aiokafka producer arguments from the common and producer overrides."""
         return _translate({**self.common_client, **self.producer}, _PRODUCER_CLIENT)
+
+    @property
+    def coordinator_group_id(self) -> str:
+        """The coordinator group's id (``coordinator_group``, or derived from the topic)."""
+        return self.coordinator_group or f"{self.topic}.sidecar-coordinator"
 
     def consumer_kwargs(self) -> dict[str, ClientValue]:
         """aiokafka consumer arguments from the common and consumer overrides."""

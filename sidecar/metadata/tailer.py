@@ -427,6 +427,7 @@ class MetadataTailer:
                 topic=self.topic,
                 partitions=len(tracked),
                 caught_up=len(tracked & self._caught_up),
+                tracked=sorted(tracked),
             )
         self._assigned = tracked
         self._notify()

@@ -364,6 +364,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.cluster_coordinator = Gauge(
+            "cluster_coordinator",
+            "1 while this sidecar is the elected coordinator that runs topic and partition"
+            " deletion and the orphan scrub for the cluster (selective metadata tailing).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         # --- the read path: socket requests, the chunk cache, S3 fetches
         self.read_requests = Counter(
             "read_requests",

@@ -33,11 +33,19 @@ Every ``interval_s`` (Kafka's ``remote.log.manager.task.interval.ms``, 30 s by d
    only while the metadata topic keeps every record (``retention.ms`` and ``retention.bytes``
    -1 in DescribeConfigs): otherwise it is refused (``scrub_runs_total{outcome="refused"}``).
 
-So that the store knows every partition (for deletion and scrub), the manager makes the tailer
-read *all* metadata partitions, not only those of this broker's partitions (a deviation from
-Kafka's RLMM, which reads only its assigned ones). Store reads run in worker threads; every
-deletion goes through the publisher with read-back. With ``dry_run`` nothing is deleted: the
-decisions are logged.
+Who runs the cluster-wide duties (1, 2 and 5) depends on ``remote_log_metadata.tailing``:
+
+* ``selective`` (``coordinator`` given): each sidecar's tailer reads only the metadata
+  partitions of the partitions its broker hosts (the tiering engine tracks those), as Kafka's
+  RLMM does. One sidecar per cluster, the coordinator (:mod:`sidecar.retention.election`),
+  additionally reads every metadata partition and runs 1, 2 and 5 for the whole cluster. When
+  it loses the role, it stops reading the metadata partitions its broker does not need. The
+  others still forget a deleted topic's partitions once nothing of them is left.
+* ``all``: every sidecar reads every metadata partition; 1 and 2 run on the sidecar of the
+  broker that leads the partition's metadata partition, and every sidecar scrubs.
+
+Store reads run in worker threads; every deletion goes through the publisher with read-back.
+With ``dry_run`` nothing is deleted: the decisions are logged.
 """
 
 from __future__ import annotations
@@ -133,10 +141,15 @@ class RetentionManager:
         metrics: Metrics,
         metadata_topic: str,
         num_metadata_partitions: int,
+        coordinator: Callable[[], bool] | None = None,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``coordinator``: whether this sidecar holds the cluster duties now (selective
+        tailing); None runs them by the metadata partition leader rule, reading everything."""
         self._config = config
+        self._coordinator = coordinator
+        self._reads_all = coordinator is None
         self._views = views
         self._cluster = cluster
         self._kafka = kafka
@@ -163,7 +176,12 @@ class RetentionManager:
         self._warned_at_risk: dict[tuple[str, int], set[int]] = {}
         self._at_risk_topics: set[str] = set()
         self._next_scrub_at = 0.0
+        self._wake = asyncio.Event()
         self.passes = 0
+
+    def poke(self) -> None:
+        """Run the next pass now (the cluster duties changed hands)."""
+        self._wake.set()
 
     # --- the log-dir detector's callback (event loop; no I/O)
 
@@ -181,14 +199,16 @@ class RetentionManager:
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: one pass every ``interval_s`` until ``stopping``."""
         try:
-            self._tailer.track(range(self._num_mp))
+            if self._coordinator is None:
+                self._tailer.track(range(self._num_mp))
             while not stopping.is_set():
                 try:
                     await self.run_once(stopping)
                 except SidecarError as exc:
                     self._metrics.retention_errors.labels(type(exc).__name__).inc()
                     log.warning("retention_pass_failed", error=str(exc))
-                await wait_any(stopping, within=self._config.interval_s)
+                await wait_any(stopping, self._wake, within=self._config.interval_s)
+                self._wake.clear()
         finally:
             await self._kafka.aclose()
 
@@ -197,6 +217,7 @@ class RetentionManager:
         stop = stopping or asyncio.Event()
         summary = PassSummary()
         self.passes += 1
+        self._follow_role()
         await self._check_lost()
         topic_ids = await self._topic_ids()
         partitions = await asyncio.to_thread(self._store.partitions)
@@ -262,8 +283,38 @@ class RetentionManager:
     def _caught_up(self, tp: TopicIdPartition) -> bool:
         return self._tailer.caught_up(metadata_partition(tp, self._num_mp))
 
+    def _follow_role(self) -> None:
+        """Selective tailing: read every metadata partition while coordinator; otherwise only
+        those of the partitions this broker hosts (the engine tracks those as they appear)."""
+        if self._coordinator is None:
+            return
+        everything = set(range(self._num_mp))
+        if self._coordinator():
+            if not self._reads_all:
+                self._reads_all = True
+                log.info("metadata_reading_all_partitions", partitions=self._num_mp)
+            self._tailer.track(everything)
+            return
+        if not self._reads_all:
+            return
+        self._reads_all = False
+        hosted = {
+            metadata_partition(
+                TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition),
+                self._num_mp,
+            )
+            for scan in self._views().values()
+            if scan.topic_id is not None
+        }
+        dropped = (everything & set(self._tailer.tracked)) - hosted
+        self._tailer.untrack(dropped)
+        log.info("metadata_reading_hosted_partitions", untracked=len(dropped))
+
     def _processes(self, tp: TopicIdPartition) -> bool:
-        """Whether this sidecar deletes ``tp``'s data: its broker leads the metadata partition."""
+        """Whether this sidecar deletes ``tp``'s data: it is the coordinator (selective
+        tailing), or its broker leads the metadata partition (every sidecar reads all)."""
+        if self._coordinator is not None:
+            return self._coordinator()
         view = self._cluster.view
         mp = metadata_partition(tp, self._num_mp)
         return view.fresh and view.leaders.get((self._metadata_topic, mp)) == self._broker_id
@@ -352,8 +403,8 @@ class RetentionManager:
                     topic_id=str(tp.topic_id),
                 )
         count = sum(len(segments) for segments in doomed.values())
-        if count == 0:
-            return
+        if count == 0 or (self._coordinator is not None and not self._coordinator()):
+            return  # the share is the whole cluster's: only the coordinator reads all of it
         total = await asyncio.to_thread(self._live_segment_count)
         share = count / max(total, 1)
         limit = self._config.topic_deletion_max_share
@@ -690,6 +741,8 @@ class RetentionManager:
     # --- scrub
 
     async def _scrub(self) -> None:
+        if self._coordinator is not None and not self._coordinator():
+            return  # one scrub per cluster: the coordinator's
         view = self._cluster.view
         meta_config = view.configs.get(self._metadata_topic)
         if (

@@ -87,7 +87,7 @@ class _Kafka:
 class _World:
     """A store with tiered topics, their objects, and a manager over them."""
 
-    def __init__(self, tmp_path: Any, **config: Any) -> None:
+    def __init__(self, tmp_path: Any, coordinator: Any = None, **config: Any) -> None:
         self.store = RemoteSegmentStore(tmp_path / "state")
         self.objects = MemoryObjectStore()
         self.kafka = _Kafka()
@@ -125,6 +125,7 @@ class _World:
             metrics=self.metrics,
             metadata_topic=META,
             num_metadata_partitions=NUM_MP,
+            coordinator=coordinator,
             monotonic=lambda: self.now[0],
         )
 

@@ -1,0 +1,122 @@
+"""The coordinator election on the real broker's group coordinator: one holder per cluster,
+kept while it is a member, handed over when it leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from sidecar.retention.election import CoordinatorElection
+from tests.helpers import create_topic
+
+pytestmark = pytest.mark.integration
+
+
+class _Running:
+    def __init__(self, election: CoordinatorElection) -> None:
+        self.election = election
+        self.stopping = asyncio.Event()
+        self.task = asyncio.create_task(election.run(self.stopping))
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        await asyncio.wait_for(self.task, 30)
+
+
+@contextlib.asynccontextmanager
+async def _members(
+    bootstrap: str, topic: str, group: str, broker_ids: list[int]
+) -> AsyncIterator[dict[int, _Running]]:
+    running = {
+        b: _Running(
+            CoordinatorElection(
+                bootstrap_servers=bootstrap,
+                broker_id=b,
+                topic=topic,
+                group_id=group,
+                session_timeout_ms=6000,
+                heartbeat_interval_ms=500,
+            )
+        )
+        for b in broker_ids
+    }
+    try:
+        yield running
+    finally:
+        for member in running.values():
+            if not member.task.done():
+                await member.stop()
+
+
+async def _settled(members: dict[int, _Running], *, holder: int, timeout: float = 60) -> None:
+    """Wait until ``holder`` holds the role and every running member names it."""
+
+    def done() -> bool:
+        live = [m for m in members.values() if not m.task.done()]
+        return all(m.election.coordinator == holder for m in live) and all(
+            m.election.is_coordinator == (b == holder)
+            for b, m in members.items()
+            if not m.task.done()
+        )
+
+    async with asyncio.timeout(timeout):
+        while not done():
+            waits = [
+                asyncio.ensure_future(m.election.wait_changed())
+                for m in members.values()
+                if not m.task.done()
+            ]
+            # a member that already settled does not change again: bound the wait, re-check
+            await asyncio.wait(waits, timeout=0.5)
+            for w in waits:
+                w.cancel()
+
+
+class TestCoordinatorElection:
+    async def test_one_holder_kept_while_member_then_handed_over(self, kafka, topic_name):
+        """Three members: the lowest broker id takes the role, the others name it; a member
+        with a lower id joining later does not take it over; the holder leaving hands it to
+        the lowest remaining id."""
+        await create_topic(kafka.bootstrap_servers, topic_name, partitions=3)
+        group = f"{topic_name}.coordinator"
+        async with _members(kafka.bootstrap_servers, topic_name, group, [5, 3, 7]) as members:
+            await _settled(members, holder=3)
+            assert members[3].election.terms == 1
+            async with _members(kafka.bootstrap_servers, topic_name, group, [1]) as late:
+                everyone = {**members, **late}
+                # the rebalance revokes and re-grants: the holder keeps it (sticky)
+                await _settled(everyone, holder=3)
+                assert not late[1].election.is_coordinator
+                await members[3].stop()
+                await _settled(everyone, holder=1)
+                assert late[1].election.terms == 1
+                assert sum(m.election.is_coordinator for m in everyone.values()) == 1
+
+    async def test_unreachable_kafka_holds_no_role_and_reports(self):
+        """No group coordinator to reach: the member holds no role, reports the error and
+        keeps retrying (run does not end)."""
+        from tests.conftest import stack
+
+        errors: list[BaseException] = []
+        election = CoordinatorElection(
+            bootstrap_servers=f"127.0.0.1:{stack.free_port()}",
+            broker_id=1,
+            topic="t",
+            group_id="g",
+            on_error=errors.append,
+            retry_backoff_s=(0.05, 0.1),
+            client_kwargs={"request_timeout_ms": 1000},
+        )
+        running = _Running(election)
+        try:
+            async with asyncio.timeout(60):
+                while len(errors) < 2:  # a retry happened: run is still going
+                    await asyncio.sleep(0.05)
+            assert not running.task.done()
+            assert not election.is_coordinator
+            assert election.last_error is not None
+        finally:
+            await running.stop()

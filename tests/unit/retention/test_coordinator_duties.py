@@ -1,0 +1,230 @@
+"""Selective metadata tailing: the cluster-wide duties (topic and partition deletion, the
+orphan scrub) run on the elected coordinator only, whichever metadata partitions its broker
+leads; the coordinator reads every metadata partition while it holds the role and gives up
+those its broker does not need when it loses it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from structlog.testing import capture_logs
+
+from sidecar.config import RetentionConfig
+from sidecar.kafka.checkpoints import encode_kafka_uuid
+from sidecar.kafka.logdir import PartitionScan
+from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from sidecar.metadata.partitioner import metadata_partition
+from sidecar.observability.metrics import Metrics
+from sidecar.retention._kafka import TopicIdState
+from sidecar.retention.manager import RetentionManager
+from sidecar.tiering.cluster import ClusterView, TopicConfig
+from tests.unit.retention.test_topic_deletion import META, NUM_MP, _World
+
+FOREVER = TopicConfig(retention_ms=-1, retention_bytes=-1)
+
+
+def _leading_nothing(world: _World) -> None:
+    """This broker leads no metadata partition (the rule of the read-everything mode)."""
+    world.manager._cluster.view = dataclasses.replace(
+        world.manager._cluster.view, leaders={(META, p): 2 for p in range(NUM_MP)}
+    )
+
+
+class TestTopicDeletion:
+    async def test_the_coordinator_deletes_whatever_metadata_partitions_it_leads(self, tmp_path):
+        world = _World(tmp_path, coordinator=lambda: True, topic_deletion_grace_s=0.0)
+        try:
+            _leading_nothing(world)
+            for topic in ("a", "b", "c"):
+                await world.tier(topic, 2)
+            world.vanish("a", TopicIdState.ABSENT)
+            summary = await world.manager.run_once()
+            assert summary.deleted == 2
+            assert world.objects_of("a") == set()
+        finally:
+            world.close()
+
+    async def test_another_sidecar_deletes_nothing_and_judges_no_share(self, tmp_path):
+        """Not the coordinator: even leading every metadata partition, it deletes nothing,
+        and it does not halt on a share computed over the part of the store it reads."""
+        world = _World(tmp_path, coordinator=lambda: False, topic_deletion_grace_s=0.0)
+        try:
+            for topic in ("a", "b"):
+                await world.tier(topic, 2)
+            world.vanish("a", TopicIdState.ABSENT)
+            world.vanish("b", TopicIdState.ABSENT)  # all of its store: past any share
+            with capture_logs() as logs:
+                summary = await world.manager.run_once()
+            assert summary.deleted == 0
+            assert not summary.topic_deletion_halted
+            assert world.objects_of("a")
+            assert world.objects_of("b")
+            assert not [e for e in logs if e["event"] == "topic_deletion_halted"]
+        finally:
+            world.close()
+
+    async def test_the_role_moving_moves_the_deletion(self, tmp_path):
+        holds = [False]
+        world = _World(tmp_path, coordinator=lambda: holds[0], topic_deletion_grace_s=0.0)
+        try:
+            for topic in ("a", "b", "c"):
+                await world.tier(topic, 2)
+            world.vanish("a", TopicIdState.ABSENT)
+            assert (await world.manager.run_once()).deleted == 0
+            holds[0] = True
+            assert (await world.manager.run_once()).deleted == 2
+        finally:
+            world.close()
+
+
+class TestPartitionDeletion:
+    async def test_only_the_coordinator_processes_a_marked_partition(self, tmp_path):
+        holds = [False]
+        world = _World(tmp_path, coordinator=lambda: holds[0])
+        try:
+            _leading_nothing(world)
+            tp = await world.tier("a", 3)
+            world.store.apply(
+                [
+                    PartitionDeleteMetadata(
+                        topic_id_partition=tp,
+                        broker_id=1,
+                        event_timestamp_ms=0,
+                        state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                    )
+                ]
+            )
+            assert (await world.manager.run_once()).deleted == 0
+            assert world.objects_of("a")
+            holds[0] = True
+            assert (await world.manager.run_once()).deleted == 3
+            assert world.objects_of("a") == set()
+            assert world.store.segments(tp) == []
+        finally:
+            world.close()
+
+
+class _Tailer:
+    def __init__(self) -> None:
+        self.tracked: set[int] = set()
+
+    def caught_up(self, partition: int) -> bool:
+        return partition in self.tracked
+
+    def track(self, partitions: Any) -> None:
+        self.tracked |= set(partitions)
+
+    def untrack(self, partitions: Any) -> None:
+        self.tracked -= set(partitions)
+
+
+class _Scrubber:
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def scrub(self, *, dry_run: bool, unsafe: Any) -> Any:
+        self.runs += 1
+        return SimpleNamespace(dry_run=True, orphans=[], aborted_uploads=[])
+
+
+def _manager(
+    holds: list[bool], tailer: _Tailer, scrubber: _Scrubber, scans: dict[Any, PartitionScan]
+) -> RetentionManager:
+    view = ClusterView(
+        broker_id=1,
+        leaders={(META, p): 1 for p in range(8)},  # leads every metadata partition
+        configs={META: FOREVER},
+        last_stable_offsets={},
+        refreshed_at=time.monotonic(),
+        stale_after_s=3600,
+    )
+    stub: Any = SimpleNamespace
+
+    async def no_ids() -> dict[str, uuid.UUID]:
+        return {}
+
+    async def aclose() -> None:
+        return None
+
+    return RetentionManager(
+        config=RetentionConfig(enabled=False, scrub_interval_s=0.001),
+        views=lambda: scans,
+        cluster=stub(view=view, selected=lambda topic: True),
+        kafka=stub(topic_ids=no_ids, aclose=aclose),
+        store=stub(partitions=list),
+        tailer=tailer,  # type: ignore[arg-type]
+        publisher=stub(),
+        uploader=stub(broker_id=1),
+        objects=stub(),
+        scrubber=scrubber,  # type: ignore[arg-type]
+        metrics=Metrics(),
+        metadata_topic=META,
+        num_metadata_partitions=8,
+        coordinator=lambda: holds[0],
+    )
+
+
+def _scan(topic_id: uuid.UUID, partition: int) -> PartitionScan:
+    return PartitionScan(
+        path=Path(f"/logs/orders-{partition}"),
+        topic="orders",
+        partition=partition,
+        topic_id=encode_kafka_uuid(topic_id),
+        leader_epochs=(),
+        segments=(),
+        snapshot_offsets=(),
+        transient_files=(),
+        unknown_files=(),
+    )
+
+
+class TestRole:
+    async def test_reads_all_while_coordinator_then_only_what_its_broker_hosts(self):
+        topic_id = uuid.uuid4()
+        hosted = {metadata_partition(TopicIdPartition(topic_id, "orders", 0), 8)}
+        tailer = _Tailer()
+        tailer.track(hosted)  # what the tiering engine tracks for the hosted partition
+        holds = [False]
+        scrubber = _Scrubber()
+        manager = _manager(holds, tailer, scrubber, {})
+        await manager.run_once()
+        assert tailer.tracked == hosted
+        assert scrubber.runs == 0  # one scrub per cluster: not this sidecar's
+
+        holds[0] = True
+        await manager.run_once()
+        assert tailer.tracked == set(range(8))
+        assert scrubber.runs == 1
+
+        holds[0] = False
+        manager._views = lambda: {"p": _scan(topic_id, 0)}  # type: ignore[assignment]
+        with capture_logs() as logs:
+            await manager.run_once()
+        assert tailer.tracked == hosted
+        assert scrubber.runs == 1
+        assert [
+            e["untracked"] for e in logs if e["event"] == "metadata_reading_hosted_partitions"
+        ] == [8 - len(hosted)]
+
+    async def test_reading_everything_mode_tracks_all_and_scrubs(self):
+        """Without a coordinator (tailing = all), every sidecar reads and scrubs, as before."""
+        tailer = _Tailer()
+        scrubber = _Scrubber()
+        manager = _manager([False], tailer, scrubber, {})
+        manager._coordinator = None
+        stopping = asyncio.Event()
+        stopping.set()
+        await manager.run(stopping)  # tracks everything before its first pass
+        assert tailer.tracked == set(range(8))
+        await manager.run_once()
+        assert scrubber.runs == 1
