@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from sidecar.config import KafkaConfig, SidecarConfig
 from sidecar.errors import ConfigError, FormatError, SidecarError
 from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
 from sidecar.kafka.logdir import META_PROPERTIES, PartitionScan, scan_partition_dir
+from sidecar.metadata.events import TopicIdPartition
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
@@ -484,6 +487,14 @@ class Daemon:
         read_server = ReadServer.from_config(
             config, store=store, objects=objects, metrics=self.metrics, copier=copier
         )
+        if meta.tailing == "selective":
+            # a read of a partition this broker does not host starts reading its metadata
+            read_server.service.discover = _ReadDiscovery(
+                tailer=tailer,
+                topic_ids=retention_kafka.topic_ids,
+                num_partitions=meta.num_partitions,
+                timeout_s=config.read_server.fetch_timeout_s,
+            )
 
         async def status() -> dict[str, Any]:
             rows = await asyncio.to_thread(
@@ -691,6 +702,53 @@ class Daemon:
             self._s3_down = False
             log.info("s3_reachable")
         return None
+
+
+class _ReadDiscovery:
+    """Selective tailing reads only the metadata of this broker's partitions; a socket read of
+    another partition starts reading its metadata partition and waits until it is caught up
+    (then the read finds it in the store). A topic the cluster does not know is not asked for
+    again for ``_NEGATIVE_TTL_S``, so unknown names cost no Metadata request each."""
+
+    _NEGATIVE_TTL_S = 5.0
+
+    def __init__(
+        self,
+        *,
+        tailer: MetadataTailer,
+        topic_ids: Callable[[], Awaitable[dict[str, uuid.UUID]]],
+        num_partitions: int,
+        timeout_s: float,
+    ) -> None:
+        self._tailer = tailer
+        self._topic_ids = topic_ids
+        self._num_partitions = num_partitions
+        self._timeout_s = timeout_s
+        self._unknown: dict[str, float] = {}  # topic → until when it is not asked for again
+
+    async def __call__(self, topic: str, partition: int) -> bool:
+        if time.monotonic() < self._unknown.get(topic, 0.0):
+            return False
+        try:
+            topic_id = (await self._topic_ids()).get(topic)
+        except SidecarError as exc:
+            log.warning("read_discovery_failed", topic=topic, error=str(exc))
+            return False
+        if topic_id is None:
+            self._unknown[topic] = time.monotonic() + self._NEGATIVE_TTL_S
+            return False
+        mp = metadata_partition(TopicIdPartition(topic_id, topic, partition), self._num_partitions)
+        if self._tailer.caught_up(mp):
+            return False  # read and caught up: the store has all there is
+        if not self._tailer.is_tracked(mp):
+            log.info("metadata_partition_read_for_a_read", topic=topic, metadata_partition=mp)
+            self._tailer.track([mp])
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._tailer.wait_caught_up([mp])
+        except (TimeoutError, SidecarError):
+            return False
+        return True
 
 
 def run_daemon(config: SidecarConfig) -> int:

@@ -482,6 +482,9 @@ class ReadService:
         self._lineage_ttl_s = lineage_ttl_s
         self._lineages: dict[TopicIdPartition, _Lineage] = {}
         self._partitions: tuple[int, float, list[TopicIdPartition]] | None = None
+        #: asked when a topic or partition is not in the store: starts reading its metadata
+        #: (a sidecar reads only its broker's partitions'), True once that is done
+        self.discover: Callable[[str, int], Awaitable[bool]] | None = None
         self._range_ends: OrderedDict[str, int] = OrderedDict()
         #: verified batch maps of segments read from their start (32 bytes a batch)
         self._maps = _SegmentMaps(map_batches if plan_responses else 0)
@@ -525,7 +528,19 @@ class ReadService:
         self, topic: str, partition: int, topic_id: uuid.UUID | None = None
     ) -> TopicIdPartition:
         """The partition's topic id from the store. A name with several topic ids (deleted and
-        re-created) resolves to the one not being deleted, else needs ``topic_id``."""
+        re-created) resolves to the one not being deleted, else needs ``topic_id``. A partition
+        the store does not know is looked for once through ``discover``, if set."""
+        try:
+            return await self._resolve(topic, partition, topic_id)
+        except (UnknownTopicError, UnknownPartitionError):
+            if self.discover is None or not await self.discover(topic, partition):
+                raise
+        self._partitions = None
+        return await self._resolve(topic, partition, topic_id)
+
+    async def _resolve(
+        self, topic: str, partition: int, topic_id: uuid.UUID | None
+    ) -> TopicIdPartition:
         named = [
             tp
             for tp in await self._all_partitions()

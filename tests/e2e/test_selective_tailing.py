@@ -22,6 +22,7 @@ import json
 import os
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -48,7 +49,7 @@ pytestmark = pytest.mark.e2e
 
 NODES = (1, 2, 3)
 PARTITIONS = 6
-METADATA_PARTITIONS = 10
+METADATA_PARTITIONS = 30
 _Row = tuple[int, bytes | None, bytes]
 
 
@@ -132,6 +133,20 @@ async def _consumed(bootstrap: str, topic: str, partition: int, end: int) -> lis
     finally:
         await consumer.stop()
     return rows
+
+
+async def _served(socket: Path, topic: str, partition: int) -> tuple[list[_Row], int]:
+    """Every tiered record of the partition through a sidecar's socket, from offset 0, and
+    the tiered end offset."""
+    async with ReadClient(socket_path=socket) as client:
+        tiered = (await client.partition(topic, partition))["tiered"]
+        assert tiered is not None
+        assert tiered["start_offset"] == 0
+        rows = [
+            (r.offset, r.key, r.value)
+            async for r in client.iter_records(topic, partition, 0, max_bytes=256 * 1024)
+        ]
+    return rows, int(tiered["end_offset"])
 
 
 def _tracked(sidecar: Sidecar) -> set[int]:
@@ -291,19 +306,27 @@ class TestSelectiveTailing:
             )
 
             # the new broker's sidecar serves the whole tiered partition, from offset 0
-            async with ReadClient(socket_path=states[target] / "state" / "read.sock") as client:
-                info = await client.partition(topic_name, moved)
-                tiered = info["tiered"]
-                assert tiered is not None
-                assert tiered["start_offset"] == 0
-                end = int(tiered["end_offset"])
-                served = [
-                    (r.offset, r.key, r.value)
-                    async for r in client.iter_records(topic_name, moved, 0, max_bytes=256 * 1024)
-                ]
-            expected = await _consumed(bootstrap, topic_name, moved, end)
+            served, end = await _served(states[target] / "state" / "read.sock", topic_name, moved)
             assert len(served) == end + 1
-            assert served == expected
+            assert served == await _consumed(bootstrap, topic_name, moved, end)
+
+            # a sidecar whose broker does not host a partition serves it too: the read starts
+            # reading the partition's metadata partition
+            bystander = next(n for n in others if n != target)
+            far = [
+                p
+                for p, b in placement.items()
+                if p != moved and b != bystander and mps[p] not in _tracked(sidecars[bystander])
+            ]
+            assert far, f"the bystander reads every metadata partition: {mps}"
+            served, end = await _served(
+                states[bystander] / "state" / "read.sock", topic_name, far[0]
+            )
+            assert len(served) == end + 1
+            assert served == await _consumed(bootstrap, topic_name, far[0], end)
+            assert sidecars[bystander].matching(
+                "metadata_partition_read_for_a_read", topic=topic_name
+            )
 
             # the scrub: the coordinator's only, and it deletes an orphan
             layout = KeyLayout(prefix=s3_prefix)

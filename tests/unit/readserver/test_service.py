@@ -428,6 +428,29 @@ class TestResolve:
             await service.resolve("orders", 3)
         assert caught.value.details == {"partitions": [0]}
 
+    async def test_an_unknown_partition_is_looked_for_once_through_discover(
+        self, remote, service
+    ):
+        """Selective tailing: a partition the store does not hold yet is discovered (its
+        metadata read) and the lookup retried once; a failed discovery keeps the error."""
+        asked: list[tuple[str, int]] = []
+
+        async def discover(topic: str, partition: int) -> bool:
+            asked.append((topic, partition))
+            if topic != "orders":
+                return False
+            await remote.upload(0, data_batches(0, 2))  # the metadata read meanwhile
+            return True
+
+        service.discover = discover
+        assert await service.resolve("orders", 0) == TP
+        assert asked == [("orders", 0)]
+        with pytest.raises(UnknownTopicError):
+            await service.resolve("nope", 0)
+        assert asked[-1] == ("nope", 0)
+        assert await service.resolve("orders", 0) == TP  # known now: not asked again
+        assert len(asked) == 2
+
     async def test_a_name_with_two_topic_ids_is_ambiguous_unless_given(self, remote, service):
         """A re-created topic with data under both ids needs topic_id."""
         other = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
