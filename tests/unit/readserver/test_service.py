@@ -428,9 +428,7 @@ class TestResolve:
             await service.resolve("orders", 3)
         assert caught.value.details == {"partitions": [0]}
 
-    async def test_an_unknown_partition_is_looked_for_once_through_discover(
-        self, remote, service
-    ):
+    async def test_an_unknown_partition_is_looked_for_once_through_discover(self, remote, service):
         """Selective tailing: a partition the store does not hold yet is discovered (its
         metadata read) and the lookup retried once; a failed discovery keeps the error."""
         asked: list[tuple[str, int]] = []
