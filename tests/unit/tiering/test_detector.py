@@ -309,3 +309,79 @@ class TestRescanSpacing:
 
     async def test_without_hints_the_interval_holds(self, log_dir, monkeypatch):
         assert await self._spacing(log_dir, monkeypatch, watching=False) == 0.05
+
+
+class TestStatRescan:
+    """Between full rescans, the safety net is a stat of every partition dir: only the dirs
+    whose entries changed since their last scan (or that are new) are scanned again, the gone
+    ones dropped; a dir changed within the second before its scan is scanned again."""
+
+    @staticmethod
+    def _age(*dirs: Path) -> None:
+        """The dirs last changed a minute ago (their stamps are trusted)."""
+        import os
+        import time
+
+        for d in dirs:
+            then = time.time() - 60
+            os.utime(d, (then, then))
+
+    async def test_only_changed_new_and_gone_dirs(self, tmp_path):
+        log_dir = tmp_path / "data"
+        for n in range(5):
+            (log_dir / f"orders-{n}").mkdir(parents=True)
+        self._age(*(log_dir / f"orders-{n}" for n in range(5)))
+        scanned: list[str] = []
+
+        def scan(d: Path) -> tuple[str, ...] | None:
+            scanned.append(d.name)
+            return _files(d)
+
+        rec = Recorder()
+        det = _detector(log_dir, scan=scan, on_change=rec)
+        await det.scan_once()
+        assert sorted(scanned) == [f"orders-{n}" for n in range(5)]
+        scanned.clear()
+        await det.rescan_stale()
+        assert scanned == []  # nothing changed: nothing read but the dirs' stats
+        (log_dir / "orders-3" / "00000000000000000042.log").write_bytes(b"")  # a missed roll
+        (log_dir / "orders-4").rmdir()
+        (log_dir / "orders-5").mkdir()
+        await det.rescan_stale()
+        assert sorted(scanned) == ["orders-3", "orders-5"]
+        assert det.views[(log_dir / "orders-3").resolve()] == ("00000000000000000042.log",)
+        assert (log_dir / "orders-4").resolve() not in det.views
+        assert ("orders-4", (), None) in rec.changes
+        assert det.stat_scans == 2
+        assert det.full_scans == 1
+
+    async def test_a_dir_changed_just_before_its_scan_is_scanned_again(self, log_dir):
+        scanned: list[str] = []
+
+        def scan(d: Path) -> tuple[str, ...] | None:
+            scanned.append(d.name)
+            return _files(d)
+
+        det = _detector(log_dir, scan=scan, on_change=lambda *_: None)
+        await det.scan_once()  # orders-0 was created just now: its stamp is not trusted
+        await det.rescan_stale()
+        assert scanned == ["orders-0", "orders-0"]
+        self._age(log_dir / "orders-0")
+        await det.rescan_stale()  # scanned once more, with an old enough stamp
+        await det.rescan_stale()
+        assert scanned == ["orders-0"] * 3
+
+    async def test_with_hints_the_stat_rescans_run_between_full_ones(self, log_dir, monkeypatch):
+        from sidecar.tiering import detector
+
+        monkeypatch.setattr(detector, "_FULL_RESCAN_SPACING", 1e9)  # not within the test
+        det = _detector(log_dir, on_change=lambda *_: None, interval=0.01)
+        stopping = asyncio.Event()
+        task = asyncio.create_task(det.run(stopping))
+        while det.stat_scans < 3:
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            det.scanned.clear()
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        assert det.watching
+        assert det.full_scans == 1
