@@ -397,6 +397,22 @@ CREATE TABLE IF NOT EXISTS remote_floor (
     PRIMARY KEY (topic_id, partition)
 ) WITHOUT ROWID
 """
+# Which user partitions' events the store applies, per metadata partition (selective tailing:
+# a sidecar keeps only its broker's partitions). A row with an empty topic id and partition -1
+# means every user partition; a metadata partition without rows that has a consumed offset was
+# read whole (stores from before scopes, and sidecars that read everything).
+_SCOPE_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS scope (
+    metadata_partition INTEGER NOT NULL,
+    topic_id BLOB NOT NULL,
+    partition INTEGER NOT NULL,
+    PRIMARY KEY (metadata_partition, topic_id, partition)
+) WITHOUT ROWID
+"""
+#: a metadata partition's scope: the (topic id, partition) pairs whose events are applied, or
+#: None for every user partition
+Scope = frozenset[tuple[uuid.UUID, int]] | None
+_ALL_ROW: Final = (b"", -1)
 _SEGMENT_COLUMNS: Final = (
     "sid, pid, start_offset, end_offset, state, epochs, size, max_timestamp_ms, broker_id,"
     " event_timestamp_ms, custom_metadata, txn_index_empty"
@@ -801,8 +817,9 @@ class RemoteSegmentStore:
                 f"the metadata store has schema version {version}; this sidecar reads"
                 f" {_SCHEMA_VERSION} (a newer sidecar wrote it)"
             )
-        # added within version 1: older stores get it on open (nothing else reads it)
+        # added within version 1: older stores get them on open (nothing else reads them)
         db.execute(_REMOTE_FLOOR_TABLE)
+        db.execute(_SCOPE_TABLE)
 
     # --- lifecycle
 
@@ -930,6 +947,60 @@ class RemoteSegmentStore:
             with self._read_lock:
                 self._reader_pids.clear()
             self._writer.dropped = False
+
+    def scopes(self) -> dict[int, Scope]:
+        """Per metadata partition ever read, which user partitions' events were applied: a set
+        of (topic id, partition), or None for all of them."""
+        with self._read_lock, self._translate_errors():
+            self._check_open()
+            rows = self._reader.execute(
+                "SELECT metadata_partition, topic_id, partition FROM scope"
+            ).fetchall()
+        found: dict[int, set[tuple[uuid.UUID, int]] | None] = {}
+        for mp, topic_id, partition in rows:
+            if (bytes(topic_id), partition) == _ALL_ROW:
+                found[mp] = None
+                continue
+            members = found.setdefault(mp, set())
+            if members is not None:
+                members.add((uuid.UUID(bytes=bytes(topic_id)), partition))
+        scopes: dict[int, Scope] = {mp: None for mp in self._consumed}  # read whole
+        scopes.update({mp: None if m is None else frozenset(m) for mp, m in found.items()})
+        return scopes
+
+    def set_scope(
+        self, metadata_partition: int, scope: Scope, *, drop: Iterable[TopicIdPartition] = ()
+    ) -> None:
+        """Record ``metadata_partition``'s scope and drop every ``drop`` partition with all its
+        state (segments in any state included), in one transaction: partitions that leave the
+        scope, or whose partial state a re-read is about to rebuild."""
+        doomed = list(drop)
+        with self._write_lock, self._translate_errors():
+            self._check_open()
+            writer = self._writer
+            writer.begin()
+            try:
+                db = writer.db
+                db.execute("DELETE FROM scope WHERE metadata_partition = ?", (metadata_partition,))
+                rows = (
+                    [_ALL_ROW]
+                    if scope is None
+                    else [(topic_id.bytes, partition) for topic_id, partition in sorted(scope)]
+                )
+                db.executemany(
+                    "INSERT INTO scope VALUES (?, ?, ?)",
+                    [(metadata_partition, t, p) for t, p in rows],
+                )
+                for tp in doomed:
+                    pid = writer.pid(tp)
+                    if pid is not None:
+                        writer.drop_partition(pid)
+                writer.commit()
+            except BaseException:
+                writer.rollback()
+                raise
+            self._forget_dropped_pids()
+            self._changes.committed(doomed)
 
     def raise_remote_floor(self, tp: TopicIdPartition, offset: int) -> int:
         """Record that remote data below ``offset`` of ``tp`` was deleted on purpose (remote

@@ -19,6 +19,17 @@ resuming from the offsets stored with the state instead of re-reading from offse
   previous leader's last events before it plans. ``lag()`` is how many records of the tracked
   partitions are not applied yet (the ``metadata_store_lag_records`` gauge), from the end offsets
   the consumer's fetches report, without a request of its own.
+* **Scopes** (selective tailing): ``want(partitions)`` limits what a metadata partition's
+  events are applied for to the user partitions wanted (Kafka's ``ConsumerTask`` applies only
+  those of its assigned partitions); the other events are read and skipped
+  (``filtered_records``). A partition wanted on a metadata partition already read is caught up
+  by reading that metadata partition again from its beginning, applying only the newcomer's
+  events up to where the reading was, then everything of the scope: its partial state, if
+  any, is dropped first, and the scope is stored only once the re-read passed that point, so a
+  crash in between re-reads it again. ``caught_up`` is False meanwhile. ``want_everything``
+  does the same for every user partition (the coordinator); ``narrow`` drops the partitions
+  no longer wanted from the store. A metadata partition tracked with ``track`` alone is read
+  whole, as are those of stores written before scopes.
 * Kafka errors do not end ``run``: unlike TBRLMM (whose broker shuts down when initialization
   fails), the tailer logs ``metadata_tail_failed``, reports it (``healthy``, ``last_error``,
   ``on_error``: readiness and metrics), and retries with exponential backoff from the stored
@@ -36,7 +47,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import sqlite3
+import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -51,10 +64,11 @@ from sidecar.metadata.errors import (
     MetadataStoreError,
     MetadataTailError,
 )
-from sidecar.metadata.events import RemoteLogMetadata
+from sidecar.metadata.events import RemoteLogMetadata, SegmentMetadataSnapshot, TopicIdPartition
+from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.publisher import DEFAULT_METADATA_TOPIC, client_id
 from sidecar.metadata.serde import decode
-from sidecar.metadata.store import ApplyResult, RemoteSegmentStore
+from sidecar.metadata.store import ApplyResult, RemoteSegmentStore, Scope
 from sidecar.observability.logging import get_logger
 
 __all__ = ["MetadataTailer", "UndecodableCallback"]
@@ -68,6 +82,30 @@ _ErrorCallback = Callable[[BaseException], None]
 
 _NULL_VALUE: Final = MetadataFormatError("the record value is null", position=0)
 _POLL_TIMEOUT_MS: Final = 1000  # a broker long-poll; new records, stop and track() end it early
+
+
+_Key = tuple[uuid.UUID, int]
+
+
+def _in(scope: Scope, key: _Key) -> bool:
+    return scope is None or key in scope
+
+
+@dataclass
+class _Replay:
+    """A metadata partition read again from its beginning: up to ``until`` (the last offset
+    applied before) only the events of partitions in ``new`` and not in ``old`` apply."""
+
+    until: int
+    old: frozenset[_Key]
+    new: Scope
+    #: the last offset of this re-read handled so far
+    done: int = -1
+
+    def wanted(self, offset: int, key: _Key) -> bool:
+        if offset <= self.until:
+            return _in(self.new, key) and key not in self.old
+        return _in(self.new, key)
 
 
 class _State(enum.Enum):
@@ -113,8 +151,14 @@ class MetadataTailer:
         on_undecodable: UndecodableCallback | None = None,
         on_error: _ErrorCallback | None = None,
         retry_backoff_s: tuple[float, float] = (0.5, 30.0),
+        num_partitions: int | None = None,
+        scoped: bool = False,
     ) -> None:
+        """``num_partitions``: the metadata topic's partition count, needed by ``want``;
+        ``scoped``: ``want`` limits what is applied (otherwise it only tracks)."""
         self.topic = topic
+        self._num_partitions = num_partitions
+        self._scoped = scoped
         self.broker_id = broker_id
         self._bootstrap = (
             bootstrap_servers if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
@@ -134,6 +178,10 @@ class MetadataTailer:
         self._beginnings: dict[int, int] = {}  # log start offset seen at assignment
         self._caught_up: set[int] = set()
         self._consumed: dict[int, int] = {}  # mirrors the store's committed consumed offsets
+        self._scopes: dict[int, Scope] = {}  # mirrors the store's scopes (absent: read whole)
+        self._pending: dict[int, Scope] = {}  # scopes wanted, applied at the next assignment
+        self._narrowed: dict[int, frozenset[_Key]] = {}  # scopes to shrink to, likewise
+        self._replays: dict[int, _Replay] = {}
         self._progress = asyncio.Event()  # replaced after every change that waiters look at
         self._failure: BaseException | None = None
         #: records received from the broker (since start)
@@ -142,6 +190,8 @@ class MetadataTailer:
         self.undecodable_records = 0
         #: decoded events the store dropped (since start; the store keeps persistent counters)
         self.rejected_events = 0
+        #: decoded events skipped because their user partition is not wanted (since start)
+        self.filtered_records = 0
         #: the Kafka error of the last failed attempt, None once an attempt succeeds again
         self.last_error: str | None = None
 
@@ -154,6 +204,7 @@ class MetadataTailer:
         self._state = _State.STARTED
         self._store.claim_topic(self.topic)
         self._consumed = self._store.consumed_offsets()
+        self._scopes = self._store.scopes()
         consumer = AIOKafkaConsumer(
             **self._client_kwargs,
             bootstrap_servers=self._bootstrap,
@@ -222,6 +273,98 @@ class MetadataTailer:
                 self._caught_up.discard(partition)
             self._changed.set()
             self._notify()
+
+    def _metadata_partition(self, tp: TopicIdPartition) -> int:
+        if self._num_partitions is None:
+            raise RuntimeError("MetadataTailer needs num_partitions to scope its reading")
+        return metadata_partition(tp, self._num_partitions)
+
+    def _scope(self, mp: int) -> Scope:
+        """The scope ``mp`` is (or is about to be) read with; None: every user partition."""
+        replay = self._replays.get(mp)
+        if mp in self._pending:
+            return self._pending[mp]
+        if replay is not None:
+            return replay.new
+        return self._scopes.get(mp)
+
+    def wants(self, tp: TopicIdPartition) -> bool:
+        """Whether ``tp``'s events are applied (once its metadata partition is caught up)."""
+        mp = self._metadata_partition(tp)
+        return mp in self._tracked and _in(self._scope(mp), (tp.topic_id, tp.partition))
+
+    def want(self, partitions: Iterable[TopicIdPartition]) -> None:
+        """Read the metadata of these user partitions (tracking their metadata partitions),
+        applying their events whatever the scope so far; cheap for partitions already wanted.
+        Unscoped, it tracks their metadata partitions whole."""
+        if not self._scoped:
+            self.track({self._metadata_partition(tp) for tp in partitions})
+            return
+        grown: dict[int, set[_Key]] = {}
+        for tp in partitions:
+            mp = self._metadata_partition(tp)
+            key = (tp.topic_id, tp.partition)
+            if mp in self._tracked and _in(self._scope(mp), key):
+                continue
+            if mp in self._scopes or mp in self._pending or mp in self._replays:
+                scope = self._scope(mp)
+                if scope is None or key in scope:
+                    self.track((mp,))
+                    continue
+            grown.setdefault(mp, set()).add(key)
+        for mp, keys in grown.items():
+            scope = self._scope(mp) if (mp in self._scopes or mp in self._pending) else None
+            base = frozenset() if scope is None and mp not in self._consumed else scope
+            if base is None:  # read whole already
+                self.track((mp,))
+                continue
+            self._pending[mp] = base | keys
+            self._narrowed.pop(mp, None)
+            self._caught_up.discard(mp)  # not before the newcomers are read
+            self._tracked.add(mp)
+            self._changed.set()
+            self._notify()
+
+    def want_everything(self) -> None:
+        """Read every metadata partition whole (the coordinator)."""
+        if self._num_partitions is None:
+            raise RuntimeError("MetadataTailer needs num_partitions to scope its reading")
+        if not self._scoped:
+            self.track(range(self._num_partitions))
+            return
+        for mp in range(self._num_partitions):
+            if self._scope(mp) is None and (mp in self._scopes or mp not in self._consumed):
+                self.track((mp,))
+                continue
+            self._pending[mp] = None
+            self._narrowed.pop(mp, None)
+            self._caught_up.discard(mp)
+            self._tracked.add(mp)
+            self._changed.set()
+        self._notify()
+
+    def narrow(self, keep: Iterable[TopicIdPartition]) -> None:
+        """Keep only these user partitions' metadata: every other partition is dropped from the
+        store, and metadata partitions left with none are no longer read (scoped only)."""
+        if not self._scoped:
+            return
+        wanted: dict[int, set[_Key]] = {}
+        for tp in keep:
+            wanted.setdefault(self._metadata_partition(tp), set()).add((tp.topic_id, tp.partition))
+        known = set(self._scopes) | set(self._pending) | set(self._replays) | self._tracked
+        for mp in known:
+            kept = frozenset(wanted.get(mp, ()))
+            pending = self._pending.get(mp, frozenset())
+            if mp in self._pending:
+                if pending is None:
+                    del self._pending[mp]  # no longer to be read whole
+                else:
+                    self._pending[mp] = pending & kept  # newcomers still wanted stay
+            scope = self._scopes.get(mp)
+            if scope is not None and scope <= kept and mp not in self._replays:
+                continue  # nothing to drop
+            self._narrowed[mp] = kept
+            self._changed.set()
 
     def caught_up(self, metadata_partition: int) -> bool:
         """Whether ``metadata_partition`` is read up to the end offset seen when it was assigned."""
@@ -381,14 +524,88 @@ class MetadataTailer:
         if self._on_error is not None and isinstance(exc, KafkaError):
             self._on_error(exc)
 
+    async def _rescope(self) -> set[int]:
+        """Apply the scope changes asked for since the last assignment; the metadata partitions
+        to read again from their beginning."""
+        restart: set[int] = set()
+        narrowed, self._narrowed = self._narrowed, {}
+        pending, self._pending = self._pending, {}
+        if not (narrowed or pending):
+            return restart
+        stored = await asyncio.to_thread(self._store.partitions)
+        on_mp: dict[int, list[TopicIdPartition]] = {}
+        for tp in stored:
+            on_mp.setdefault(self._metadata_partition(tp), []).append(tp)
+        for mp, kept in narrowed.items():
+            if mp in self._replays:  # shrink once the re-read is done
+                self._narrowed[mp] = kept
+                continue
+            scope = self._scopes.get(mp)
+            keep = kept if scope is None else scope & kept
+            drop = [tp for tp in on_mp.get(mp, ()) if (tp.topic_id, tp.partition) not in keep]
+            await asyncio.to_thread(self._store.set_scope, mp, keep, drop=drop)
+            self._scopes[mp] = keep
+            if drop:
+                log.info(
+                    "metadata_scope_narrowed",
+                    topic=self.topic,
+                    metadata_partition=mp,
+                    dropped=len(drop),
+                    kept=len(keep),
+                )
+            if not keep:
+                self.untrack((mp,))
+        for mp, new in pending.items():
+            consumed = self._consumed.get(mp)
+            old = self._scopes.get(mp)
+            if consumed is None:  # never read: read it from its beginning with this scope
+                await asyncio.to_thread(self._store.set_scope, mp, new)
+                self._scopes[mp] = new
+                continue
+            if old is None:
+                continue  # read whole already
+            replay = self._replays.get(mp)
+            if replay is not None:  # a re-read is under way: widen it
+                old = replay.old
+            elif new is not None and new <= old:
+                continue  # no newcomer
+            if mp not in self._tracked:
+                continue  # narrowed away meanwhile
+            incoming = [
+                tp
+                for tp in on_mp.get(mp, ())
+                if _in(new, (tp.topic_id, tp.partition)) and (tp.topic_id, tp.partition) not in old
+            ]
+            # the newcomers' partial state, if any, is rebuilt from the beginning
+            await asyncio.to_thread(self._store.set_scope, mp, old, drop=incoming)
+            self._scopes[mp] = old
+            self._replays[mp] = _Replay(until=consumed, old=old, new=new)
+            self._caught_up.discard(mp)
+            self._targets.pop(mp, None)  # its end offset is read again at assignment
+            restart.add(mp)
+            log.info(
+                "metadata_partition_reread",
+                topic=self.topic,
+                metadata_partition=mp,
+                until_offset=consumed,
+                partitions="all" if new is None else len(new),
+            )
+        return restart
+
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
         self._changed.clear()
+        restart = await self._rescope()
         tracked = frozenset(self._tracked)
         partitions = {p: TopicPartition(self.topic, p) for p in sorted(tracked)}
         consumer.assign(list(partitions.values()))
         for p, tp in partitions.items():
             consumed = self._consumed.get(p)
-            if consumed is None:
+            replay = self._replays.get(p)
+            if p in restart and replay is not None:
+                await consumer.seek_to_beginning(tp)
+            elif replay is not None:
+                consumer.seek(tp, replay.done + 1)
+            elif consumed is None:
                 await consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, consumed + 1)
@@ -410,7 +627,11 @@ class MetadataTailer:
                     )
                 self._targets[p] = ends[tp]
                 self._beginnings[p] = beginnings[tp]
-                if beginnings[tp] >= ends[tp] or position >= ends[tp]:
+                replay = self._replays.get(p)
+                if replay is not None and beginnings[tp] > replay.until:
+                    await self._finish_replay(p, replay)  # nothing left to read again
+                    replay = None
+                if replay is None and (beginnings[tp] >= ends[tp] or position >= ends[tp]):
                     self._caught_up.add(p)
                 log.debug(
                     "metadata_partition_assigned",
@@ -455,12 +676,16 @@ class MetadataTailer:
         self, records: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]]
     ) -> None:
         batch: list[tuple[int, int, bytes | None]] = []
+        replayed: dict[int, int] = {}  # metadata partition re-read → last offset in this fetch
         for tp, partition_records in records.items():
             self.records_fetched += len(partition_records)
-            done = self._consumed.get(tp.partition, -1)
+            replay = self._replays.get(tp.partition)
+            done = self._consumed.get(tp.partition, -1) if replay is None else replay.done
             batch += [
                 (tp.partition, r.offset, r.value) for r in partition_records if r.offset > done
             ]
+            if replay is not None and partition_records:
+                replayed[tp.partition] = partition_records[-1].offset
         if not batch:
             return
         ingested = await asyncio.to_thread(self._decode_and_apply, batch)
@@ -487,7 +712,15 @@ class MetadataTailer:
                 detail=rejection.detail,
             )
         self._consumed.update(ingested.consumed)
+        for partition, last in replayed.items():
+            replay = self._replays.get(partition)
+            if replay is not None:
+                replay.done = max(replay.done, last)
+                if replay.done >= replay.until:
+                    await self._finish_replay(partition, replay)
         for partition, last in ingested.consumed.items():
+            if partition in self._replays:
+                continue  # caught up once the re-read is done
             target = self._targets.get(partition)
             if partition not in self._caught_up and target is not None and last + 1 >= target:
                 self._caught_up.add(partition)
@@ -501,14 +734,31 @@ class MetadataTailer:
                     log.info("metadata_caught_up", topic=self.topic, partitions=len(self._tracked))
         self._notify()
 
+    async def _finish_replay(self, mp: int, replay: _Replay) -> None:
+        """The re-read passed where the reading was: the scope is the new one from now on."""
+        await asyncio.to_thread(self._store.set_scope, mp, replay.new)
+        self._scopes[mp] = replay.new
+        del self._replays[mp]
+        if mp in self._narrowed:
+            self._changed.set()  # a narrowing waited for the re-read
+        target = self._targets.get(mp)
+        consumed = self._consumed.get(mp, -1)
+        if target is not None and consumed + 1 >= target:
+            self._caught_up.add(mp)
+        log.info("metadata_partition_reread_done", topic=self.topic, metadata_partition=mp)
+        self._notify()
+
     def _decode_and_apply(self, batch: Sequence[tuple[int, int, bytes | None]]) -> _Ingested:
         """Decode a fetch and apply it in one store transaction (runs in a worker thread)."""
         events: list[RemoteLogMetadata] = []
         origins: list[tuple[int, int]] = []
         undecodable: list[tuple[int, int, MetadataFormatError]] = []
         consumed: dict[int, int] = {}
+        applied = self._consumed  # read only here; the loop updates it after this returns
+        filtered = 0
         for partition, offset, value in batch:
-            consumed[partition] = offset
+            if offset > applied.get(partition, -1):
+                consumed[partition] = offset
             if value is None:
                 undecodable.append((partition, offset, _NULL_VALUE))
                 continue
@@ -517,10 +767,25 @@ class MetadataTailer:
             except MetadataFormatError as exc:
                 undecodable.append((partition, offset, exc))
                 continue
+            if not self._wanted(partition, offset, event):
+                filtered += 1
+                continue
             events.append(event)
             origins.append((partition, offset))
         result = self._store.apply(events, consumed=consumed)
+        self.filtered_records += filtered
         return _Ingested(result, origins, undecodable, consumed)
+
+    def _wanted(self, mp: int, offset: int, event: RemoteLogMetadata) -> bool:
+        """Whether ``event`` (read at ``offset`` of ``mp``) belongs to the scope read."""
+        if isinstance(event, SegmentMetadataSnapshot):
+            return True  # never applied; the store counts it
+        tp = event.topic_id_partition
+        key = (tp.topic_id, tp.partition)
+        replay = self._replays.get(mp)
+        if replay is not None:
+            return replay.wanted(offset, key)
+        return _in(self._scopes.get(mp), key)
 
 
 #: SQLite result codes of a write the disk refused (full, or an I/O error): the transaction

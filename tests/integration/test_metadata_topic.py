@@ -1,7 +1,8 @@
 """The metadata topic against the real broker: MetadataPublisher creates and writes it as Kafka's
 TopicBasedRemoteLogMetadataManager does, MetadataTailer reads it back into a RemoteSegmentStore
 (and resumes from the stored offsets after a restart), a bad record is skipped and counted, and
-Kafka's own console consumer with RemoteLogMetadataFormatter decodes what we published."""
+Kafka's own console consumer with RemoteLogMetadataFormatter decodes what we published; a scoped
+tailer applies only the user partitions it wants."""
 
 from __future__ import annotations
 
@@ -478,3 +479,125 @@ class TestKafkaTools:
         assert "RemoteLogSegmentMetadata{" in lines[0]
         assert "startOffset=0, endOffset=99" in lines[0]
         assert "RemoteLogSegmentMetadataUpdate{" in lines[1]
+
+
+# --- scoped reading: a tailer applies only the events of the user partitions it wants, reads
+# a metadata partition again from its beginning for a partition wanted later (its whole
+# history, no event applied twice), reads everything for the coordinator, drops what it no
+# longer wants, and keeps its scopes across a restart
+
+
+@asynccontextmanager
+async def _scoped(
+    kafka, metadata_topic: str, state_dir: Path
+) -> AsyncIterator[tuple[MetadataTailer, RemoteSegmentStore]]:
+    store = RemoteSegmentStore(state_dir)
+    stopping = asyncio.Event()
+    try:
+        async with MetadataTailer(
+            bootstrap_servers=kafka.bootstrap_servers,
+            store=store,
+            broker_id=BROKER_ID,
+            topic=metadata_topic,
+            num_partitions=NUM_PARTITIONS,
+            scoped=True,
+        ) as tailer:
+            task = asyncio.create_task(tailer.run(stopping), name="metadata tailer")
+            try:
+                yield tailer, store
+            finally:
+                stopping.set()
+                await task
+    finally:
+        store.close()
+
+
+async def _history(publisher, tp: TopicIdPartition, segments: int) -> list:
+    """``segments`` copies of ``tp`` finished, the first one deleted again."""
+    made = []
+    for i in range(segments):
+        segment = copy_started(tp, 100 * i, 100 * i + 99)
+        await publisher.publish(segment)
+        await publisher.publish(update(segment, FINISHED))
+        made.append(segment)
+    await publisher.publish(update(made[0], DELETE_STARTED))
+    await publisher.publish(update(made[0], DELETE_FINISHED))
+    return made
+
+
+async def _caught_up(tailer: MetadataTailer, mp: int) -> None:
+    async with asyncio.timeout(60):
+        await tailer.wait_caught_up([mp])
+
+
+class TestScopes:
+    async def test_wanted_later_is_read_again_whole_then_narrowed_away(
+        self, kafka, metadata_topic, publisher_factory, tmp_path
+    ):
+        mine, later, other = (user_partition(1, topic=t) for t in ("a", "b", "c"))
+        publisher = await publisher_factory()
+        history = {tp: await _history(publisher, tp, 3) for tp in (mine, later, other)}
+        async with _scoped(kafka, metadata_topic, tmp_path) as (tailer, store):
+            tailer.want([mine])
+            await _caught_up(tailer, 1)
+            assert store.partitions() == [mine]
+            assert [s.segment_id for s in store.segments(mine)] == [
+                s.segment_id for s in history[mine][1:]
+            ]
+            assert tailer.filtered_records == 16  # the other two partitions' 8 events each
+
+            # a partition wanted on a metadata partition already read: its whole history
+            tailer.want([later])
+            assert not tailer.caught_up(1)  # not until its history is read
+            await _caught_up(tailer, 1)
+            assert sorted(store.partitions(), key=lambda tp: tp.topic) == [mine, later]
+            assert len(store.segments(later)) == 2
+            assert tailer.rejected_events == 0  # nothing of ``mine`` applied twice
+            assert store.counters().rejected == 0
+
+            # new events of both apply once the re-read is done; ``other`` stays out
+            extra = copy_started(later, 1000, 1099)
+            await publisher.publish(extra)
+            await publisher.publish(copy_started(other, 1000, 1099))
+            async with asyncio.timeout(30):
+                while store.segment(extra.segment_id) is None:
+                    await asyncio.sleep(0.05)
+            assert other not in store.partitions()
+
+            tailer.narrow([later])
+            async with asyncio.timeout(30):
+                while mine in store.partitions():
+                    await asyncio.sleep(0.05)
+            assert store.scopes()[1] == frozenset({(later.topic_id, later.partition)})
+
+        # the scope survives a restart: ``mine`` is not read back in
+        async with _scoped(kafka, metadata_topic, tmp_path) as (tailer, store):
+            tailer.want([later])
+            await _caught_up(tailer, 1)
+            await publisher.publish(copy_started(mine, 5000, 5099))
+            marker = copy_started(later, 5000, 5099)
+            await publisher.publish(marker)
+            async with asyncio.timeout(30):
+                while store.segment(marker.segment_id) is None:
+                    await asyncio.sleep(0.05)
+            assert mine not in store.partitions()
+            assert tailer.rejected_events == 0
+
+    async def test_everything_for_the_coordinator(
+        self, kafka, metadata_topic, publisher_factory, tmp_path
+    ):
+        mine, other = user_partition(2, topic="a"), user_partition(2, topic="b")
+        publisher = await publisher_factory()
+        for tp in (mine, other):
+            await _history(publisher, tp, 2)
+        async with _scoped(kafka, metadata_topic, tmp_path) as (tailer, store):
+            tailer.want([mine])
+            await _caught_up(tailer, 2)
+            assert store.partitions() == [mine]
+            tailer.want_everything()
+            async with asyncio.timeout(60):
+                await tailer.wait_caught_up()
+            assert set(store.partitions()) == {mine, other}
+            assert tailer.rejected_events == 0
+            assert set(tailer.tracked) == set(range(NUM_PARTITIONS))
+            assert all(scope is None for scope in store.scopes().values())
