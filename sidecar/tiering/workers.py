@@ -10,6 +10,13 @@ corrupt is quarantined by topic id (:mod:`sidecar.tiering.quarantine`) and plann
 it. The quarantine file is re-read about once a second, so a ``sidecar quarantine clear`` is
 seen at once: the partition is planned again and the cleared segment is read and checked anew.
 
+A pass looks at the partitions something happened to since the last one: a changed log dir (the
+detector's journal), an LSO looked up for one partition, a worker that ended, a due timer (a
+backoff, the handover delay, an idle partition's next look), a partition waiting for its
+metadata. A new picture of the leaders or configs, a freshness change, pause and resume,
+``retry_now``, a quarantine change and the copy lag make a pass over every partition, as does
+``full_pass_interval_s`` at the latest.
+
 Leadership changes (kafka-kip405-internals.md §2.6, §3.3):
 
 * Losing a partition (another leader, or a stale cluster view) cancels its worker; the uploader
@@ -37,10 +44,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import heapq
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +64,8 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.tiering._backoff import partition_backoff
-from sidecar.tiering.cluster import ClusterWatcher
+from sidecar.tiering.cluster import ClusterView, ClusterWatcher
+from sidecar.tiering.detector import ViewMap
 from sidecar.tiering.planner import (
     Plan,
     RemoteCoverage,
@@ -181,7 +190,13 @@ class EngineSettings:
     view's ``stale_after_s``: past it, the owner can no longer believe it leads)."""
     catch_up_timeout_s: float = 120.0
     """How long a new leader waits to read the partition's metadata up to its end."""
+    full_pass_interval_s: float = 60.0
+    """A pass visits the partitions something happened to (a rescan, an LSO move, a timer, a
+    worker's end); a pass over every partition comes after a leadership or config change, for
+    the copy lag, and at least this often (a safety net)."""
     clock_ms: Callable[[], int] = field(default=lambda: time.time_ns() // 1_000_000)
+    monotonic: Callable[[], float] = field(default=time.monotonic)
+    """The clock of backoffs, idle looks, handover and grace periods (tests move it)."""
 
 
 class TieringEngine:
@@ -225,6 +240,20 @@ class TieringEngine:
         self._lag_cache: dict[
             TopicIdPartition, tuple[PartitionScan, int | None, int, list[Segment]]
         ] = {}
+        #: what the next pass visits besides the log-dir changes: partitions whose worker ended
+        #: or whose LSO moved, and (``_due``) those whose timer (backoff, idle look, handover)
+        #: is due; a pass over every partition when ``_walk_all`` or at ``_next_walk_all``
+        self._dirty: set[_PartitionKey] = set()
+        self._due: list[tuple[float, _PartitionKey]] = []  # a heap of (monotonic time, key)
+        self._waiting_catch_up: set[_PartitionKey] = set()  # visited every pass
+        self._walk_all = True
+        self._next_walk_all = 0.0
+        self._seen_view: ClusterView | None = None
+        self._seen_fresh = False
+        #: the log dirs' changes: the detector's journal of changed dirs, or (views of another
+        #: kind) the scans of the last pass, compared by identity
+        self._journal: set[Path] | None = None
+        self._seen_scans: dict[Path, PartitionScan] = {}
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
@@ -244,7 +273,12 @@ class TieringEngine:
         """A dependency (Kafka, S3) is back: end every partition's backoff and reconcile."""
         for worker in self._workers.values():
             worker.retry_at = 0.0
+        self._walk_all = True
         self.poke()
+
+    def _at(self, when: float, key: _PartitionKey) -> None:
+        """Visit the partition in the first pass at or after ``when``."""
+        heapq.heappush(self._due, (when, key))
 
     @property
     def busy_partitions(self) -> list[_PartitionKey]:
@@ -291,31 +325,95 @@ class TieringEngine:
                 task.cancel()
             await asyncio.wait(stuck)
 
+    def _changed_paths(self, views: Mapping[Path, PartitionScan]) -> set[Path]:
+        """The partition dirs whose scan changed since the last pass."""
+        if self._journal is None and isinstance(views, ViewMap):
+            self._journal = views.journal()  # from now on: the first pass walks them all
+        if self._journal is not None:
+            changed = set(self._journal)
+            self._journal.clear()
+            return changed
+        seen = self._seen_scans
+        changed = {path for path, scan in views.items() if seen.get(path) is not scan}
+        changed.update(path for path in seen if path not in views)
+        self._seen_scans = dict(views)
+        return changed
+
+    def _view_changes(self, view: ClusterView, fresh: bool) -> bool:
+        """Whether the cluster view changed in a way that needs a pass over every partition
+        (leaders, configs, freshness); an LSO looked up for one partition (``fetch_lso``)
+        marks just the partitions whose LSO moved."""
+        seen, self._seen_view = self._seen_view, view
+        seen_fresh, self._seen_fresh = self._seen_fresh, fresh
+        if fresh != seen_fresh or seen is None:
+            return True
+        if view is seen:
+            return False
+        if (
+            view.leaders is not seen.leaders
+            or view.configs is not seen.configs
+            or view.broker_id != seen.broker_id
+            or view.refreshed_at != seen.refreshed_at
+        ):
+            return True
+        before = seen.last_stable_offsets
+        self._dirty.update(k for k, v in view.last_stable_offsets.items() if before.get(k) != v)
+        return False
+
     def _reconcile(self, tg: asyncio.TaskGroup) -> None:
+        """One pass: over every partition, or over those something happened to (see
+        ``full_pass_interval_s``); at ten thousand partitions a pass over all of them costs
+        milliseconds of the event loop, most of it for partitions where nothing changed."""
         view = self._cluster.view
-        now = time.monotonic()
+        now = self._settings.monotonic()
         paused = self._pause_reason()
+        walk_all = self._walk_all or now >= self._next_walk_all
         if paused != self._paused:
             if paused is not None:
                 log.warning("tiering_paused", reason=paused)
             else:
                 log.info("tiering_resumed", after=self._paused)
             self._paused = paused
+            walk_all = True
+        # the view's answers, looked up once per pass and inline per partition (this loop runs
+        # over every partition of the broker)
+        fresh = view.fresh
+        if self._view_changes(view, fresh):
+            walk_all = True
         lag_inputs: list[_LagInput] | None = None
         if now >= self._next_lag_at and (self._lag_task is None or self._lag_task.done()):
             lag_inputs = []  # copy lag costs store queries: not on every wake-up
             self._next_lag_at = now + self._settings.lag_interval_s
+            walk_all = True
+        views = self._views()
+        changed = self._changed_paths(views)
+        due = self._due
+        while due and due[0][0] <= now:
+            self._dirty.add(heapq.heappop(due)[1])
+        if walk_all:
+            self._walk_all = False
+            self._next_walk_all = now + self._settings.full_pass_interval_s
+            self._dirty.clear()
+            self._waiting_catch_up.clear()
+            items: Iterable[tuple[Path, PartitionScan]] = views.items()
+        else:
+            for key in self._dirty | self._waiting_catch_up:
+                path = self._paths.get(key)
+                if path is not None:
+                    changed.add(path)
+            self._dirty.clear()
+            self._waiting_catch_up.clear()
+            items = [(path, views[path]) for path in changed if path in views]
         tracked: set[int] = set()
         kept: set[_PartitionKey] = set()  # partitions whose per-partition state is kept
-        paths: dict[_PartitionKey, Path] = {}
-        identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
+        paths: dict[_PartitionKey, Path] = {} if walk_all else self._paths
+        identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = (
+            {} if walk_all else self._identities
+        )
         choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
-        # the view's answers, looked up once per pass and inline per partition (this loop runs
-        # over every partition of the broker)
-        fresh = view.fresh
         me = view.broker_id
         leaders = view.leaders
-        for path, scan in self._views().items():
+        for path, scan in items:
             paths[(scan.topic, scan.partition)] = path
             if scan.topic_id is None:
                 continue
@@ -353,18 +451,22 @@ class TieringEngine:
                 continue
             led_since = self._led_since.setdefault(key, now)
             if now < led_since + self._settings.handover_delay_s:
+                self._at(led_since + self._settings.handover_delay_s, key)
                 continue  # the previous leader's sidecar may not know yet
             if not self._tailer.caught_up(mp):
+                self._waiting_catch_up.add(key)
                 continue
             if lag_inputs is not None:
                 lag_inputs.append((scan, tip, view.lso(scan.topic, scan.partition)))
             if worker is not None and not worker.task.done():
-                continue
+                continue  # visited again when it ends
             if worker is not None and now < worker.retry_at:
+                self._at(worker.retry_at, key)
                 continue
             lso = view.lso(scan.topic, scan.partition)
             if worker is not None and worker.scan is scan and worker.lso == lso:
                 if now < worker.idle_until:
+                    self._at(worker.idle_until, key)
                     continue  # it found nothing to do, and nothing changed since
                 safety_net = max(self._settings.idle_recheck_s, self._settings.idle_recheck_max_s)
                 if (
@@ -375,6 +477,7 @@ class TieringEngine:
                     # nor did its metadata: a plan now would find nothing again (at a thousand
                     # led partitions these looks were most of an idle daemon's work)
                     worker.idle_until = now + self._settings.idle_recheck_s
+                    self._at(worker.idle_until, key)
                     continue
             if paused is not None:
                 continue  # no new copy while a dependency is known to be down
@@ -390,9 +493,14 @@ class TieringEngine:
                 version=self._store.partition_version(tip),
                 started=now,
             )
-        self._forget_except(kept)
-        self._paths = paths
-        self._identities = identities
+        if walk_all:
+            self._forget_except(kept)
+            self._paths = paths
+            self._identities = identities
+        else:
+            gone = [path for path in changed if path not in views]
+            if gone:
+                self._forget_gone(gone)
         new = tracked - set(self._tailer.tracked)
         if new:
             self._tailer.track(new)
@@ -405,6 +513,22 @@ class TieringEngine:
             self._quarantine_task = tg.create_task(
                 self._reload_quarantine(), name="tiering quarantine reload"
             )
+
+    def _forget_gone(self, gone: list[Path]) -> None:
+        """Partition dirs gone since the last pass: their partitions' state is dropped, as a
+        pass over every partition drops it (unless the partition is now in another dir)."""
+        by_path = {path: key for key, path in self._paths.items()}
+        keys = {by_path[path] for path in gone if path in by_path}
+        for key in keys:
+            del self._paths[key]
+            worker = self._workers.get(key)
+            if worker is not None and worker.task.done():
+                del self._workers[key]
+            if key not in self._workers:
+                self._repaired.discard(key)
+            self.last_errors.pop(key, None)
+            self._led_since.pop(key, None)
+        self._waiting_for = {i: k for i, k in self._waiting_for.items() if k not in keys}
 
     async def _reload_quarantine(self) -> None:
         """Pick up a ``sidecar quarantine clear`` (it rewrites the file): plan every partition
@@ -421,6 +545,7 @@ class TieringEngine:
         for worker in self._workers.values():
             worker.idle_until = 0.0
             worker.quiet = False  # a cleared segment is read and checked anew, now
+        self._walk_all = True
         self.poke()
 
     def _publish_quarantine(self) -> None:
@@ -567,7 +692,7 @@ class TieringEngine:
                 worker = self._workers[key]
                 worker.quiet = quiet
                 worker.failures = 0
-                worker.idle_until = time.monotonic() + (
+                worker.idle_until = self._settings.monotonic() + (
                     self._settings.wake_interval_s if waiting else self._settings.idle_recheck_s
                 )
                 self.last_errors.pop(key, None)
@@ -582,7 +707,7 @@ class TieringEngine:
                     retriable=exc.retriable,
                     draw=random.random(),  # noqa: S311 - jitter, not cryptography
                 )
-                worker.retry_at = time.monotonic() + delay
+                worker.retry_at = self._settings.monotonic() + delay
                 self.last_errors[key] = (time.time(), f"{type(exc).__name__}: {exc}")
                 self._metrics.upload_errors.labels(type(exc).__name__).inc()
                 if classify(exc) is Verdict.UNREADABLE:
@@ -606,8 +731,11 @@ class TieringEngine:
                         attempt=worker.failures,
                     )
             finally:
-                # an idle partition's periodic look (every idle_recheck_s) finding nothing pokes
-                # no pass: at a thousand led partitions those looks alone kept passes running
+                # the next pass visits the partition (to start it again, or to time its next
+                # look); an idle partition's periodic look (every idle_recheck_s) finding
+                # nothing pokes no pass: at a thousand led partitions those looks alone kept
+                # passes running
+                self._dirty.add(key)
                 if not quiet:
                     self.poke()
 
@@ -747,10 +875,8 @@ class TieringEngine:
     async def _foreign_copy_pending(self, key: _PartitionKey, tip: TopicIdPartition) -> bool:
         """Whether another broker's unfinished copy may still be finished by its owner. Past
         the grace period, its leftovers are deleted (copies) or finished (deletes) here."""
-        grace_over = (
-            time.monotonic()
-            >= self._led_since.get(key, time.monotonic()) + self._settings.foreign_copy_grace_s
-        )
+        now = self._settings.monotonic()
+        grace_over = now >= self._led_since.get(key, now) + self._settings.foreign_copy_grace_s
         pending = False
         unfinished = await asyncio.to_thread(self._store.unfinished_copies, tip)
         ids = {m.segment_id.id for m in unfinished}

@@ -61,6 +61,11 @@ class FakeCluster:
             stale_after_s=60,
         )
 
+    def turn_broker_driven(self, topic: str) -> None:
+        """remote.storage.enable=true, as a refresh reports it: a new view with new configs."""
+        self.broker_driven_topics.add(topic)
+        self.view = dataclasses.replace(self.view, configs={**self.view.configs})
+
     @property
     def broker_id(self) -> int:
         return ME
@@ -317,7 +322,7 @@ class TestBrokerDriven:
         r.objects.gate.clear()
         r.start()
         await asyncio.wait_for(r.objects.uploading.wait(), 5)
-        r.cluster.broker_driven_topics.add(TOPIC)
+        r.cluster.turn_broker_driven(TOPIC)
         r.engine.poke()
         first = next(e for _, e in r.publisher.events if isinstance(e, SegmentMetadata))
         await r.until(lambda: DELETE_FINISHED in r.states_of(first))
