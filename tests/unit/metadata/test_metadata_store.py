@@ -450,6 +450,34 @@ class TestPartitionDelete:
         assert store.partition_delete(TP) == marked
 
 
+class TestScopes:
+    """Which user partitions a metadata partition's events were applied for."""
+
+    def test_read_whole_unless_a_scope_was_set(self, tmp_path):
+        """A metadata partition with a consumed offset and no scope was read whole (stores
+        from before scopes); one never read has none."""
+        with RemoteSegmentStore(tmp_path) as store:
+            store.apply(copied(1, 0, 100), consumed={3: 10})
+            assert store.scopes() == {3: None}
+            store.set_scope(4, frozenset({(TP.topic_id, 0)}))
+            store.set_scope(3, None)
+        with RemoteSegmentStore(tmp_path) as store:
+            assert store.scopes() == {3: None, 4: frozenset({(TP.topic_id, 0)})}
+
+    def test_setting_a_scope_drops_the_partitions_given_whatever_their_state(self, tmp_path):
+        with RemoteSegmentStore(tmp_path) as store:
+            store.apply([*copied(1, 0, 100), started(2, 101, 200)], consumed={0: 2})
+            store.apply(copied(3, 0, 50, tp=OTHER), consumed={0: 4})
+            before = store.partition_version(TP)
+            store.set_scope(0, frozenset({(OTHER.topic_id, OTHER.partition)}), drop=[TP])
+            assert store.partitions() == [OTHER]
+            assert store.segments(TP) == []
+            assert store.partition_version(TP) != before  # caches of TP are stale
+            assert ids(store.segments(OTHER)) == [3]
+            assert store.consumed_offsets() == {0: 4}  # the reading position is kept
+            assert store.scopes() == {0: frozenset({(OTHER.topic_id, OTHER.partition)})}
+
+
 class TestPersistence:
     """The state, the consumed offsets and the counters survive a reopen without replaying."""
 
