@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sidecar.storage._parts import PartChecksums
 from sidecar.storage.base import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
@@ -38,6 +39,7 @@ __all__ = [
     "MultipartUpload",
     "ObjectInfo",
     "ObjectStore",
+    "PartChecksums",
     "open_store",
 ]
 

@@ -1,9 +1,19 @@
 """Shared by every backend: argument checks, the part plan of a multipart upload, and reading
-a local file in parts in a worker thread (``os.preadv``), never on the event loop.
+a local file in parts in a worker thread (``os.preadv``/``os.pread``), never on the event loop.
 
-Parts are read into buffers from a :class:`BufferPool`: a buffer used before costs no page
-faults and no zero-fill when it is filled again, which a fresh 16 MiB buffer does (about 4,000
-faults, each zeroing a page). Reads only the file it is given; no client imports.
+Two ways to read a part:
+
+* :meth:`PartReader.read` fills a whole part into a buffer from a :class:`BufferPool` (a buffer
+  used before costs no page faults and no zero-fill when it is filled again, which a fresh
+  16 MiB buffer does: about 4,000 faults, 8 ms of CPU).
+* :meth:`PartReader.checksum` and :class:`FilePartBody` never hold a part in memory: the
+  part's CRC-32C is computed (or taken from :class:`PartChecksums`, fed by a read the caller made
+  anyway), then the part is streamed from the file :data:`CHUNK_BYTES` at a time, each chunk's
+  CRC-32C chained on the way, and the body fails before its last byte when the bytes sent do not
+  match the checksum sent ahead of them. Chunks this size stay in the CPU caches between the read,
+  the CRC and the socket send, and memory per part in flight is one chunk.
+
+Reads only the file it is given; no client imports.
 """
 
 from __future__ import annotations
@@ -12,21 +22,26 @@ import asyncio
 import contextlib
 import functools
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from sidecar._aio import acquire_in_thread
-from sidecar.errors import InvalidRangeError, TruncatedFileError
+from sidecar.errors import ChecksumMismatchError, InvalidRangeError, TruncatedFileError
 from sidecar.storage._crc import crc32c, crc32c_combine
 from sidecar.storage.base import DEFAULT_PAGE_SIZE, MAX_PARTS, MIN_PART_SIZE
 
 __all__ = [
+    "CHUNK_BYTES",
     "BufferPool",
     "FilePart",
+    "FilePartBody",
     "PartBody",
+    "PartChangedError",
+    "PartChecksums",
     "PartReader",
     "batches",
     "check_page_size",
@@ -40,6 +55,8 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: bytes read at a time when a part is checksummed or streamed from its file
+CHUNK_BYTES = 2 * 1024 * 1024
 #: read size where os.preadv is missing (each read is copied once into the part's buffer)
 _FALLBACK_READ_BYTES = 1024 * 1024
 #: bodies at least this large are hashed in a worker thread
@@ -274,19 +291,198 @@ class PartReader:
         return body, crc
 
     def _fill(self, view: memoryview, offset: int) -> int:
-        length = len(view)
+        self._fill_exact(view, offset)
+        return crc32c(view)
+
+    async def checksum(self, offset: int, length: int) -> int:
+        """CRC-32C of ``length`` bytes at ``offset``, read :data:`CHUNK_BYTES` at a time into a
+        per-thread scratch buffer (nothing kept); a file that shrank is an error."""
+        return await asyncio.to_thread(self._checksum, offset, length)
+
+    def _checksum(self, offset: int, length: int) -> int:
+        scratch = _scratch()
+        crc = 0
         done = 0
         while done < length:
+            with scratch[: min(CHUNK_BYTES, length - done)] as view:
+                self._fill_exact(view, offset + done)
+                crc = crc32c(view, crc)
+                done += len(view)
+        return crc
+
+    def read_chunk(self, offset: int, length: int, crc: int) -> tuple[bytes, int]:
+        """Thread side: ``length`` bytes at ``offset`` as a new ``bytes`` (it may be queued by a
+        transport after the send returns, so it is never reused), and ``crc`` chained over them."""
+        data = os.pread(self._fd, length, offset)
+        if len(data) < length:  # a regular file reads short only at its end, but be sure
+            rest = bytearray(data)
+            while len(rest) < length:
+                more = os.pread(self._fd, length - len(rest), offset + len(rest))
+                if not more:
+                    break
+                rest += more
+            data = bytes(rest)
+        if len(data) < length:
+            raise self._truncated(offset + len(data))
+        return data, crc32c(data, crc)
+
+    def _fill_exact(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(view):
             with view[done:] as rest:
                 count = _read_into(self._fd, rest, offset + done)
             if count == 0:
-                raise TruncatedFileError(
-                    f"file shrank to {offset + done} bytes while uploading (was {self.size})",
-                    path=str(self.path),
-                    position=offset + done,
-                )
+                raise self._truncated(offset + done)
             done += count
-        return crc32c(view)
+
+    def _truncated(self, position: int) -> TruncatedFileError:
+        return TruncatedFileError(
+            f"file shrank to {position} bytes while uploading (was {self.size})",
+            path=str(self.path),
+            position=position,
+        )
+
+
+_THREAD_SCRATCH = threading.local()
+
+
+def _scratch() -> memoryview:
+    """This worker thread's :data:`CHUNK_BYTES` buffer (allocated once per thread)."""
+    buffer: bytearray | None = getattr(_THREAD_SCRATCH, "buffer", None)
+    if buffer is None:
+        buffer = _THREAD_SCRATCH.buffer = bytearray(CHUNK_BYTES)
+    return memoryview(buffer)
+
+
+class PartChecksums:
+    """The CRC-32C of every part of a file, as :func:`plan_parts` cuts it (one part up to
+    ``part_size``: a single PUT), from bytes a caller reads in file order for its own reasons.
+
+    ``feed(position, data)`` takes each piece read; pieces may overlap what was fed before but
+    must not leave a gap. :meth:`result` is the CRCs once every byte was fed, else None (then the
+    uploader computes them itself).
+    """
+
+    __slots__ = ("_covered", "_crc", "_crcs", "_gap", "_parts", "part_size", "size")
+
+    def __init__(self, size: int, part_size: int) -> None:
+        self.size = size
+        self.part_size = part_size
+        self._parts = plan_parts(size, part_size)
+        self._crcs: list[int] = []
+        self._crc = 0
+        self._covered = 0
+        self._gap = False
+
+    def feed(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        end = position + len(data)
+        if end <= self._covered or self._gap:
+            return
+        if position > self._covered:
+            self._gap = True  # bytes were skipped: the CRCs cannot be completed
+            return
+        with memoryview(data) as whole, whole[self._covered - position :] as view:
+            start = 0
+            while start < len(view) and len(self._crcs) < len(self._parts):
+                part = self._parts[len(self._crcs)]
+                take = min(len(view) - start, part.offset + part.length - self._covered)
+                with view[start : start + take] as piece:
+                    self._crc = crc32c(piece, self._crc)
+                start += take
+                self._covered += take
+                if self._covered == part.offset + part.length:
+                    self._crcs.append(self._crc)
+                    self._crc = 0
+
+    def result(self) -> tuple[int, ...] | None:
+        """Each part's CRC-32C in part order, or None when not every byte was fed."""
+        if self._gap or len(self._crcs) < len(self._parts):
+            return None
+        return tuple(self._crcs)
+
+
+class PartChangedError(ChecksumMismatchError):
+    """A part's bytes in the file changed between their CRC-32C and their send: nothing of them
+    was stored, and sending them again cannot help (not retriable)."""
+
+    retriable: ClassVar[bool] = False
+
+
+class FilePartBody:
+    """One part of an open file, sent by streaming it from the file (see the module docstring).
+
+    The sender (the S3 backend's aiohttp payload) calls :meth:`send`; every call sends the whole
+    part again (retries). ``crc`` is the CRC-32C announced for these bytes: the chunks' chained
+    CRC-32C is compared with it before the last chunk goes out, and a mismatch (the file changed
+    since it was checksummed) or a short read fails the send, records the error in
+    :attr:`failure` (a request that fails is then reported with it) and leaves the server
+    with an incomplete body, which it discards.
+    """
+
+    __slots__ = ("_reader", "crc", "failure", "length", "offset")
+
+    def __init__(self, reader: PartReader, offset: int, length: int, crc: int) -> None:
+        self._reader = reader
+        self.offset = offset
+        self.length = length
+        self.crc = crc
+        self.failure: Exception | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __bool__(self) -> bool:
+        return True  # a body is present even when empty (clients test ``if body``)
+
+    def seek(self, position: int, whence: int = os.SEEK_SET) -> int:
+        """Clients rewind bodies before a retry; every send starts at the part's first byte."""
+        return 0
+
+    def tell(self) -> int:
+        return 0
+
+    async def send(self, write: Callable[[bytes], Awaitable[None]], limit: int | None) -> None:
+        """Write the part (at most ``limit`` bytes) through ``write``, a chunk at a time; the
+        next chunk is read (in a thread) while the current one is written."""
+        end = self.length if limit is None else min(self.length, limit)
+        done = 0
+        ahead = self._read_ahead(done, end, 0)
+        try:
+            while ahead is not None:
+                try:
+                    data, crc = await ahead
+                except TruncatedFileError as exc:
+                    self.failure = exc
+                    raise
+                done += len(data)
+                ahead = self._read_ahead(done, end, crc)
+                if done == self.length and crc != self.crc:
+                    self.failure = PartChangedError(
+                        f"{self._reader.path}: bytes {self.offset}-{self.offset + done - 1} "
+                        "changed since their CRC-32C was computed; not sent"
+                    )
+                    raise self.failure
+                await write(data)
+        finally:
+            if ahead is not None:  # a send that failed: nobody waits for the read ahead
+                ahead.add_done_callback(_forget)
+
+    def _read_ahead(
+        self, done: int, end: int, crc: int
+    ) -> asyncio.Future[tuple[bytes, int]] | None:
+        if done >= end:
+            return None
+        return asyncio.ensure_future(
+            asyncio.to_thread(
+                self._reader.read_chunk, self.offset + done, min(CHUNK_BYTES, end - done), crc
+            )
+        )
+
+
+def _forget(future: asyncio.Future[Any]) -> None:
+    """Retrieve a discarded future's outcome (asyncio logs an exception nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _read_into(fd: int, target: memoryview, offset: int) -> int:

@@ -1,10 +1,15 @@
-"""How aiohttp sends a :class:`~sidecar.storage._parts.PartBody`: slices of its buffer.
+"""How aiohttp sends the S3 backend's part bodies without copying them into Python objects.
 
-aiohttp's own payloads copy: a ``BytesIO`` body is read into a new 256 KiB ``bytes`` at a time,
-and a ``bytes`` body is written whole (the transport then buffers what the socket did not take).
-This payload writes 1 MiB memoryview slices of the part's buffer and lets the stream writer
-drain between them, so a part goes from the page cache to the socket with one copy (the read)
-and the writer's buffer stays small. Imported (and registered) by the S3 backend only.
+* :class:`~sidecar.storage._parts.FilePartBody`: a part streamed from its file, a chunk at a
+  time (each chunk read in a worker thread, checked against the part's CRC-32C before the last
+  one goes out); no buffer the size of a part exists.
+* :class:`~sidecar.storage._parts.PartBody`: a part read whole into a pooled buffer (used when
+  the payload is SHA-256 signed, which reads the body on the event loop), written as 1 MiB
+  memoryview slices of its buffer.
+
+aiohttp's own payloads copy (a ``BytesIO`` body is read into a new 256 KiB ``bytes`` at a time).
+Both payloads let the stream writer drain between writes, so its buffer stays small. Imported
+(and registered) by the S3 backend only.
 """
 
 from __future__ import annotations
@@ -14,9 +19,9 @@ from typing import Any
 from aiohttp import payload
 from aiohttp.abc import AbstractStreamWriter
 
-from sidecar.storage._parts import PartBody
+from sidecar.storage._parts import FilePartBody, PartBody
 
-__all__ = ["PartBodyPayload"]
+__all__ = ["FilePartPayload", "PartBodyPayload"]
 
 #: bytes handed to the stream writer at a time
 SLICE_BYTES = 1024 * 1024
@@ -51,4 +56,37 @@ class PartBodyPayload(payload.Payload):
             await writer.write(view[start : min(end, start + SLICE_BYTES)])
 
 
+class FilePartPayload(payload.Payload):
+    """An aiohttp payload that streams a part from its file; it can be sent again (retries)."""
+
+    _value: FilePartBody
+    _autoclose = True  # nothing to close: the uploader closes the file
+
+    def __init__(self, value: FilePartBody, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("content_type", "application/octet-stream")
+        super().__init__(value, *args, **kwargs)
+        self._size = len(value)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        raise TypeError("a part streamed from a file is not decoded in memory")
+
+    async def as_bytes(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        chunks: list[bytes] = []
+
+        async def collect(data: bytes) -> None:
+            chunks.append(data)
+
+        await self._value.send(collect, None)
+        return b"".join(chunks)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        await self._value.send(writer.write, content_length)
+
+
 payload.PAYLOAD_REGISTRY.register(PartBodyPayload, PartBody)
+payload.PAYLOAD_REGISTRY.register(FilePartPayload, FilePartBody)

@@ -98,12 +98,16 @@ class ObjectStore(Protocol):
         *,
         part_size: int = DEFAULT_PART_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
+        part_crcs: Sequence[int] | None = None,
     ) -> ObjectInfo:
         """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
 
-        The file is read in a thread, ``part_size`` bytes at a time, so at most about
-        ``concurrency * part_size`` bytes are in memory. Every part carries its CRC-32C; the
-        returned ``crc32c`` is the whole file's. A failed multipart upload is aborted.
+        The file is read in a thread, never more than ``part_size`` bytes per part in flight
+        (``concurrency`` parts at once). Every part carries its CRC-32C; the returned
+        ``crc32c`` is the whole file's. ``part_crcs``: each part's CRC-32C, already computed by
+        the caller from the same bytes (``PartChecksums``, with the same ``part_size``), so the
+        file is not read once more for them; bytes that no longer match fail the upload. A
+        failed multipart upload is aborted.
         """
         ...
 

@@ -27,6 +27,7 @@ from typing import Literal, Self
 
 from sidecar.errors import InvalidRangeError, KeyNotFoundError
 from sidecar.storage._parts import (
+    PartChangedError,
     batches,
     check_page_size,
     check_range,
@@ -78,6 +79,15 @@ class _Object:
 
 def _md5(data: bytes) -> bytes:
     return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+def _check_announced(
+    path: str | os.PathLike[str], part_crcs: Sequence[int] | None, index: int, crc: int
+) -> None:
+    if part_crcs and part_crcs[index] != crc:
+        raise PartChangedError(
+            f"{os.fspath(path)}: part {index + 1} does not match the CRC-32C it was announced with"
+        )
 
 
 class MemoryObjectStore:
@@ -134,18 +144,23 @@ class MemoryObjectStore:
         *,
         part_size: int = DEFAULT_PART_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
+        part_crcs: Sequence[int] | None = None,
     ) -> ObjectInfo:
-        """Upload a local file, as one PUT up to ``part_size`` and in parts above it."""
+        """Upload a local file, as one PUT up to ``part_size`` and in parts above it. Given
+        ``part_crcs`` are checked against the bytes, as a store checks the checksums it gets."""
         check_upload_args(part_size, concurrency)
         await self._enter("put_file")
         async with open_parts(path) as reader:
+            parts = plan_parts(reader.size, part_size)
+            if part_crcs is not None and len(part_crcs) != len(parts):
+                part_crcs = None  # computed for another plan: ignored, as the S3 backend does
             if reader.size <= part_size:
                 await self._charge(reader.size)
                 buffer, crc = await reader.read(0, reader.size)
                 body = buffer.tobytes()
                 buffer.release()
+                _check_announced(path, part_crcs, 0, crc)
                 return self._store(key, body, crc, _md5(body).hex(), parts=0)
-            parts = plan_parts(reader.size, part_size)
             upload_id = await self.create_multipart_upload(key)
             bodies: list[bytes] = []
             crcs: list[tuple[int, int]] = []
@@ -156,6 +171,7 @@ class MemoryObjectStore:
                     buffer, crc = await reader.read(part.offset, part.length)
                     bodies.append(buffer.tobytes())
                     buffer.release()
+                    _check_announced(path, part_crcs, part.number - 1, crc)
                     crcs.append((crc, part.length))
                 await self._enter("complete_multipart_upload")
             except BaseException:

@@ -68,10 +68,11 @@ from sidecar.errors import (
 )
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
-from sidecar.storage import _payload  # noqa: F401  (aiohttp sends PartBody without copies)
+from sidecar.storage import _payload  # noqa: F401  (aiohttp sends part bodies without copies)
 from sidecar.storage._crc import composite_checksum, decode_checksum, encode_checksum
 from sidecar.storage._parts import (
     FilePart,
+    FilePartBody,
     PartBody,
     PartReader,
     batches,
@@ -278,6 +279,22 @@ def _trim_per_request_hooks(client: Any) -> None:
         creator.to_string = lambda: user_agent
 
 
+async def _sending(body: PartBody | FilePartBody, call: Awaitable[T]) -> T:
+    """One request attempt that sends ``body``: from its first byte, and, when a part streamed
+    from its file failed (it shrank, or its bytes changed since their CRC-32C), with that error
+    rather than the connection error the HTTP client makes of it."""
+    body.seek(0)  # every attempt sends the whole body
+    if isinstance(body, PartBody):
+        return await call
+    body.failure = None
+    try:
+        return await call
+    except _CLIENT_ERRORS:
+        if body.failure is not None:
+            raise body.failure from None
+        raise
+
+
 class S3ObjectStore:
     """An S3 bucket (AWS or compatible: SeaweedFS, MinIO) as an :class:`ObjectStore`.
 
@@ -313,6 +330,7 @@ class S3ObjectStore:
         if checksum_echo not in ("verify", "refuse"):
             raise ValueError(f"checksum_echo must be 'verify' or 'refuse', not {checksum_echo!r}")
         self._checksum_echo = checksum_echo
+        self._sign_payload = sign_payload
         self._bucket = bucket
         self._endpoint_url = endpoint_url
         self._timeout_s = request_timeout_s
@@ -514,15 +532,18 @@ class S3ObjectStore:
             await self._throttle.acquire(size)
 
     async def _put_object(
-        self, key: str, body: bytes | PartBody, size: int, crc: int
+        self, key: str, body: bytes | PartBody | FilePartBody, size: int, crc: int
     ) -> ObjectInfo:
         checksum = encode_checksum(crc)
 
         async def request(client: Any) -> Any:
-            if isinstance(body, PartBody):
-                body.seek(0)  # every attempt sends the whole body
-            return await client.put_object(
-                Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum
+            if isinstance(body, bytes):
+                return await client.put_object(
+                    Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum
+                )
+            return await _sending(
+                body,
+                client.put_object(Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum),
             )
 
         response = await self._call("put", key, request)
@@ -543,26 +564,39 @@ class S3ObjectStore:
         *,
         part_size: int = DEFAULT_PART_SIZE,
         concurrency: int = DEFAULT_CONCURRENCY,
+        part_crcs: Sequence[int] | None = None,
     ) -> ObjectInfo:
         """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
 
-        Memory stays near ``concurrency * part_size``: each of ``concurrency`` workers reads
-        one part (in a thread), uploads it and drops it before reading the next. With an upload
-        throttle, a worker waits for it before it reads its part.
+        Each part's CRC-32C is computed first (a read in a thread, :data:`CHUNK_BYTES` at a
+        time), unless ``part_crcs`` has them (``PartChecksums``, one per part of
+        ``plan_parts(size, part_size)``; ignored when their count does not match); then the
+        part is streamed from the file, a chunk at a time, and fails before its last byte if
+        its bytes no longer match that CRC. Memory per part in flight is one chunk. With SHA-256
+        payload signing (which reads the body on the event loop) each part is read whole into a
+        pooled buffer instead: memory then stays near ``concurrency * part_size``. With an
+        upload throttle, a worker waits for it before it reads its part.
         """
         check_upload_args(part_size, concurrency)
         async with open_parts(path) as reader:
+            parts = plan_parts(reader.size, part_size)
+            known = None if part_crcs is None or len(part_crcs) != len(parts) else part_crcs
             if reader.size <= part_size:
                 await self._charge(reader.size)
-                body, crc = await reader.read(0, reader.size)
-                try:
-                    return await self._put_object(key, body, reader.size, crc)
-                finally:
-                    body.release()
-            parts = plan_parts(reader.size, part_size)
+                if self._sign_payload:
+                    buffer, crc = await reader.read(0, reader.size)
+                    try:
+                        return await self._put_object(key, buffer, reader.size, crc)
+                    finally:
+                        buffer.release()
+                crc = known[0] if known else await reader.checksum(0, reader.size)
+                body = FilePartBody(reader, 0, reader.size, crc)
+                return await self._put_object(key, body, reader.size, crc)
             upload_id = await self._create_multipart_upload(key)
             try:
-                uploaded = await self._upload_parts(key, upload_id, reader, parts, concurrency)
+                uploaded = await self._upload_parts(
+                    key, upload_id, reader, parts, concurrency, known
+                )
                 response = await self._request(
                     "complete_multipart_upload",
                     key,
@@ -624,6 +658,7 @@ class S3ObjectStore:
         reader: PartReader,
         parts: Sequence[FilePart],
         concurrency: int,
+        part_crcs: Sequence[int] | None,
     ) -> Sequence[_UploadedPart]:
         """Upload every part with ``concurrency`` workers; the first failure cancels the rest
         and propagates on its own (not in an exception group)."""
@@ -633,11 +668,20 @@ class S3ObjectStore:
         async def worker() -> None:
             for part in pending:
                 await self._charge(part.length)
-                body, crc = await reader.read(part.offset, part.length)
-                try:
+                if self._sign_payload:
+                    buffer, crc = await reader.read(part.offset, part.length)
+                    try:
+                        etag = await self._upload_part(key, upload_id, part.number, buffer, crc)
+                    finally:
+                        buffer.release()  # before reading the next part: one part per worker
+                else:
+                    crc = (
+                        part_crcs[part.number - 1]
+                        if part_crcs is not None
+                        else await reader.checksum(part.offset, part.length)
+                    )
+                    body = FilePartBody(reader, part.offset, part.length, crc)
                     etag = await self._upload_part(key, upload_id, part.number, body, crc)
-                finally:
-                    body.release()  # before reading the next part: one part per worker
                 uploaded[part.number] = _UploadedPart(part.number, etag, crc, part.length)
 
         try:
@@ -650,19 +694,21 @@ class S3ObjectStore:
         return [uploaded[p.number] for p in parts]
 
     async def _upload_part(
-        self, key: str, upload_id: str, number: int, body: PartBody, crc: int
+        self, key: str, upload_id: str, number: int, body: PartBody | FilePartBody, crc: int
     ) -> str:
         checksum = encode_checksum(crc)
 
         async def request(client: Any) -> Any:
-            body.seek(0)  # every attempt sends the whole part
-            return await client.upload_part(
-                Bucket=self._bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=body,
-                ChecksumCRC32C=checksum,
+            return await _sending(
+                body,
+                client.upload_part(
+                    Bucket=self._bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=body,
+                    ChecksumCRC32C=checksum,
+                ),
             )
 
         response = await self._call("upload_part", key, request)

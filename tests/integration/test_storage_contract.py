@@ -414,7 +414,13 @@ class TestS3Failures:
 
             async def drop_first_attempt(**params: Any) -> Any:
                 if params["PartNumber"] == 2 and not dropped:
-                    dropped.append(len(params["Body"].read()))  # consumed, as a send would
+                    sent: list[int] = []
+
+                    async def consume(chunk: bytes) -> None:
+                        sent.append(len(chunk))
+
+                    await params["Body"].send(consume, None)  # streamed, as a send would
+                    dropped.append(sum(sent))
                     raise ConnectionResetError("injected: connection reset mid-body")
                 return await original(**params)
 

@@ -1,4 +1,6 @@
-"""Part buffers: pooled, filled from the file, sent by aiohttp as slices without copies."""
+"""Part bodies: pooled buffers filled from the file and sent as slices without copies, or parts
+streamed from the file a chunk at a time and checked against their CRC-32C; part CRC-32Cs
+from bytes a caller read anyway."""
 
 from __future__ import annotations
 
@@ -10,9 +12,18 @@ import pytest
 from aiohttp import payload
 
 from sidecar.errors import TruncatedFileError
+from sidecar.storage import MemoryObjectStore
 from sidecar.storage._crc import crc32c
-from sidecar.storage._parts import BufferPool, PartBody, open_parts
-from sidecar.storage._payload import SLICE_BYTES, PartBodyPayload
+from sidecar.storage._parts import (
+    CHUNK_BYTES,
+    BufferPool,
+    FilePartBody,
+    PartBody,
+    PartChangedError,
+    PartChecksums,
+    open_parts,
+)
+from sidecar.storage._payload import SLICE_BYTES, FilePartPayload, PartBodyPayload
 
 
 class _Writer:
@@ -135,3 +146,122 @@ async def test_pool_trims_itself_on_the_running_loop() -> None:
     await asyncio.sleep(timer.when() - asyncio.get_running_loop().time() + 0.01)
     assert pool.idle == 0
     assert pool._trim_timer is None
+
+
+class TestPartChecksums:
+    def test_overlapping_windows_give_each_parts_crc(self) -> None:
+        """Pieces fed in file order, overlapping what came before (a batch walk re-reads a
+        header that straddles its window), give the CRC-32C of every part, once each."""
+        data = os.urandom(12 * 1024 + 5)
+        sums = PartChecksums(len(data), part_size=5 * 1024)
+        sums.feed(0, data[:3000])
+        sums.feed(2900, data[2900:9000])  # overlaps 100 bytes
+        assert sums.result() is None  # not every byte yet
+        sums.feed(9000, data[9000:])
+        assert sums.result() == (
+            crc32c(data[:5120]),
+            crc32c(data[5120:10240]),
+            crc32c(data[10240:]),
+        )
+
+    def test_a_file_up_to_one_part_is_one_crc_and_an_empty_file_none(self) -> None:
+        data = os.urandom(1000)
+        sums = PartChecksums(len(data), part_size=5 * 1024)
+        sums.feed(0, data)
+        assert sums.result() == (crc32c(data),)
+        assert PartChecksums(0, part_size=5 * 1024).result() == ()
+
+    def test_a_gap_gives_no_crcs(self) -> None:
+        data = os.urandom(4000)
+        sums = PartChecksums(len(data), part_size=1024)
+        sums.feed(0, data[:1000])
+        sums.feed(1500, data[1500:])  # bytes 1000-1499 never seen
+        assert sums.result() is None
+
+
+async def _streamed(body: FilePartBody, limit: int | None = None) -> list[bytes]:
+    chunks: list[bytes] = []
+
+    async def write(chunk: bytes) -> None:
+        chunks.append(chunk)
+
+    await body.send(write, limit)
+    return chunks
+
+
+class TestFilePartBody:
+    async def test_streams_the_part_a_chunk_at_a_time_and_again_on_retry(
+        self, tmp_path: Path
+    ) -> None:
+        """No buffer the size of a part: CHUNK_BYTES-sized ``bytes`` read from the file, the
+        whole part again on every send; its checksum pass reads the same bytes."""
+        data = os.urandom(3 * CHUNK_BYTES + 300)
+        path = tmp_path / "f.log"
+        path.write_bytes(data)
+        offset, length = 100, 2 * CHUNK_BYTES + 7
+        part = data[offset : offset + length]
+        async with open_parts(path) as reader:
+            crc = await reader.checksum(offset, length)
+            assert crc == crc32c(part)
+            body = FilePartBody(reader, offset, length, crc)
+            sent = payload.PAYLOAD_REGISTRY.get(body)
+            assert isinstance(sent, FilePartPayload)
+            assert sent.size == length
+            first = await _streamed(body)
+            assert [len(c) for c in first] == [CHUNK_BYTES, CHUNK_BYTES, 7]
+            assert b"".join(first) == part
+            assert b"".join(await _streamed(body)) == part  # a retry
+            assert b"".join(await _streamed(body, 10)) == part[:10]
+            assert await sent.as_bytes() == part
+
+    async def test_changed_bytes_fail_before_the_last_chunk_is_sent(self, tmp_path: Path) -> None:
+        """Bytes that no longer match the CRC-32C sent ahead of them are never all sent: the
+        server gets an incomplete body and stores nothing; the error is kept for the caller."""
+        data = os.urandom(2 * CHUNK_BYTES)
+        path = tmp_path / "f.log"
+        path.write_bytes(data)
+        async with open_parts(path) as reader:
+            body = FilePartBody(reader, 0, len(data), crc32c(data))
+            with path.open("r+b") as out:
+                out.seek(len(data) - 1)
+                out.write(bytes([data[-1] ^ 1]))
+            chunks: list[bytes] = []
+
+            async def write(chunk: bytes) -> None:
+                chunks.append(chunk)
+
+            with pytest.raises(PartChangedError, match="changed since"):
+                await body.send(write, None)
+            assert [len(c) for c in chunks] == [CHUNK_BYTES]  # the last chunk held back
+            assert isinstance(body.failure, PartChangedError)
+            assert not PartChangedError.retriable
+
+    async def test_a_file_that_shrank_is_a_truncated_file_error(self, tmp_path: Path) -> None:
+        path = tmp_path / "f.log"
+        path.write_bytes(b"x" * 3000)
+        async with open_parts(path) as reader:
+            body = FilePartBody(reader, 0, 3000, crc32c(b"x" * 3000))
+            os.truncate(path, 1000)
+            with pytest.raises(TruncatedFileError, match="shrank to 1000"):
+                await _streamed(body)
+            assert isinstance(body.failure, TruncatedFileError)
+            with pytest.raises(TruncatedFileError, match="shrank to 1000"):
+                await reader.checksum(0, 3000)
+
+
+async def test_memory_store_checks_announced_part_crcs(tmp_path: Path) -> None:
+    """Part CRC-32Cs a caller computed are checked against the bytes, as a store checks the
+    checksum headers it gets; CRCs for another part plan are ignored."""
+    data = os.urandom(11 * 1024 * 1024)
+    path = tmp_path / "f.log"
+    path.write_bytes(data)
+    store = MemoryObjectStore()
+    size = 5 * 1024 * 1024
+    right = (crc32c(data[:size]), crc32c(data[size : 2 * size]), crc32c(data[2 * size :]))
+    info = await store.put_file("a", path, part_size=size, part_crcs=right)
+    assert info.crc32c == crc32c(data)
+    with pytest.raises(PartChangedError, match="part 2"):
+        await store.put_file("b", path, part_size=size, part_crcs=(right[0], 0, right[2]))
+    assert "b" not in store.objects
+    await store.put_file("c", path, part_size=size, part_crcs=(1, 2))  # another plan: ignored
+    assert await store.get("c") == data

@@ -30,10 +30,15 @@ from sidecar.errors import (
 )
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import open_store
+from sidecar.storage._crc import crc32c, encode_checksum
+from sidecar.storage._parts import FilePartBody, PartChangedError, PartReader
 from sidecar.storage.s3 import S3ObjectStore, _is_transient
 
 ACCESS_KEY = "AKIAUNITTESTKEY00001"
 SECRET = "unit-test-secret-value-0123456789"
+
+
+MiB = 1024 * 1024
 
 
 class FakeSleep:
@@ -319,6 +324,58 @@ class TestPerRequestWork:
                 await store.get("")
             assert [i async for i in store.list("")] == []  # a prefix may be empty
         assert [r[0].split()[0] for r in server.requests] == ["GET"]
+
+
+class TestStreamedParts:
+    """Parts go streamed from the file, with CRC-32Cs computed before or handed in (multipart
+    uploads: tests/integration/test_storage_contract.py, on SeaweedFS)."""
+
+    async def test_handed_in_crcs_spare_the_checksum_read(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """With ``part_crcs`` (the uploader's batch check computed them) the file is read once,
+        to send it, with the CRC-32C handed in."""
+        data = bytes(range(256)) * (12 * 1024)  # 3 MiB: three chunks
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+
+        async def no_checksum_read(*args: Any) -> int:
+            raise AssertionError("the part CRC-32Cs were handed in")
+
+        monkeypatch.setattr(PartReader, "checksum", no_checksum_read)
+        async with (
+            _RecordingServer() as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}") as store,
+        ):
+            info = await store.put_file("t/0.log", path, part_crcs=[crc32c(data)])
+        assert info.crc32c == crc32c(data)
+        ((_line, headers, size),) = server.requests
+        assert (size, headers["x-amz-checksum-crc32c"]) == (len(data), encode_checksum(info.crc32c))
+
+    async def test_bytes_that_do_not_match_their_crc_are_never_all_sent(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Bytes that do not match the CRC-32C announced for them (the file changed after its
+        check) fail at once with that error, are not sent again and never reach the server
+        whole."""
+        data = b"s" * (3 * MiB)
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+        sends: list[int] = []
+        send = FilePartBody.send
+
+        async def counted(body: FilePartBody, *args: Any) -> None:
+            sends.append(body.length)
+            await send(body, *args)
+
+        monkeypatch.setattr(FilePartBody, "send", counted)
+        async with (
+            _RecordingServer() as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", max_attempts=4) as store,
+        ):
+            with pytest.raises(PartChangedError, match="changed since"):
+                await store.put_file("t/0.log", path, part_crcs=[12345])
+        assert (sends, server.requests) == ([len(data)], [])
 
 
 class _UnechoingS3:

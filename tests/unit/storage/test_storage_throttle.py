@@ -232,11 +232,12 @@ class TestTokenBucket:
 
 
 class _Journal:
-    """Records charges to a bucket and part reads, in the order they happen."""
+    """Records charges to a bucket and part reads (a part read whole, or its checksum pass
+    before it is streamed), in the order they happen."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, bucket: TokenBucket) -> None:
         self.events: list[tuple[str, int]] = []
-        acquire, read = bucket.acquire, PartReader.read
+        acquire, read, checksum = bucket.acquire, PartReader.read, PartReader.checksum
 
         async def charged(amount: int) -> float:
             self.events.append(("charge", amount))
@@ -246,8 +247,13 @@ class _Journal:
             self.events.append(("read", length))
             return await read(reader, offset, length)
 
+        async def checksumming(reader: PartReader, offset: int, length: int) -> int:
+            self.events.append(("read", length))
+            return await checksum(reader, offset, length)
+
         monkeypatch.setattr(bucket, "acquire", charged)
         monkeypatch.setattr(PartReader, "read", reading)
+        monkeypatch.setattr(PartReader, "checksum", checksumming)
 
 
 class TestMemoryStoreCharges:
