@@ -317,7 +317,17 @@ class _Source:
     until the next call (it may be a view of the window).
     """
 
-    __slots__ = ("_fh", "_origin", "_scratch", "_view", "_window", "_window_start", "end", "path")
+    __slots__ = (
+        "_fh",
+        "_origin",
+        "_scratch",
+        "_view",
+        "_window",
+        "_window_start",
+        "end",
+        "on_read",
+        "path",
+    )
 
     def __init__(
         self,
@@ -336,6 +346,8 @@ class _Source:
         self._scratch: bytearray | None = None
         self.end = end
         self.path = path
+        #: called with (file position, bytes) for every window read from a file
+        self.on_read: Callable[[int, Buffer], None] | None = None
 
     def reuse_window(self) -> None:
         """Read every window into one buffer, overwritten by the next read: for walks whose
@@ -367,6 +379,8 @@ class _Source:
                 path=self.path,
                 position=position + len(data),
             )
+        if self.on_read is not None:
+            self.on_read(position, data)
         self._window = memoryview(data)
         self._window_start = position
         return self._window[:size]
@@ -408,6 +422,7 @@ def iter_batches(
     end: int | None = None,
     path: str | None = None,
     origin: int = 0,
+    on_read: Callable[[int, Buffer], None] | None = None,
 ) -> Iterator[BatchHeader]:
     """Walk the batch headers of a ``.log`` segment, a slice of one, or a ranged GET of one.
 
@@ -419,8 +434,13 @@ def iter_batches(
     A zero-padded tail (a preallocated, untrimmed file) raises ``CorruptRecordError`` and a batch
     cut off by end of file raises ``TruncatedFileError``; with ``tolerate_tail`` (a segment the
     broker may still be appending to) either one just ends the walk, as the broker's reader does.
+
+    ``on_read(position, data)`` sees the bytes of a file source as they are read (in file order,
+    windows may overlap; with ``verify_crc`` a walk to the end reads every byte), so a caller can
+    hash them without reading the file again; ``data`` is only valid during the call.
     """
     with _open_source(source, start=start, end=end, path=path, origin=origin) as (src, first):
+        src.on_read = on_read
         src.reuse_window()  # only headers (plain values) leave the walk
         yield from _walk(src, start=first, verify_crc=verify_crc, tolerate_tail=tolerate_tail)
 

@@ -68,6 +68,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
+from sidecar.storage import PartChecksums
 from sidecar.storage.base import ObjectInfo, ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
@@ -128,6 +129,10 @@ class _OpenSegment:
     index_files: dict[IndexKind, bytes | None]
     size: int
     mtime_ns: int
+    #: the ``.log``'s part CRC-32Cs for ``put_file`` with ``crc_part_size``, computed by the
+    #: batch check from the bytes it read (so the upload does not read the file once more)
+    part_crcs: tuple[int, ...] | None = None
+    crc_part_size: int = 0
 
 
 def _read_optional(path: Path | None) -> bytes | None:
@@ -138,15 +143,25 @@ def _read_optional(path: Path | None) -> bytes | None:
         return handle.read()
 
 
-def _check_batches(fd_path: str, segment: Segment, size: int) -> None:
+def _check_batches(
+    fd_path: str, segment: Segment, size: int, part_size: int | None = None
+) -> tuple[int, ...] | None:
     """Every batch parses and has a valid CRC-32C, and the batches fill the file exactly.
+    With ``part_size``, returns the CRC-32C of each upload part (``PartChecksums``) of the bytes
+    the walk read, else (or when the walk did not see every byte) None.
 
     Only bytes that were read and found bad are corrupt: a read error is not (it is retried),
     nor a file that changed size under the walk (the broker truncated it; it is planned again).
     """
     end = 0
+    crcs = None if part_size is None else PartChecksums(size, part_size)
     try:
-        for header in iter_batches(Path(fd_path), verify_crc=True, path=str(segment.log_path)):
+        for header in iter_batches(
+            Path(fd_path),
+            verify_crc=True,
+            path=str(segment.log_path),
+            on_read=None if crcs is None else crcs.feed,
+        ):
             end = header.end_position
     except UnreadableFileError:
         raise  # the disk failed to read, the bytes may be fine: retried, never quarantined
@@ -160,6 +175,7 @@ def _check_batches(fd_path: str, segment: Segment, size: int) -> None:
         raise CorruptSegmentError(
             f"segment {segment.log_path}: batches end at byte {end} of {size}"
         )
+    return None if crcs is None else crcs.result()
 
 
 def _unless_resized(fd_path: str, segment: Segment, size: int) -> None:
@@ -189,18 +205,23 @@ def _index_files(scan: PartitionScan, segment: Segment) -> dict[IndexKind, bytes
     }
 
 
-def _open_segment(scan: PartitionScan, segment: Segment) -> _OpenSegment:
-    """Open and check the segment (thread side). The caller closes the returned ``log``."""
+def _open_segment(
+    scan: PartitionScan, segment: Segment, part_size: int | None = None
+) -> _OpenSegment:
+    """Open and check the segment (thread side), with the part CRC-32Cs for ``part_size``.
+    The caller closes the returned ``log``."""
     handle, _name = open_segment_file(segment.log_path)
     try:
         stat = os.fstat(handle.fileno())
         fd_path = f"/proc/self/fd/{handle.fileno()}"
-        _check_batches(fd_path, segment, stat.st_size)
+        crcs = _check_batches(fd_path, segment, stat.st_size, part_size)
         files = _index_files(scan, segment)
     except BaseException:
         handle.close()
         raise
-    return _OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)
+    return _OpenSegment(
+        handle, fd_path, files, stat.st_size, stat.st_mtime_ns, crcs, part_size or 0
+    )
 
 
 def _check_still_leader(metadata: SegmentMetadata, may_continue: Callable[[], bool]) -> None:
@@ -275,7 +296,8 @@ class SegmentUploader:
         started = time.monotonic()
         tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
         opened = await acquire_in_thread(
-            functools.partial(_open_segment, scan, segment), lambda o: o.log.close()
+            functools.partial(_open_segment, scan, segment, self._part_size),
+            lambda o: o.log.close(),
         )
         try:
             metadata = SegmentMetadata(
@@ -557,6 +579,7 @@ async def write_segment_objects(
             opened.log_path,
             part_size=part_size,
             concurrency=concurrency,
+            part_crcs=opened.part_crcs if opened.crc_part_size == part_size else None,
         )
     after = await asyncio.to_thread(os.fstat, opened.log.fileno())
     if (

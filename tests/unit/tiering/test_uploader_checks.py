@@ -1,15 +1,21 @@
-"""What the uploader checks before anything is published: batch CRCs and the files."""
+"""What the uploader checks before anything is published: batch CRCs and the files; the part
+CRC-32Cs the same read gives the upload."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 
 from sidecar.kafka.logdir import scan_partition_dir
+from sidecar.metadata.events import RemoteLogSegmentId, SegmentMetadata, TopicIdPartition
+from sidecar.storage import MemoryObjectStore
+from sidecar.storage._crc import crc32c
+from sidecar.storage.keys import KeyLayout
 from sidecar.storage.manifest import IndexKind
 from sidecar.testing import TestRecord, build_batch, write_partition
-from sidecar.tiering.uploader import CorruptSegmentError, _open_segment
+from sidecar.tiering.uploader import CorruptSegmentError, _open_segment, write_segment_objects
 
 
 def _partition(tmp_path: Path):
@@ -53,3 +59,68 @@ class TestOpenSegment:
         path.write_bytes(path.read_bytes() + b"\x00" * 7)
         with pytest.raises(CorruptSegmentError):
             _open_segment(scan, scan.segments[0])
+
+
+def _big_partition(tmp_path: Path):
+    """Batches of about 300 KiB: the batch walk's 1 MiB windows overlap at batch headers."""
+    value = bytes(range(256)) * 1200
+    batches = [[build_batch([TestRecord(b"k", value)]) for _ in range(10)] for _ in range(2)]
+    scan = scan_partition_dir(write_partition(tmp_path, "orders", 0, batches))
+    assert scan is not None
+    return scan
+
+
+class TestPartChecksumsFromTheBatchCheck:
+    def test_the_batch_check_gives_each_parts_crc(self, tmp_path):
+        """The CRC check reads every byte once; the same bytes give the upload's part CRC-32Cs,
+        so the upload does not read the file again to compute them."""
+        scan = _big_partition(tmp_path)
+        segment = scan.segments[0]
+        data = segment.log_path.read_bytes()
+        part_size = 1024 * 1024
+        opened = _open_segment(scan, segment, part_size)
+        try:
+            assert opened.crc_part_size == part_size
+            assert opened.part_crcs == tuple(
+                crc32c(data[o : o + part_size]) for o in range(0, len(data), part_size)
+            )
+            assert len(opened.part_crcs) == 3
+        finally:
+            opened.log.close()
+
+    async def test_the_upload_hands_them_to_the_store(self, tmp_path, monkeypatch):
+        """``write_segment_objects`` passes them to ``put_file`` for the part size they were
+        computed for, and none for another."""
+        scan = _big_partition(tmp_path)
+        segment = scan.segments[0]
+        seen: list[object] = []
+        put_file = MemoryObjectStore.put_file
+
+        async def spy(self, key, path, **kwargs):
+            seen.append(kwargs.get("part_crcs"))
+            return await put_file(self, key, path, **kwargs)
+
+        monkeypatch.setattr(MemoryObjectStore, "put_file", spy)
+        tip = TopicIdPartition(uuid.uuid4(), "orders", 0)
+        metadata = SegmentMetadata(
+            segment_id=RemoteLogSegmentId(tip, uuid.uuid4()),
+            start_offset=segment.base_offset,
+            end_offset=segment.end_offset or 0,
+            broker_id=1,
+            max_timestamp_ms=0,
+            event_timestamp_ms=0,
+            segment_leader_epochs=((0, 0),),
+            segment_size_in_bytes=segment.log_path.stat().st_size,
+            txn_index_empty=True,
+        )
+        store = MemoryObjectStore()
+        for part_size in (5 * 1024 * 1024, 6 * 1024 * 1024):
+            opened = _open_segment(scan, segment, 5 * 1024 * 1024)
+            try:
+                await write_segment_objects(
+                    store, KeyLayout(), metadata, opened, part_size=part_size, concurrency=2
+                )
+            finally:
+                opened.log.close()
+        assert seen == [opened.part_crcs, None]
+        assert seen[0] == (crc32c(segment.log_path.read_bytes()),)
