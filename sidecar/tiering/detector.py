@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import errno
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -103,6 +105,28 @@ _HINT_EVENTS = (
 _WATCH_LIMIT_ERRNOS = frozenset({errno.ENOSPC, errno.EMFILE})
 
 
+def _check_watches_left(log_dirs: Sequence[Path]) -> None:
+    """Raise ENOSPC when the kernel refuses one more inotify watch. watchdog (7) raises only
+    when a log dir's own watch is refused and skips, without a word, the partition dirs the
+    limit leaves unwatched: a probe watch after its walk tells whether the limit cut it short
+    (a limit met exactly counts too: the next partition dir would go unwatched)."""
+    probe_dir = next((d for d in log_dirs if d.is_dir()), None)
+    if probe_dir is None or not sys.platform.startswith("linux"):
+        return
+    from watchdog.observers import inotify_c  # Linux only
+
+    fd = inotify_c.inotify_init()
+    if fd < 0:
+        return  # no inotify instance to spare: that says nothing of the watches
+    try:
+        mask = inotify_c.InotifyConstants.IN_CREATE
+        refused = inotify_c.inotify_add_watch(fd, os.fsencode(probe_dir), mask) < 0
+        if refused and ctypes.get_errno() == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, "inotify watch limit reached below the log dirs")
+    finally:
+        os.close(fd)
+
+
 def start_observer(
     handler: FileSystemEventHandler,
     log_dirs: Sequence[Path],
@@ -120,6 +144,7 @@ def start_observer(
             log.warning("log_dir_missing", log_dir=str(log_dir))
     try:
         observer.start()
+        _check_watches_left(log_dirs)
     except OSError as exc:
         if exc.errno not in _WATCH_LIMIT_ERRNOS:
             raise

@@ -129,19 +129,29 @@ class TestWatchLimit:
     """The kernel refuses inotify watches (fs.inotify.max_user_watches too small for the
     partition dirs): one warning with the sysctl to raise, then full rescans; never a crash."""
 
-    async def test_watch_limit_falls_back_to_rescans(self, log_dir, monkeypatch):
+    @pytest.mark.parametrize("granted", [0, 1], ids=["log-dir-refused", "partition-dirs-refused"])
+    async def test_watch_limit_falls_back_to_rescans(self, log_dir, monkeypatch, granted):
+        """``granted`` watches before the limit: with none the log dir's own watch is refused
+        (watchdog raises); with one, as a real limit below the partition dirs does, only the
+        partition dirs' are (watchdog 7 starts without a word, the detector's probe tells)."""
         import ctypes
         import errno
 
         from structlog.testing import capture_logs
         from watchdog.observers import inotify_c
 
-        def refused(fd: int, path: bytes, mask: int) -> int:
+        real = inotify_c.inotify_add_watch
+        left = [granted]
+
+        def limited(fd: int, path: bytes, mask: int) -> int:
+            if left[0] > 0:
+                left[0] -= 1
+                return real(fd, path, mask)
             ctypes.set_errno(errno.ENOSPC)  # what the kernel answers past the watch limit
             return -1
 
-        # the real watchdog observer and its error handling; only the syscall is refused
-        monkeypatch.setattr(inotify_c, "inotify_add_watch", refused)
+        # the real watchdog observer and its error handling; only the syscall is limited
+        monkeypatch.setattr(inotify_c, "inotify_add_watch", limited)
         rec = Recorder()
         det = _detector(log_dir, on_change=rec, interval=0.05)
         stopping = asyncio.Event()
@@ -191,11 +201,11 @@ class TestHintMask:
         from sidecar.tiering.detector import start_observer
 
         constants = inotify_c.InotifyConstants
-        masks: list[int] = []
+        calls: list[tuple[int, int]] = []
         real = inotify_c.inotify_add_watch
 
         def recording(fd: int, path: bytes, mask: int) -> int:
-            masks.append(mask)
+            calls.append((fd, mask))
             return real(fd, path, mask)
 
         monkeypatch.setattr(inotify_c, "inotify_add_watch", recording)
@@ -211,6 +221,8 @@ class TestHintMask:
                 | constants.IN_ATTRIB
             )
             wanted = constants.IN_CREATE | constants.IN_DELETE | constants.IN_MOVE
+            # watchdog's instance (the detector's probe of the limit uses one of its own)
+            masks = [mask for fd, mask in calls if fd == calls[0][0]]
             assert len(masks) == 2  # the log dir and its partition dir
             assert [m & unwanted for m in masks] == [0, 0]
             assert [m & wanted for m in masks] == [wanted, wanted]
