@@ -128,13 +128,13 @@ class Sidecar:
         *,
         name: str = "sidecar",
         module: str = "sidecar",
+        command: tuple[str, ...] | None = None,
     ) -> Sidecar:
         """Start ``python -m <module> run --config <config>`` (``module`` may be a test
-        wrapper of the sidecar's CLI, e.g. ``tests.read_faults``)."""
+        wrapper of the sidecar's CLI, e.g. ``tests.read_faults``); ``command``, when given,
+        replaces ``python -m <module>`` (``run --config <config>`` is appended to it)."""
         proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            module,
+            *(command or (sys.executable, "-m", module)),
             "run",
             "--config",
             str(config),
