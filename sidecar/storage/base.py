@@ -100,7 +100,7 @@ class ObjectStore(Protocol):
         concurrency: int = DEFAULT_CONCURRENCY,
         part_crcs: Sequence[int] | None = None,
     ) -> ObjectInfo:
-        """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
+        """Upload a local file: one PUT up to twice ``part_size``, a multipart upload above it.
 
         The file is read in a thread, never more than ``part_size`` bytes per part in flight
         (``concurrency`` parts at once). Every part carries its CRC-32C; the returned

@@ -146,7 +146,7 @@ class MemoryObjectStore:
         concurrency: int = DEFAULT_CONCURRENCY,
         part_crcs: Sequence[int] | None = None,
     ) -> ObjectInfo:
-        """Upload a local file, as one PUT up to ``part_size`` and in parts above it. Given
+        """Upload a local file, as one PUT up to twice ``part_size`` and in parts above it. Given
         ``part_crcs`` are checked against the bytes, as a store checks the checksums it gets."""
         check_upload_args(part_size, concurrency)
         await self._enter("put_file")
@@ -154,7 +154,7 @@ class MemoryObjectStore:
             parts = plan_parts(reader.size, part_size)
             if part_crcs is not None and len(part_crcs) != len(parts):
                 part_crcs = None  # computed for another plan: ignored, as the S3 backend does
-            if reader.size <= part_size:
+            if len(parts) <= 1:
                 await self._charge(reader.size)
                 buffer, crc = await reader.read(0, reader.size)
                 body = buffer.tobytes()

@@ -566,7 +566,8 @@ class S3ObjectStore:
         concurrency: int = DEFAULT_CONCURRENCY,
         part_crcs: Sequence[int] | None = None,
     ) -> ObjectInfo:
-        """Upload a local file: one PUT up to ``part_size``, a multipart upload above it.
+        """Upload a local file: one PUT up to twice ``part_size`` (``plan_parts``), a multipart
+        upload above it.
 
         Each part's CRC-32C is computed first (a read in a thread, :data:`CHUNK_BYTES` at a
         time), unless ``part_crcs`` has them (``PartChecksums``, one per part of
@@ -581,7 +582,7 @@ class S3ObjectStore:
         async with open_parts(path) as reader:
             parts = plan_parts(reader.size, part_size)
             known = None if part_crcs is None or len(part_crcs) != len(parts) else part_crcs
-            if reader.size <= part_size:
+            if len(parts) <= 1:
                 await self._charge(reader.size)
                 if self._sign_payload:
                     buffer, crc = await reader.read(0, reader.size)

@@ -85,6 +85,16 @@ class TestPlanParts:
             (3, 2 * MIN_PART_SIZE, 2 * 1024 * 1024 + 5),
         ]
 
+    def test_up_to_two_parts_worth_is_one_put(self) -> None:
+        """A file up to twice the part size is one part (one PUT instead of four requests); an
+        empty file has none; a byte more and it is cut into parts of the part size."""
+        assert [
+            (p.number, p.offset, p.length) for p in plan_parts(2 * MIN_PART_SIZE, MIN_PART_SIZE)
+        ] == [(1, 0, 2 * MIN_PART_SIZE)]
+        assert plan_parts(0, MIN_PART_SIZE) == []
+        parts = plan_parts(2 * MIN_PART_SIZE + 1, MIN_PART_SIZE)
+        assert [p.length for p in parts] == [MIN_PART_SIZE, MIN_PART_SIZE, 1]
+
     def test_part_size_grows_to_respect_max_parts(self) -> None:
         """A file too large for the part size gets bigger parts, never more than MAX_PARTS."""
         size = MAX_PARTS * MIN_PART_SIZE + 1
