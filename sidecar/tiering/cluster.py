@@ -110,6 +110,10 @@ async def describe_topic_configs(admin: Any, topics: Iterable[str]) -> dict[str,
     return configs
 
 
+#: topic names whose selection by name is remembered, at most
+_MAX_REMEMBERED_TOPICS = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSelector:
     """Which topics the sidecar tiers on its own (standalone mode): an include pattern, never an
@@ -124,17 +128,27 @@ class TopicSelector:
     exclude: Sequence[str] = (r"__.*",)
     _include_re: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
     _exclude_re: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    #: topic → whether its name passes the patterns: callers ask per partition (ten thousand
+    #: partitions, a few topics), and the patterns never change
+    _matches: dict[str, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_include_re", tuple(re.compile(p) for p in self.include))
         object.__setattr__(self, "_exclude_re", tuple(re.compile(p) for p in self.exclude))
+        object.__setattr__(self, "_matches", {})
 
     def selected(self, topic: str, config: TopicConfig | None) -> bool:
-        if any(p.fullmatch(topic) for p in self._exclude_re):
-            return False
         if config is not None and (config.compacted or config.remote_storage_enable):
             return False
-        return any(p.fullmatch(topic) for p in self._include_re)
+        matches = self._matches.get(topic)
+        if matches is None:
+            matches = not any(p.fullmatch(topic) for p in self._exclude_re) and any(
+                p.fullmatch(topic) for p in self._include_re
+            )
+            if len(self._matches) >= _MAX_REMEMBERED_TOPICS:
+                self._matches.clear()  # topics come and go over months
+            self._matches[topic] = matches
+        return matches
 
     @staticmethod
     def broker_driven(config: TopicConfig | None) -> bool:

@@ -40,6 +40,25 @@ class TestTopicSelector:
         assert selector.selected(topic, config) is expected
         assert TopicSelector.broker_driven(config) is bool(config and config.remote_storage_enable)
 
+    def test_a_topic_name_is_matched_once(self, monkeypatch):
+        """Callers ask per partition: the patterns run once per topic name, while the config
+        (compaction, remote.storage.enable) is looked at on every call."""
+        selector = TopicSelector(include=[r"logs\..*"])
+        runs: list[str] = []
+        include = selector._include_re[0]
+
+        class Counting:
+            def fullmatch(self, topic: str) -> object:
+                runs.append(topic)
+                return include.fullmatch(topic)
+
+        object.__setattr__(selector, "_include_re", (Counting(),))
+        for _ in range(3):
+            assert selector.selected("logs.app", TopicConfig())
+            assert not selector.selected("logs.app", TopicConfig(cleanup_policy="compact"))
+            assert not selector.selected("orders", None)
+        assert runs == ["logs.app", "orders"]
+
     def test_config_parsing_defaults(self):
         """Absent or malformed config values fall back to Kafka's defaults."""
         config = TopicConfig.from_entries({"retention.ms": "abc", "remote.storage.enable": "TRUE"})
