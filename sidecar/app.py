@@ -340,6 +340,9 @@ class Daemon:
             client_kwargs={**options, **meta.consumer_kwargs()},
             on_undecodable=lambda *_: self.metrics.metadata_undecodable.inc(),
             on_error=lambda _: self._dependency_error("kafka", "metadata_tailer"),
+            num_partitions=meta.num_partitions,
+            # selective: only the broker's partitions' events are kept (the coordinator's all)
+            scoped=meta.tailing == "selective",
         )
         await tailer.start()
         resources.push_async_callback(tailer.aclose)
@@ -452,6 +455,7 @@ class Daemon:
             metadata_topic=meta.topic,
             num_metadata_partitions=meta.num_partitions,
             coordinator=None if election is None else (lambda: election.is_coordinator),
+            scanned=self.detector.scanned.is_set,
         )
         retention = self.retention
         # the broker plugin's copies and deletes (topics with remote.storage.enable=true), and
@@ -737,12 +741,13 @@ class _ReadDiscovery:
         if topic_id is None:
             self._unknown[topic] = time.monotonic() + self._NEGATIVE_TTL_S
             return False
-        mp = metadata_partition(TopicIdPartition(topic_id, topic, partition), self._num_partitions)
-        if self._tailer.caught_up(mp):
+        tp = TopicIdPartition(topic_id, topic, partition)
+        mp = metadata_partition(tp, self._num_partitions)
+        if self._tailer.wants(tp) and self._tailer.caught_up(mp):
             return False  # read and caught up: the store has all there is
-        if not self._tailer.is_tracked(mp):
+        if not self._tailer.wants(tp):
             log.info("metadata_partition_read_for_a_read", topic=topic, metadata_partition=mp)
-            self._tailer.track([mp])
+            self._tailer.want([tp])
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self._tailer.wait_caught_up([mp])

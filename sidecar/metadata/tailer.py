@@ -293,16 +293,20 @@ class MetadataTailer:
         mp = self._metadata_partition(tp)
         return mp in self._tracked and _in(self._scope(mp), (tp.topic_id, tp.partition))
 
-    def want(self, partitions: Iterable[TopicIdPartition]) -> None:
+    def want(self, partitions: Iterable[TopicIdPartition | tuple[TopicIdPartition, int]]) -> None:
         """Read the metadata of these user partitions (tracking their metadata partitions),
         applying their events whatever the scope so far; cheap for partitions already wanted.
-        Unscoped, it tracks their metadata partitions whole."""
+        Each is a partition, or a (partition, its metadata partition) pair (no hash to
+        compute). Unscoped, it tracks their metadata partitions whole."""
+        pairs = [
+            item if isinstance(item, tuple) else (item, self._metadata_partition(item))
+            for item in partitions
+        ]
         if not self._scoped:
-            self.track({self._metadata_partition(tp) for tp in partitions})
+            self.track({mp for _tp, mp in pairs})
             return
         grown: dict[int, set[_Key]] = {}
-        for tp in partitions:
-            mp = self._metadata_partition(tp)
+        for tp, mp in pairs:
             key = (tp.topic_id, tp.partition)
             if mp in self._tracked and _in(self._scope(mp), key):
                 continue
@@ -333,7 +337,7 @@ class MetadataTailer:
             self.track(range(self._num_partitions))
             return
         for mp in range(self._num_partitions):
-            if self._scope(mp) is None and (mp in self._scopes or mp not in self._consumed):
+            if self._scope(mp) is None:  # read whole, or about to be
                 self.track((mp,))
                 continue
             self._pending[mp] = None
@@ -556,6 +560,10 @@ class MetadataTailer:
             if not keep:
                 self.untrack((mp,))
         for mp, new in pending.items():
+            # caught up again once the assignment has read its end offset anew (want() made
+            # it not caught up: a newcomer's history may be on it)
+            self._targets.pop(mp, None)
+            self._caught_up.discard(mp)
             consumed = self._consumed.get(mp)
             old = self._scopes.get(mp)
             if consumed is None:  # never read: read it from its beginning with this scope
@@ -580,8 +588,6 @@ class MetadataTailer:
             await asyncio.to_thread(self._store.set_scope, mp, old, drop=incoming)
             self._scopes[mp] = old
             self._replays[mp] = _Replay(until=consumed, old=old, new=new)
-            self._caught_up.discard(mp)
-            self._targets.pop(mp, None)  # its end offset is read again at assignment
             restart.add(mp)
             log.info(
                 "metadata_partition_reread",

@@ -106,6 +106,9 @@ _PD_STARTED = RemotePartitionDeleteState.DELETE_PARTITION_STARTED
 _PD_FINISHED = RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
 #: events published at once while deleting a batch of segments
 _PUBLISH_CONCURRENCY = 16
+#: how long a sidecar is without the coordinator role before it drops the other partitions'
+#: metadata: longer than a rebalance, which revokes the role from its holder for a moment
+_NARROW_AFTER_S = 30.0
 
 
 @dataclass
@@ -142,6 +145,7 @@ class RetentionManager:
         metadata_topic: str,
         num_metadata_partitions: int,
         coordinator: Callable[[], bool] | None = None,
+        scanned: Callable[[], bool] = lambda: True,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -149,7 +153,10 @@ class RetentionManager:
         tailing); None runs them by the metadata partition leader rule, reading everything."""
         self._config = config
         self._coordinator = coordinator
-        self._reads_all = coordinator is None
+        self._scanned = scanned
+        # selective: narrowed once what the broker hosts is known (a store may hold more)
+        self._reads_all = True
+        self._without_role_since: float | None = None
         self._views = views
         self._cluster = cluster
         self._kafka = kafka
@@ -284,31 +291,34 @@ class RetentionManager:
         return self._tailer.caught_up(metadata_partition(tp, self._num_mp))
 
     def _follow_role(self) -> None:
-        """Selective tailing: read every metadata partition while coordinator; otherwise only
-        those of the partitions this broker hosts (the engine tracks those as they appear)."""
+        """Selective tailing: read every metadata partition whole while coordinator;
+        otherwise keep only the partitions this broker hosts (the engine asks for those as
+        they appear), once the first scan and a fresh cluster view say which they are."""
         if self._coordinator is None:
             return
-        everything = set(range(self._num_mp))
+        now = self._monotonic()
         if self._coordinator():
             if not self._reads_all:
-                self._reads_all = True
                 log.info("metadata_reading_all_partitions", partitions=self._num_mp)
-            self._tailer.track(everything)
+            self._reads_all = True
+            self._without_role_since = None
+            self._tailer.want_everything()
             return
-        if not self._reads_all:
+        if self._without_role_since is None:
+            self._without_role_since = now
+        if now - self._without_role_since < _NARROW_AFTER_S:
+            return  # a rebalance, or the first election, may give it (back) in a moment
+        if not self._reads_all or not (self._scanned() and self._cluster.view.fresh):
             return
         self._reads_all = False
-        hosted = {
-            metadata_partition(
-                TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition),
-                self._num_mp,
-            )
+        hosted = [
+            TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             for scan in self._views().values()
             if scan.topic_id is not None
-        }
-        dropped = (everything & set(self._tailer.tracked)) - hosted
-        self._tailer.untrack(dropped)
-        log.info("metadata_reading_hosted_partitions", untracked=len(dropped))
+            and (self._cluster.selected(scan.topic) or self._cluster.broker_driven(scan.topic))
+        ]
+        self._tailer.narrow(hosted)
+        log.info("metadata_reading_hosted_partitions", partitions=len(hosted))
 
     def _processes(self, tp: TopicIdPartition) -> bool:
         """Whether this sidecar deletes ``tp``'s data: it is the coordinator (selective

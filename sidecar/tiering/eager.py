@@ -212,8 +212,10 @@ class EagerStager:
             if not self._cluster.view.may_upload(scan.topic, scan.partition):
                 continue
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
-            if not self._tailer.caught_up(metadata_partition(tip, self._num_partitions)):
-                continue
+            if not self._tailer.wants(tip) or not self._tailer.caught_up(
+                metadata_partition(tip, self._num_partitions)
+            ):
+                continue  # its metadata is not (fully) read yet: the engine asks for it
             uploaded = 0
             for segment in await self._candidates(scan, tip):
                 ident = (tip.topic_id, tip.partition, segment.base_offset)

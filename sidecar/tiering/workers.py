@@ -404,7 +404,6 @@ class TieringEngine:
             self._dirty.clear()
             self._waiting_catch_up.clear()
             items = [(path, views[path]) for path in changed if path in views]
-        tracked: set[int] = set()
         kept: set[_PartitionKey] = set()  # partitions whose per-partition state is kept
         paths: dict[_PartitionKey, Path] = {} if walk_all else self._paths
         identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = (
@@ -439,7 +438,10 @@ class TieringEngine:
                 known = (tip, metadata_partition(tip, self._settings.num_metadata_partitions))
             identities[identity] = known
             tip, mp = known
-            tracked.add(mp)  # followers read their partitions' metadata too, as Kafka's do
+            # followers read their partitions' metadata too, as Kafka's do; asked before the
+            # catch-up check below (a partition new to a metadata partition already read is
+            # not caught up until its history is read)
+            self._tailer.want(((tip, mp),))
             if not selected:
                 # broker-driven: its metadata is tailed for reads, never copied here
                 self._handed_to_broker((scan.topic, scan.partition))
@@ -501,9 +503,6 @@ class TieringEngine:
             gone = [path for path in changed if path not in views]
             if gone:
                 self._forget_gone(gone)
-        new = tracked - set(self._tailer.tracked)
-        if new:
-            self._tailer.track(new)
         if lag_inputs is not None:
             self._lag_task = tg.create_task(self._update_lag(lag_inputs), name="tiering copy lag")
         if now >= self._next_quarantine_check and (

@@ -142,11 +142,14 @@ async def _served(socket: Path, topic: str, partition: int) -> tuple[list[_Row],
         tiered = (await client.partition(topic, partition))["tiered"]
         assert tiered is not None
         assert tiered["start_offset"] == 0
+        end = int(tiered["end_offset"])
+        # a sidecar hosting the partition goes on into the broker's local segments
         rows = [
             (r.offset, r.key, r.value)
             async for r in client.iter_records(topic, partition, 0, max_bytes=256 * 1024)
+            if r.offset <= end
         ]
-    return rows, int(tiered["end_offset"])
+    return rows, end
 
 
 def _tracked(sidecar: Sidecar) -> set[int]:
@@ -319,6 +322,14 @@ class TestSelectiveTailing:
                 if p != moved and b != bystander and mps[p] not in _tracked(sidecars[bystander])
             ]
             assert far, f"the bystander reads every metadata partition: {mps}"
+            # its store holds its broker's partitions only, though it reads their metadata
+            # partitions whole (other partitions' events on them are skipped)
+            socket = states[bystander] / "state" / "read.sock"
+            async with ReadClient(socket_path=socket) as client:
+                listed = {t["topic"]: t["partitions"] for t in await client.topics()}
+            assert sorted(listed.get(topic_name, [])) == sorted(
+                p for p, b in placement.items() if b == bystander and p != moved
+            )
             served, end = await _served(
                 states[bystander] / "state" / "read.sock", topic_name, far[0]
             )

@@ -591,8 +591,10 @@ class TestScopes:
         for tp in (mine, other):
             await _history(publisher, tp, 2)
         async with _scoped(kafka, metadata_topic, tmp_path) as (tailer, store):
-            tailer.want([mine])
+            quiet = user_partition(3, topic="quiet")  # a metadata partition with no record
+            tailer.want([mine, quiet])
             await _caught_up(tailer, 2)
+            await _caught_up(tailer, 3)
             assert store.partitions() == [mine]
             tailer.want_everything()
             async with asyncio.timeout(60):

@@ -127,6 +127,12 @@ class _Tailer:
     def untrack(self, partitions: Any) -> None:
         self.tracked -= set(partitions)
 
+    def want_everything(self) -> None:
+        self.tracked = set(range(8))
+
+    def narrow(self, keep: Any) -> None:
+        self.tracked = {metadata_partition(tp, 8) for tp in keep}
+
 
 class _Scrubber:
     def __init__(self) -> None:
@@ -140,6 +146,7 @@ class _Scrubber:
 def _manager(
     holds: list[bool], tailer: _Tailer, scrubber: _Scrubber, scans: dict[Any, PartitionScan]
 ) -> RetentionManager:
+    """Over a broker leading every metadata partition (which selective tailing ignores)."""
     view = ClusterView(
         broker_id=1,
         leaders={(META, p): 1 for p in range(8)},  # leads every metadata partition
@@ -159,7 +166,7 @@ def _manager(
     return RetentionManager(
         config=RetentionConfig(enabled=False, scrub_interval_s=0.001),
         views=lambda: scans,
-        cluster=stub(view=view, selected=lambda topic: True),
+        cluster=stub(view=view, selected=lambda topic: True, broker_driven=lambda topic: False),
         kafka=stub(topic_ids=no_ids, aclose=aclose),
         store=stub(partitions=list),
         tailer=tailer,  # type: ignore[arg-type]
@@ -193,10 +200,20 @@ class TestRole:
         topic_id = uuid.uuid4()
         hosted = {metadata_partition(TopicIdPartition(topic_id, "orders", 0), 8)}
         tailer = _Tailer()
-        tailer.track(hosted)  # what the tiering engine tracks for the hosted partition
+        tailer.track(range(8))  # a store that read everything (an older sidecar's)
         holds = [False]
+        scanned = [False]
+        clock = [0.0]
         scrubber = _Scrubber()
-        manager = _manager(holds, tailer, scrubber, {})
+        manager = _manager(holds, tailer, scrubber, {"p": _scan(topic_id, 0)})
+        manager._scanned = lambda: scanned[0]
+        manager._monotonic = lambda: clock[0]
+        await manager.run_once()
+        clock[0] = 31.0
+        await manager.run_once()
+        assert tailer.tracked == set(range(8))  # what the broker hosts is not known yet
+        scanned[0] = True
+        clock[0] = 32.0
         await manager.run_once()
         assert tailer.tracked == hosted
         assert scrubber.runs == 0  # one scrub per cluster: not this sidecar's
@@ -206,15 +223,29 @@ class TestRole:
         assert tailer.tracked == set(range(8))
         assert scrubber.runs == 1
 
+        # a rebalance revokes the role for a moment: nothing is dropped
         holds[0] = False
-        manager._views = lambda: {"p": _scan(topic_id, 0)}  # type: ignore[assignment]
+        clock[0] = 40.0
+        await manager.run_once()
+        holds[0] = True
+        clock[0] = 45.0
+        manager._next_scrub_at = 0.0  # the scrub interval is wall-clock time: due now
+        await manager.run_once()
+        assert tailer.tracked == set(range(8))
+
+        # the role went elsewhere: past the delay, only what the broker hosts is kept
+        holds[0] = False
+        clock[0] = 50.0
+        await manager.run_once()
+        assert tailer.tracked == set(range(8))
+        clock[0] = 81.0
         with capture_logs() as logs:
             await manager.run_once()
         assert tailer.tracked == hosted
-        assert scrubber.runs == 1
+        assert scrubber.runs == 2
         assert [
-            e["untracked"] for e in logs if e["event"] == "metadata_reading_hosted_partitions"
-        ] == [8 - len(hosted)]
+            e["partitions"] for e in logs if e["event"] == "metadata_reading_hosted_partitions"
+        ] == [1]
 
     async def test_reading_everything_mode_tracks_all_and_scrubs(self):
         """Without a coordinator (tailing = all), every sidecar reads and scrubs, as before."""

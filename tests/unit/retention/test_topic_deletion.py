@@ -117,7 +117,12 @@ class _World:
             cluster=stub(view=view, selected=lambda topic: True),
             kafka=self.kafka,  # type: ignore[arg-type]
             store=self.store,
-            tailer=stub(caught_up=lambda p: True, track=lambda parts: None),
+            tailer=stub(
+                caught_up=lambda p: True,
+                track=lambda parts: None,
+                want_everything=lambda: None,
+                narrow=lambda keep: None,
+            ),
             publisher=stub(publish_and_wait=publish_and_wait),
             uploader=stub(broker_id=1, keys=_keys),
             objects=self.objects,

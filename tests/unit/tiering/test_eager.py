@@ -278,6 +278,9 @@ class _Cluster:
 
 
 class _Tailer:
+    def wants(self, tp: object) -> bool:
+        return True
+
     def caught_up(self, metadata_partition: int) -> bool:
         return True
 

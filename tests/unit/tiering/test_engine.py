@@ -90,6 +90,9 @@ class FakeTailer:
     def track(self, partitions: Any) -> None:
         self.tracked |= set(partitions)
 
+    def want(self, partitions: Any) -> None:
+        self.tracked |= {mp for _tp, mp in partitions}
+
     def is_tracked(self, metadata_partition: int) -> bool:
         return True
 
