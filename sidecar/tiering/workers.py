@@ -43,6 +43,7 @@ cancelled (the uploader aborts the multipart upload and deletes the copy); that 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import heapq
 import random
@@ -131,11 +132,18 @@ def remote_coverage(
     highest = find_highest_remote_offset(
         scan.leader_epochs, log_end, functools.partial(store.highest_offset_for_epoch, tip)
     )
-    return RemoteCoverage.of(
+    coverage = RemoteCoverage.of(
         [(span.start_offset, span.end_offset) for span in spans],
         floor=store.remote_floor(tip),
         highest=highest,
     )
+    if lineage and lineage[0][1] > coverage.floor:
+        # Offsets below the lineage's first epoch are gone from the log: the log start moved
+        # (DeleteRecords, retention) and the broker cut its epoch checkpoint to match. A
+        # segment holding the new start is served from there, so what it held below is no
+        # hole (uploading it again would find the same "hole" again, forever).
+        coverage = dataclasses.replace(coverage, floor=lineage[0][1])
+    return coverage
 
 
 @dataclass

@@ -192,6 +192,35 @@ class TestHolesAreFilled:
         await r.stop()
         assert len(_copies(r)) == copies
 
+    async def test_a_log_start_inside_a_tiered_segment_is_no_hole(self, rig):
+        """DeleteRecords moved the log start into a tiered segment and the broker cut its
+        leader-epoch checkpoint to it: the segment's offsets below it are gone, not a hole,
+        and nothing is uploaded again (it was, on every pass, before)."""
+        r = rig()
+        r.start()
+        await r.until(r.all_tiered)
+        first, second = r.store.segments(r.tip, states={FINISHED})[:2]
+        new_start = second.start_offset + 1
+        r.store.raise_remote_floor(r.tip, first.end_offset + 1)  # what retention records
+        r.update(first, DELETE_STARTED, broker=ME)
+        r.update(first, DELETE_FINISHED, broker=ME)
+        copies = len(_copies(r))
+        # Kafka's truncateFromStart: the last epoch starting at or below the new start
+        # begins there, earlier ones go
+        kept = [e for e in r.scan.leader_epochs if e.start_offset > new_start]
+        below = [e for e in r.scan.leader_epochs if e.start_offset <= new_start]
+        epochs = tuple([below[-1]._replace(start_offset=new_start), *kept])
+        r.scan = dataclasses.replace(
+            r.scan, leader_epochs=epochs, segments=r.scan.segments[1:]
+        )  # the broker deleted the first segment and truncated its checkpoint
+        coverage = remote_coverage(r.store, r.scan, r.tip, r.cluster.lso)
+        assert coverage.floor == new_start
+        assert not coverage.uncovered(second.start_offset, second.end_offset)
+        r.engine.poke()
+        await asyncio.sleep(0.2)  # many wake-ups: the partition is planned again
+        await r.stop()
+        assert len(_copies(r)) == copies
+
     async def test_hole_whose_local_segment_is_gone_is_reported_lost(self, rig):
         """The local segment of a hole is deleted by the broker: it is reported lost, although
         the monotone highest remote offset is past it."""
