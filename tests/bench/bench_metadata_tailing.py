@@ -9,7 +9,9 @@ random topic ids, and each partition's metadata partition is computed with the s
 ``metadata_partition`` (Kafka's partitioner). Every user partition is assumed to roll and
 expire segments at the same rate, so a metadata partition carries events in proportion to the
 user partitions hashed to it. Event sizes are those of the sidecar's serde for a typical
-segment (one leader epoch, no custom metadata).
+segment (one leader epoch, no custom metadata). The stores: every sidecar's held every live
+segment of the cluster; reading by metadata partition alone would keep those of the metadata
+partitions read; scoped reading (what the sidecar does) keeps its broker's partitions' only.
 
 Run from the repository root: ``.venv/bin/python tests/bench/bench_metadata_tailing.py``
 (``--replicas-per-broker``, ``--metadata-partitions``, ``--ingest-mb-s``, ``--segment-mib``).
@@ -150,14 +152,17 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 live = brokers * live_per_broker
                 lists = live * 3 / 1000
+                # a store keeps only its broker's replicas' segments: replicas / user partitions
+                own = live * replicas / users
                 footprint.append(
                     f"    {brokers:7d}  {replicas:15d}  {metadata_partitions:19d} |"
-                    f" {live:14,.0f} -> {mean * live:14,.0f} (mean) |"
-                    f" {brokers * lists:14,.0f} -> {lists:12,.0f}"
+                    f" {live:12,.0f} {mean * live:12,.0f} {own:10,.0f} |"
+                    f" {brokers * lists:12,.0f} -> {lists:10,.0f}"
                 )
     print(
         "\n    brokers  replicas/broker  metadata partitions |"
-        " segments in each sidecar's store   | LIST requests per scrub interval, cluster"
+        " segments in each store: all, by metadata partition, by partition |"
+        " scrub LIST requests per interval"
     )
     print("\n".join(footprint))
     return 0
