@@ -204,10 +204,15 @@ class EagerStager:
 
     async def _pass(self, stopping: asyncio.Event) -> None:
         pending: set[SegmentIdent] = set()
-        for scan in list(self._views().values()):
+        configs = self._cluster.view.configs
+        driven = {topic for topic in configs if self._cluster.broker_driven(topic)}
+        # no topic is broker-driven (or none of this broker's): nothing to walk, every second,
+        # over every partition dir
+        scans = list(self._views().values()) if driven else []
+        for scan in scans:
             if stopping.is_set():
                 return
-            if scan.topic_id is None or not self._cluster.broker_driven(scan.topic):
+            if scan.topic_id is None or scan.topic not in driven:
                 continue
             if not self._cluster.view.may_upload(scan.topic, scan.partition):
                 continue

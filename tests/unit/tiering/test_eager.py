@@ -6,6 +6,7 @@ staging upload of its segment in flight, and the staged key format round-trips."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 import uuid
@@ -31,7 +32,7 @@ from sidecar.storage.manifest import SegmentManifest
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
 from sidecar.tiering.brokercopy import BrokerCopier
-from sidecar.tiering.cluster import ClusterView
+from sidecar.tiering.cluster import ClusterView, TopicConfig
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
 from sidecar.tiering.uploader import segment_keys
 from tests.unit.readserver._tiered import data_batches
@@ -261,7 +262,7 @@ class _Cluster:
         self.view = ClusterView(
             broker_id=1,
             leaders={("orders", 0): 1},
-            configs={},
+            configs={"orders": TopicConfig(remote_storage_enable=True)},
             last_stable_offsets={} if lso is None else {("orders", 0): lso},
             refreshed_at=time.monotonic(),
             stale_after_s=3600,
@@ -275,6 +276,16 @@ class _Cluster:
     async def fetch_lso(self, topic: str, partition: int) -> int | None:
         self.fetched += 1
         return 10_000
+
+
+class _CountingViews(dict):  # type: ignore[type-arg]
+    """The detector's views, counting how often they are walked."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[override]
+        type(self).walks += 1
+        return super().values()
 
 
 class _Tailer:
@@ -304,6 +315,25 @@ def _stager(tmp_path: Path, partition: Path, objects: MemoryObjectStore, *, lso:
         concurrency=2,
     )
     return stager, ledger, metrics, cluster, store
+
+
+async def test_nothing_broker_driven_walks_no_partition(tmp_path: Path, partition: Path):
+    """With no broker-driven topic in the cluster, a pass (one a second) does not walk the
+    broker's partition dirs (ten thousand, on a large broker)."""
+    objects = MemoryObjectStore()
+    stager, _ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=100)
+    views = _CountingViews()
+    stager._views = lambda: views
+    try:
+        cluster.view = dataclasses.replace(cluster.view, configs={"orders": TopicConfig()})
+        cluster.broker_driven = lambda topic: False  # type: ignore[method-assign]
+        await stager._pass(asyncio.Event())
+        assert _CountingViews.walks == 0
+        cluster.broker_driven = lambda topic: topic == "orders"  # type: ignore[method-assign]
+        await stager._pass(asyncio.Event())
+        assert _CountingViews.walks == 1
+    finally:
+        store.close()
 
 
 async def test_the_stager_uploads_rolled_segments_below_the_lso(tmp_path: Path, partition: Path):
