@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.storage._parts import PartChecksums
+from sidecar.storage._parts import PartChecksums, plan_parts
 from sidecar.storage.base import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
@@ -41,6 +41,7 @@ __all__ = [
     "ObjectStore",
     "PartChecksums",
     "open_store",
+    "plan_parts",
 ]
 
 

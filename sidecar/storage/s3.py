@@ -69,11 +69,13 @@ from sidecar.errors import (
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import _payload  # noqa: F401  (aiohttp sends part bodies without copies)
+from sidecar.storage._body import read_body
 from sidecar.storage._crc import composite_checksum, decode_checksum, encode_checksum
 from sidecar.storage._parts import (
     FilePart,
     FilePartBody,
     PartBody,
+    PartChangedError,
     PartReader,
     batches,
     check_page_size,
@@ -569,14 +571,17 @@ class S3ObjectStore:
         """Upload a local file: one PUT up to twice ``part_size`` (``plan_parts``), a multipart
         upload above it.
 
-        Each part's CRC-32C is computed first (a read in a thread, :data:`CHUNK_BYTES` at a
-        time), unless ``part_crcs`` has them (``PartChecksums``, one per part of
-        ``plan_parts(size, part_size)``; ignored when their count does not match); then the
-        part is streamed from the file, a chunk at a time, and fails before its last byte if
-        its bytes no longer match that CRC. Memory per part in flight is one chunk. With SHA-256
-        payload signing (which reads the body on the event loop) each part is read whole into a
-        pooled buffer instead: memory then stays near ``concurrency * part_size``. With an
-        upload throttle, a worker waits for it before it reads its part.
+        A single PUT is streamed from the file: its CRC-32C is computed first (a read in a
+        thread, :data:`CHUNK_BYTES` at a time) unless ``part_crcs`` has it (``PartChecksums``,
+        one per part of ``plan_parts(size, part_size)``; ignored when their count does not
+        match), then the body is sent a chunk at a time and fails before its last byte if its
+        bytes no longer match that CRC; memory is two chunks, and no buffer is allocated (and
+        page-faulted) per upload. A multipart upload reads each part whole into a pooled buffer
+        (one read and one CRC pass per part, the cheapest per byte in steady state; memory
+        stays near ``concurrency * part_size``), and a part that does not match its handed-in
+        CRC-32C is not sent. With SHA-256 payload signing (which reads the body on the event
+        loop) a single PUT is read whole too. With an upload throttle, a worker waits for it
+        before it reads its part.
         """
         check_upload_args(part_size, concurrency)
         async with open_parts(path) as reader:
@@ -669,20 +674,16 @@ class S3ObjectStore:
         async def worker() -> None:
             for part in pending:
                 await self._charge(part.length)
-                if self._sign_payload:
-                    buffer, crc = await reader.read(part.offset, part.length)
-                    try:
-                        etag = await self._upload_part(key, upload_id, part.number, buffer, crc)
-                    finally:
-                        buffer.release()  # before reading the next part: one part per worker
-                else:
-                    crc = (
-                        part_crcs[part.number - 1]
-                        if part_crcs is not None
-                        else await reader.checksum(part.offset, part.length)
-                    )
-                    body = FilePartBody(reader, part.offset, part.length, crc)
-                    etag = await self._upload_part(key, upload_id, part.number, body, crc)
+                buffer, crc = await reader.read(part.offset, part.length)
+                try:
+                    if part_crcs is not None and part_crcs[part.number - 1] != crc:
+                        raise PartChangedError(
+                            f"{self._where('upload_part', key)}: part {part.number} no longer "
+                            "matches the CRC-32C computed when the file was checked; not sent"
+                        )
+                    etag = await self._upload_part(key, upload_id, part.number, buffer, crc)
+                finally:
+                    buffer.release()  # before reading the next part: one part per worker
                 uploaded[part.number] = _UploadedPart(part.number, etag, crc, part.length)
 
         try:
@@ -760,7 +761,7 @@ class S3ObjectStore:
         elif size > 0:
             offset, length, crc = parts[-1]
             body = await self.get_range(key, offset, offset + length - 1)
-            if await crc32c_off_loop(body) != crc:
+            if await crc32c_off_loop(bytes(body)) != crc:  # one part, rarely
                 problem = f"bytes {offset}-{offset + length - 1} read back do not match our CRC-32C"
         if problem is not None:
             self._count_unechoed("mismatch")
@@ -800,16 +801,17 @@ class S3ObjectStore:
 
         return await self._call("get", key, request)
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
-        """Bytes ``start..end_inclusive``, the end clamped to the last byte (as S3 does)."""
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes | memoryview:
+        """Bytes ``start..end_inclusive``, the end clamped to the last byte (as S3 does): a
+        read-only view of one buffer the body was read into (:mod:`sidecar.storage._body`)."""
         check_range(key, start, end_inclusive)
 
-        async def request(client: Any) -> bytes:
+        async def request(client: Any) -> bytes | memoryview:
             response = await client.get_object(
                 Bucket=self._bucket, Key=key, Range=f"bytes={start}-{end_inclusive}"
             )
             async with response["Body"] as stream:
-                body: bytes = await stream.read()
+                body = await read_body(stream, response.get("ContentLength"))
             content_range = response.get("ContentRange")
             if content_range is None:  # a store that ignored Range sent the whole object
                 if start >= len(body):

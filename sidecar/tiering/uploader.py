@@ -68,7 +68,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
-from sidecar.storage import PartChecksums
+from sidecar.storage import PartChecksums, plan_parts
 from sidecar.storage.base import ObjectInfo, ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
@@ -129,8 +129,9 @@ class _OpenSegment:
     index_files: dict[IndexKind, bytes | None]
     size: int
     mtime_ns: int
-    #: the ``.log``'s part CRC-32Cs for ``put_file`` with ``crc_part_size``, computed by the
-    #: batch check from the bytes it read (so the upload does not read the file once more)
+    #: the ``.log``'s CRC-32C for ``put_file`` with ``crc_part_size`` when it goes in one PUT,
+    #: computed by the batch check from the bytes it read (so the upload does not read the file
+    #: once more)
     part_crcs: tuple[int, ...] | None = None
     crc_part_size: int = 0
 
@@ -147,14 +148,17 @@ def _check_batches(
     fd_path: str, segment: Segment, size: int, part_size: int | None = None
 ) -> tuple[int, ...] | None:
     """Every batch parses and has a valid CRC-32C, and the batches fill the file exactly.
-    With ``part_size``, returns the CRC-32C of each upload part (``PartChecksums``) of the bytes
-    the walk read, else (or when the walk did not see every byte) None.
+    With ``part_size``, for a file that goes in one PUT, returns its CRC-32C (``PartChecksums``)
+    from the bytes the walk read, else (or when the walk did not see every byte) None.
 
     Only bytes that were read and found bad are corrupt: a read error is not (it is retried),
     nor a file that changed size under the walk (the broker truncated it; it is planned again).
     """
     end = 0
-    crcs = None if part_size is None else PartChecksums(size, part_size)
+    # a single PUT is streamed under the CRC-32C computed here; multipart parts are read whole
+    # and hashed then (cheaper per byte than a CRC here and another of the bytes sent)
+    single = part_size is not None and len(plan_parts(size, part_size)) <= 1
+    crcs = PartChecksums(size, part_size) if single and part_size is not None else None
     try:
         for header in iter_batches(
             Path(fd_path),

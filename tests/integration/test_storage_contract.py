@@ -414,13 +414,7 @@ class TestS3Failures:
 
             async def drop_first_attempt(**params: Any) -> Any:
                 if params["PartNumber"] == 2 and not dropped:
-                    sent: list[int] = []
-
-                    async def consume(chunk: bytes) -> None:
-                        sent.append(len(chunk))
-
-                    await params["Body"].send(consume, None)  # streamed, as a send would
-                    dropped.append(sum(sent))
+                    dropped.append(len(params["Body"].read()))  # consumed, as a send would
                     raise ConnectionResetError("injected: connection reset mid-body")
                 return await original(**params)
 

@@ -71,22 +71,22 @@ def _big_partition(tmp_path: Path):
 
 
 class TestPartChecksumsFromTheBatchCheck:
-    def test_the_batch_check_gives_each_parts_crc(self, tmp_path):
-        """The CRC check reads every byte once; the same bytes give the upload's part CRC-32Cs,
-        so the upload does not read the file again to compute them."""
+    def test_the_batch_check_gives_a_single_puts_crc(self, tmp_path):
+        """The CRC check reads every byte once; for a segment that goes in one PUT the same
+        bytes give its CRC-32C, so the upload does not read the file again to compute it. A
+        multipart segment's parts are hashed when they are read for the upload: none here."""
         scan = _big_partition(tmp_path)
         segment = scan.segments[0]
         data = segment.log_path.read_bytes()
-        part_size = 1024 * 1024
-        opened = _open_segment(scan, segment, part_size)
+        assert len(data) > 2 * 1024 * 1024  # the walk's 1 MiB windows overlap at headers
+        opened = _open_segment(scan, segment, 2 * 1024 * 1024)
         try:
-            assert opened.crc_part_size == part_size
-            assert opened.part_crcs == tuple(
-                crc32c(data[o : o + part_size]) for o in range(0, len(data), part_size)
-            )
-            assert len(opened.part_crcs) == 3
+            assert (opened.part_crcs, opened.crc_part_size) == ((crc32c(data),), 2 * 1024 * 1024)
         finally:
             opened.log.close()
+        opened = _open_segment(scan, segment, 1024 * 1024)  # three parts
+        opened.log.close()
+        assert opened.part_crcs is None
 
     async def test_the_upload_hands_them_to_the_store(self, tmp_path, monkeypatch):
         """``write_segment_objects`` passes them to ``put_file`` for the part size they were
