@@ -120,9 +120,10 @@ class ObjectStore(Protocol):
         """The whole object (for small objects: manifests, indexes)."""
         ...
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes | memoryview:
         """Bytes ``start..end_inclusive`` (Kafka's ``fetchLogSegment`` convention); an end
-        beyond the last byte is clamped."""
+        beyond the last byte is clamped. A backend may hand them over as a read-only
+        ``memoryview`` (the S3 one does: the body is read into one buffer, not joined)."""
         ...
 
     async def head(self, key: str) -> ObjectInfo:
