@@ -321,11 +321,12 @@ class RemoteLogMetadataConfig(_Section):
     )
     tailing: Literal["selective", "all"] = Field(
         "selective",
-        description="which metadata partitions each sidecar reads: 'selective' (those of the"
-        " partitions its broker hosts, as Kafka's own metadata manager does; one sidecar per"
-        " cluster, elected through coordinator_group, reads all of them and runs topic and"
-        " partition deletion and the orphan scrub) or 'all' (every sidecar reads every"
-        " partition and scrubs; needs no consumer group)",
+        description="what each sidecar reads and keeps of the metadata topic: 'selective'"
+        " (the metadata partitions of the partitions its broker hosts, keeping only those"
+        " partitions' events, as Kafka's own metadata manager does; one sidecar per cluster,"
+        " elected through coordinator_group, keeps everything and runs topic and partition"
+        " deletion and the orphan scrub) or 'all' (every sidecar reads and keeps everything and"
+        " scrubs; needs no consumer group)",
     )
     coordinator_group: str = Field(
         "",
