@@ -270,6 +270,7 @@ class Daemon:
     async def _mark_ready_after_first_scan(self) -> None:
         await self.detector.scanned.wait()
         self.readiness.set("log_dirs_scanned", True)
+        self._freeze_before_uploads()
         self._poke_uploaders()
         views = self.detector.views.values()
         log.info(
@@ -611,9 +612,17 @@ class Daemon:
                 created_at=owner.created_at,
             )
             self._prefix_owner = owner
+            self._freeze_before_uploads()
             if self.engine is not None:
                 self.engine.retry_now()
             return
+
+    def _freeze_before_uploads(self) -> None:
+        """Freeze the startup heap once the first scan is done and the prefix claimed: the
+        clients, the store and the scan are in memory by then, and no upload has started (a
+        freeze later, at readiness, spent its collection inside the first uploads)."""
+        if self.detector.scanned.is_set() and self._prefix_owner is not None:
+            freeze_startup_heap()
 
     def _pause_reason(self, cluster: ClusterWatcher) -> str | None:
         """Why no copy should start now: a dependency the last probe or refresh found down."""
