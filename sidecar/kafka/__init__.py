@@ -80,6 +80,7 @@ from sidecar.kafka.records import (
     decode_records,
     iter_batches,
     parse_batch_header,
+    prepare_decoder,
     read_batch,
 )
 
@@ -141,6 +142,7 @@ __all__ = [
     "parse_partition_metadata",
     "parse_producer_snapshot",
     "parse_segment_file_name",
+    "prepare_decoder",
     "read_batch",
     "read_leader_epoch_checkpoint",
     "read_meta_properties",

@@ -23,6 +23,7 @@ import enum
 import functools
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol
@@ -48,6 +49,7 @@ __all__ = [
     "decode_records",
     "iter_batches",
     "parse_batch_header",
+    "prepare_decoder",
     "read_batch",
 ]
 
@@ -602,12 +604,27 @@ def decode_records(
     return _decode(batch, header, path=path, limit=max_decompressed_bytes)
 
 
+_AIOKAFKA_IMPORT = threading.Lock()
+
+
+def prepare_decoder() -> None:
+    """Import the record decoder now. The first decode imports it otherwise, in whichever
+    thread makes it; a server whose worker threads decode calls this before it serves, so no
+    import runs in two threads at once (Python's import locks can then hand one of them a
+    partially initialized module)."""
+    _aiokafka()
+
+
 @functools.cache
 def _aiokafka() -> tuple[Callable[[Buffer], Iterable[_DecodedRecord]], type[Exception]]:
     # Imported on first use so header walks and CRC checks never import aiokafka (see the module
     # docstring); cached because an import statement costs more than decoding a small batch.
-    from aiokafka.errors import UnsupportedCodecError
-    from aiokafka.record.default_records import DefaultRecordBatch
+    # Under a lock: two worker threads importing aiokafka's record package for the first time
+    # at once can see it partially initialized ("cannot import name 'MemoryRecords'"), and the
+    # cache does not keep a second caller from running the import meanwhile.
+    with _AIOKAFKA_IMPORT:
+        from aiokafka.errors import UnsupportedCodecError
+        from aiokafka.record.default_records import DefaultRecordBatch
 
     return DefaultRecordBatch, UnsupportedCodecError
 

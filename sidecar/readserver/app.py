@@ -26,6 +26,7 @@ from aiohttp import web
 from sidecar.brokerapi import SegmentCopier
 from sidecar.config import SidecarConfig
 from sidecar.errors import ConfigError
+from sidecar.kafka.records import prepare_decoder
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
@@ -189,6 +190,7 @@ class ReadServer:
     async def run(self, stopping: asyncio.Event) -> None:
         """Serve until ``stopping`` is set, then stop accepting, let responses in flight finish
         (within the shutdown timeout), close the caches and remove the socket file."""
+        prepare_decoder()  # here, before worker threads decode batches at once
         async with self.service.chunks:
             try:
                 await self._serve(stopping)

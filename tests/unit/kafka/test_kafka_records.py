@@ -559,6 +559,31 @@ class TestDecodeRecords:
         batch = build_batch(RECORDS)
         assert len(decode_records(batch + build_batch(RECORDS[:1]))) == 3
 
+    def test_first_decodes_in_many_threads_at_once(self, tmp_path: Path) -> None:
+        """The read server's worker threads may make the first decode (and so the first import
+        of aiokafka's record package) at the same moment: every one of them decodes."""
+        batch = tmp_path / "batch"
+        batch.write_bytes(build_batch(RECORDS))
+        code = (
+            "import sys, threading\n"
+            "from sidecar.kafka.records import decode_records\n"
+            f"data = open({str(batch)!r}, 'rb').read()\n"
+            "start, errors, counts = threading.Barrier(16), [], []\n"
+            "def work():\n"
+            "    start.wait()\n"
+            "    try:\n"
+            "        counts.append(len(decode_records(data)))\n"
+            "    except Exception as exc:\n"
+            "        errors.append(repr(exc))\n"
+            "threads = [threading.Thread(target=work) for _ in range(16)]\n"
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
+            "assert not errors, errors\n"
+            "assert counts == [3] * 16, counts\n"
+        )
+        root = Path(__file__).resolve().parents[3]
+        for _ in range(3):  # a fresh interpreter each time: the first import races anew
+            subprocess.run([sys.executable, "-c", code], check=True, cwd=root)
+
     def test_header_walk_does_not_import_aiokafka(self) -> None:
         """Importing sidecar.kafka and walking batches never imports aiokafka (Spark executors)."""
         code = (
