@@ -49,13 +49,13 @@ async def test_kill_at_every_step_converges_after_restart(
     kafka, s3, s3_proxied, fault_proxy: FaultProxy, topic_name, s3_prefix, tmp_path, point
 ):
     bootstrap = kafka.bootstrap_servers
-    if point == "mid_multipart":  # a .log of two 5 MiB parts
+    if point == "mid_multipart":  # a .log over twice the 5 MiB part size: three parts
         await create_topic(
             bootstrap,
             topic_name,
-            configs={"segment.bytes": str(7 * 1024 * 1024), "segment.ms": "3600000"},
+            configs={"segment.bytes": str(12 * 1024 * 1024), "segment.ms": "3600000"},
         )
-        await produce(bootstrap, topic_name, count=7600, partition=0)
+        await produce(bootstrap, topic_name, count=13000, partition=0)
         from tests.faults._scenario import rolled
 
         segments = await rolled(kafka, topic_name)
