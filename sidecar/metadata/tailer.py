@@ -308,6 +308,11 @@ class MetadataTailer:
         grown: dict[int, set[_Key]] = {}
         for tp, mp in pairs:
             key = (tp.topic_id, tp.partition)
+            narrowed = self._narrowed.get(mp)
+            if narrowed is not None and key not in narrowed:
+                # a narrowing asked for before this want and not applied yet keeps it (it is
+                # in the scope now, or about to be wanted into it below)
+                self._narrowed[mp] = narrowed | {key}
             if mp in self._tracked and _in(self._scope(mp), key):
                 continue
             if mp in self._scopes or mp in self._pending or mp in self._replays:
