@@ -193,7 +193,8 @@ class Rig:
         assert self.task is not None
         await asyncio.wait_for(self.task, 10)
 
-    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    async def until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        # generous: a loaded CI machine (two suites at once) took more than 5 s here once
         deadline = time.monotonic() + timeout
         while not predicate():
             assert time.monotonic() < deadline, "condition not reached"
