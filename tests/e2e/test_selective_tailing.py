@@ -336,8 +336,9 @@ class TestSelectiveTailing:
             )
             assert len(served) == end + 1
             assert served == await _consumed(bootstrap, topic_name, far[0], end)
-            assert sidecars[bystander].matching(
-                "metadata_partition_read_for_a_read", topic=topic_name
+            # logged before the read was answered; read from the process as it comes
+            await sidecars[bystander].wait_for(
+                "metadata_partition_read_for_a_read", timeout=30, topic=topic_name
             )
 
             # the scrub: the coordinator's only, and it deletes an orphan
@@ -379,14 +380,16 @@ class TestSelectiveTailing:
             finally:
                 await admin.close()
             topic_keys = [layout.topic_prefix(topic_name, tip.topic_id)]
+            # the log lines are read from the process as they come: wait for them too, not
+            # only for the bucket
             await sidecars[successor].wait_until(
                 lambda: (
                     not [k for k in bucket_keys(s3, s3_prefix) if k.startswith(tuple(topic_keys))]
+                    and bool(sidecars[successor].matching("topic_deleted_remote_cleanup"))
                 ),
                 timeout=120,
-                what="every object of the deleted topic deleted",
+                what="every object of the deleted topic deleted, by the successor",
             )
-            assert sidecars[successor].matching("topic_deleted_remote_cleanup")
             for node in NODES:
                 if node != successor:
                     assert not sidecars[node].matching("topic_deleted_remote_cleanup")
