@@ -487,29 +487,11 @@ class TestKafkaTools:
 # longer wants, and keeps its scopes across a restart
 
 
-@asynccontextmanager
-async def _scoped(
-    kafka, metadata_topic: str, state_dir: Path
-) -> AsyncIterator[tuple[MetadataTailer, RemoteSegmentStore]]:
-    store = RemoteSegmentStore(state_dir)
-    stopping = asyncio.Event()
-    try:
-        async with MetadataTailer(
-            bootstrap_servers=kafka.bootstrap_servers,
-            store=store,
-            broker_id=BROKER_ID,
-            topic=metadata_topic,
-            num_partitions=NUM_PARTITIONS,
-            scoped=True,
-        ) as tailer:
-            task = asyncio.create_task(tailer.run(stopping), name="metadata tailer")
-            try:
-                yield tailer, store
-            finally:
-                stopping.set()
-                await task
-    finally:
-        store.close()
+def _scoped(kafka, metadata_topic: str, state_dir: Path):
+    """``tailing`` with a scoped tailer that tracks nothing until asked (``want``)."""
+    return tailing(
+        kafka, metadata_topic, state_dir, set(), num_partitions=NUM_PARTITIONS, scoped=True
+    )
 
 
 async def _history(publisher, tp: TopicIdPartition, segments: int) -> list:
