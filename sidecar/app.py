@@ -27,6 +27,7 @@ then do the other root tasks stop, and the clients close in reverse order of ope
 from __future__ import annotations
 
 import asyncio
+import collections
 import sys
 import time
 import uuid
@@ -136,9 +137,13 @@ def _secrets(config: SidecarConfig) -> list[str]:
 
 class _LocalTotals:
     """Partitions, rolled and active segments and ``.log`` bytes over the detector's views,
-    moved by each view that appears or goes; ``segments_visited`` counts the work."""
+    moved by each view that appears or goes; ``segments_visited`` counts the work.
+    ``per_topic`` counts the partitions of each topic, and ``topics_changed`` how often a
+    partition came or went (the selection count is redone then, not on every probe)."""
 
     def __init__(self) -> None:
+        self.per_topic: collections.Counter[str] = collections.Counter()
+        self.topics_changed = 0
         self.partitions = 0
         self.rolled = 0
         self.active = 0
@@ -150,6 +155,9 @@ class _LocalTotals:
             return
         segments = view.segments
         self.segments_visited += len(segments)
+        self.per_topic[view.topic] += sign
+        if self.per_topic[view.topic] <= 0:
+            del self.per_topic[view.topic]
         self.partitions += sign
         if segments:
             self.rolled += sign * (len(segments) - 1)
@@ -262,6 +270,8 @@ class Daemon:
         totals = self._gauges
         totals.remove(old)
         totals.add(new)
+        if old is None or new is None:
+            totals.topics_changed += 1  # a partition came or went
         self.metrics.partitions_watched.set(totals.partitions)
         self.metrics.segments_local.labels("rolled").set(totals.rolled)
         self.metrics.segments_local.labels("active").set(totals.active)
@@ -658,7 +668,7 @@ class Daemon:
             set_gauge=self.metrics.selected_partitions.set,
             set_detail=self.readiness.set_detail,
         )
-        counted_at: float | None = None  # the cluster view last counted
+        counted: tuple[object, int] | None = None  # the topic configs and partitions counted
         was_ready = False
         s3_error: str | None = None
         next_s3_probe = 0.0
@@ -675,12 +685,19 @@ class Daemon:
                 self._check("s3", s3_error is None, s3_error)
                 next_s3_probe = time.monotonic() + self.config.metrics.s3_probe_interval_s
             view = cluster.view
-            if self.detector.scanned.is_set() and view.fresh and view.refreshed_at != counted_at:
-                counted_at = view.refreshed_at  # once per refresh: topic configs may change
-                selection.update(
-                    ((v.topic, v.partition) for v in self.detector.views.values()),
-                    cluster.selected,
+            # again when a topic config changes (a refresh keeps the same object otherwise)
+            # or a partition came or went
+            if (
+                self.detector.scanned.is_set()
+                and view.fresh
+                and (
+                    counted is None
+                    or counted[0] is not view.configs
+                    or counted[1] != self._gauges.topics_changed
                 )
+            ):
+                counted = (view.configs, self._gauges.topics_changed)
+                selection.update(self._gauges.per_topic, cluster.selected)
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

@@ -31,7 +31,7 @@ class TestSelectionMonitor:
         hour; the gauge and the /readyz detail show 0."""
         clock, gauge, details = FakeClock(), [], {}
         monitor = _monitor(clock, gauge, details)
-        partitions = [("orders", 0), ("orders", 1)]
+        partitions = {"orders": 2}
         with structlog.testing.capture_logs() as logs:
             monitor.update(partitions, lambda _t: False)
             clock.now = 3599
@@ -51,7 +51,7 @@ class TestSelectionMonitor:
         selection again warns at once."""
         clock, gauge, details = FakeClock(), [], {}
         monitor = _monitor(clock, gauge, details)
-        partitions = [("orders", 0), ("orders", 1), ("audit", 0)]
+        partitions = {"orders": 2, "audit": 1}
         with structlog.testing.capture_logs() as logs:
             assert monitor.update(partitions, lambda t: t == "orders") == 2
             clock.now = 10
