@@ -181,6 +181,7 @@ class MetadataTailer:
         self._scopes: dict[int, Scope] = {}  # mirrors the store's scopes (absent: read whole)
         self._pending: dict[int, Scope] = {}  # scopes wanted, applied at the next assignment
         self._narrowed: dict[int, frozenset[_Key]] = {}  # scopes to shrink to, likewise
+        self._unwanted = 0  # see unwanted_count
         self._replays: dict[int, _Replay] = {}
         self._progress = asyncio.Event()  # replaced after every change that waiters look at
         self._failure: BaseException | None = None
@@ -254,6 +255,13 @@ class MetadataTailer:
         """Whether ``metadata_partition`` is read."""
         return metadata_partition in self._tracked
 
+    @property
+    def unwanted_count(self) -> int:
+        """How often partitions may have stopped being read (a narrowing, an untrack): while
+        it stays the same, every partition wanted before is still wanted, so a caller that
+        wants the same partitions over and over can skip them."""
+        return self._unwanted
+
     def track(self, metadata_partitions: Iterable[int]) -> None:
         """Start reading these metadata partitions too (from the stored offsets)."""
         added = set(metadata_partitions) - self._tracked
@@ -266,6 +274,7 @@ class MetadataTailer:
         MetadataNotTrackedError. Their stored state and offsets are kept."""
         removed = self._tracked & set(metadata_partitions)
         if removed:
+            self._unwanted += 1
             self._tracked -= removed
             for partition in removed:
                 self._targets.pop(partition, None)
@@ -373,6 +382,7 @@ class MetadataTailer:
             if scope is not None and scope <= kept and mp not in self._replays:
                 continue  # nothing to drop
             self._narrowed[mp] = kept
+            self._unwanted += 1
             self._changed.set()
 
     def caught_up(self, metadata_partition: int) -> bool:

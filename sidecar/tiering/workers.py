@@ -244,6 +244,7 @@ class TieringEngine:
         #: (topic, partition, topic id) → its TopicIdPartition and metadata partition, computed
         #: when the partition first appears (a pure-Python hash), not on every pass
         self._identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
+        self._wanted_at = -1  # the tailer's unwanted_count when every partition was wanted
         #: partition → (scan, LSO, store version, segments behind) of the last lag computation
         self._lag_cache: dict[
             TopicIdPartition, tuple[PartitionScan, int | None, int, list[Segment]]
@@ -388,6 +389,9 @@ class TieringEngine:
         fresh = view.fresh
         if self._view_changes(view, fresh):
             walk_all = True
+        unwanted = self._tailer.unwanted_count
+        if unwanted != self._wanted_at:
+            walk_all = True  # the tailer may have dropped a partition: want them all again
         lag_inputs: list[_LagInput] | None = None
         if now >= self._next_lag_at and (self._lag_task is None or self._lag_task.done()):
             lag_inputs = []  # copy lag costs store queries: not on every wake-up
@@ -418,6 +422,7 @@ class TieringEngine:
             {} if walk_all else self._identities
         )
         choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
+        rewant = unwanted != self._wanted_at
         me = view.broker_id
         leaders = view.leaders
         for path, scan in items:
@@ -441,15 +446,19 @@ class TieringEngine:
                 kept.add((scan.topic, scan.partition))
             identity = (scan.topic, scan.partition, scan.topic_id)
             known = self._identities.get(identity)
-            if known is None:
-                tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
-                known = (tip, metadata_partition(tip, self._settings.num_metadata_partitions))
+            if known is None or rewant:
+                if known is None:
+                    tip = TopicIdPartition(
+                        decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition
+                    )
+                    known = (tip, metadata_partition(tip, self._settings.num_metadata_partitions))
+                # followers read their partitions' metadata too, as Kafka's do; asked before
+                # the catch-up check below (a partition new to a metadata partition already
+                # read is not caught up until its history is read). A partition wanted before
+                # stays wanted until the tailer says it may have dropped one.
+                self._tailer.want((known,))
             identities[identity] = known
             tip, mp = known
-            # followers read their partitions' metadata too, as Kafka's do; asked before the
-            # catch-up check below (a partition new to a metadata partition already read is
-            # not caught up until its history is read)
-            self._tailer.want(((tip, mp),))
             if not selected:
                 # broker-driven: its metadata is tailed for reads, never copied here
                 self._handed_to_broker((scan.topic, scan.partition))
@@ -507,6 +516,7 @@ class TieringEngine:
             self._forget_except(kept)
             self._paths = paths
             self._identities = identities
+            self._wanted_at = unwanted
         else:
             gone = [path for path in changed if path not in views]
             if gone:

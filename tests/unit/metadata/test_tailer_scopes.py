@@ -44,3 +44,20 @@ def test_a_want_on_a_metadata_partition_already_read_waits_for_its_history(
         tailer.want([B])
         assert not tailer.caught_up(0)  # not before B's history is read
         assert tailer._pending[0] == frozenset({(A.topic_id, 0), (B.topic_id, 0)})
+
+
+def test_unwanted_count_moves_only_when_a_partition_may_stop_being_read(tmp_path: Path) -> None:
+    """Callers skip partitions they wanted before while the count stays: wants and a narrowing
+    that keeps everything leave it, a narrowing that drops something or an untrack move it."""
+    with RemoteSegmentStore(tmp_path) as store:
+        tailer = _tailer(store)
+        before = tailer.unwanted_count
+        tailer.want([A])
+        tailer.want([A, B])
+        tailer._scopes[0] = tailer._pending.pop(0)  # as the assignment applies it
+        tailer.narrow([A, B])  # keeps the whole scope: nothing to drop
+        assert tailer.unwanted_count == before
+        tailer.narrow([A])
+        assert tailer.unwanted_count == before + 1
+        tailer.untrack([0])
+        assert tailer.unwanted_count == before + 2

@@ -83,6 +83,8 @@ class FakeTailer:
     def __init__(self) -> None:
         self.tracked: set[int] = set()
         self.syncs = 0
+        self.wants = 0  # partitions passed to want()
+        self.unwanted_count = 0
 
     def caught_up(self, metadata_partition: int) -> bool:
         return True
@@ -91,7 +93,9 @@ class FakeTailer:
         self.tracked |= set(partitions)
 
     def want(self, partitions: Any) -> None:
-        self.tracked |= {mp for _tp, mp in partitions}
+        wanted = list(partitions)
+        self.wants += len(wanted)
+        self.tracked |= {mp for _tp, mp in wanted}
 
     def is_tracked(self, metadata_partition: int) -> bool:
         return True
@@ -480,6 +484,31 @@ class TestEngineFailures:
 
 class TestEngineIdle:
     """A partition with nothing to upload costs nothing until something changes."""
+
+    async def test_a_partition_is_wanted_again_only_when_the_tailer_may_have_dropped_it(self, rig):
+        """Passes over every partition (here: every wake-up) do not want a partition the
+        tailer already reads; once the tailer says it may have dropped partitions, the next
+        pass wants them all again."""
+        r = rig(full_pass_interval_s=0.0)
+        passes = 0
+        reconcile = r.engine._reconcile
+
+        def counting(tg: asyncio.TaskGroup) -> None:
+            nonlocal passes
+            passes += 1
+            reconcile(tg)
+
+        r.engine._reconcile = counting  # type: ignore[method-assign]
+        r.start()
+        await r.until(r.all_tiered)
+        wanted, seen = r.tailer.wants, passes
+        assert wanted >= 1
+        await r.until(lambda: passes >= seen + 20)  # passes over every partition
+        assert r.tailer.wants == wanted
+        r.tailer.unwanted_count += 1  # a narrowing
+        r.engine.poke()
+        await r.until(lambda: r.tailer.wants == wanted + 1)
+        await r.stop()
 
     async def test_idle_partition_is_not_planned_in_a_loop(self, rig):
         """Once everything is tiered, wake-ups do not plan the partition again; a new roll
