@@ -276,10 +276,13 @@ class ClusterWatcher:
         if self.last_error is not None:
             log.info("cluster_refresh_recovered", after=self.last_error)
         self.last_error = None
+        previous = self.view
         self.view = ClusterView(
             broker_id=broker_id,
-            leaders=leaders,
-            configs=configs,
+            # the same objects when nothing changed: the engine walks every partition again
+            # only when leaders or configs did (at thousands of partitions, not every refresh)
+            leaders=previous.leaders if leaders == previous.leaders else leaders,
+            configs=previous.configs if configs == previous.configs else configs,
             last_stable_offsets=lsos,
             refreshed_at=time.monotonic(),
             stale_after_s=self._stale_after,

@@ -362,9 +362,8 @@ class TieringEngine:
             view.leaders is not seen.leaders
             or view.configs is not seen.configs
             or view.broker_id != seen.broker_id
-            or view.refreshed_at != seen.refreshed_at
         ):
-            return True
+            return True  # a refresh that changed neither keeps both objects
         before = seen.last_stable_offsets
         self._dirty.update(k for k, v in view.last_stable_offsets.items() if before.get(k) != v)
         return False

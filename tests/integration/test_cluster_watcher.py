@@ -24,9 +24,14 @@ class TestClusterWatcher:
         )
         try:
             view = await watcher.refresh()
+            again = await watcher.refresh()
         finally:
             await watcher.aclose()
         assert view.may_upload(topic_name, 0)
+        # nothing changed in between: the same objects, so the engine need not walk everything
+        assert again.refreshed_at > view.refreshed_at
+        assert again.leaders is view.leaders
+        assert again.configs is view.configs
         assert view.lso(topic_name, 1) == 42
         assert view.lso(topic_name, 0) == 0
         assert view.configs[topic_name].retention_ms == 3_600_000
