@@ -1018,6 +1018,7 @@ class RemoteSegmentStore:
                 "SELECT floor_offset FROM remote_floor WHERE topic_id = ? AND partition = ?",
                 (tp.topic_id.bytes, tp.partition),
             ).fetchone()
+            self._changes.committed((tp,))  # the floor bounds what is derived from it
             return int(floor)
 
     def remote_floor(self, tp: TopicIdPartition) -> int | None:

@@ -111,6 +111,15 @@ _PUBLISH_CONCURRENCY = 16
 _NARROW_AFTER_S = 30.0
 
 
+@dataclass(frozen=True, slots=True)
+class _StoreFacts:
+    """What a retention pass reads from the store for one partition."""
+
+    highest: int
+    coverage: RemoteCoverage
+    segments: Sequence[SegmentMetadata]
+
+
 @dataclass
 class PassSummary:
     """What one pass did (logged as ``retention_pass``)."""
@@ -181,6 +190,11 @@ class RetentionManager:
         # (topic, partition) -> base offsets already warned about; pruned every pass to the
         # partitions and segments in the log dir now (see _prune_warned)
         self._warned_at_risk: dict[tuple[str, int], set[int]] = {}
+        # each led partition's store facts, with the scan, LSO and store version they were
+        # read for: a pass reads the store again only for partitions where one of them moved
+        # (at a thousand led partitions, three thread hand-offs each every pass were most of
+        # an idle daemon's work)
+        self._facts: dict[TopicIdPartition, tuple[PartitionScan, int, int, _StoreFacts]] = {}
         self._at_risk_topics: set[str] = set()
         self._next_scrub_at = 0.0
         self._wake = asyncio.Event()
@@ -504,6 +518,8 @@ class RetentionManager:
             tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             if self._caught_up(tp):
                 led.append((scan, tp))
+        led_now = {tp for _, tp in led}
+        self._facts = {tp: f for tp, f in self._facts.items() if tp in led_now}
         if not led:
             self._publish_at_risk(at_risk)
             return
@@ -539,18 +555,10 @@ class RetentionManager:
         lso = view.lso(scan.topic, scan.partition)
         if config is None or lso is None:
             return
-        active = scan.active_segment
-        log_end = max(active.base_offset if active is not None else 0, lso)
-        highest = await asyncio.to_thread(
-            find_highest_remote_offset,
-            scan.leader_epochs,
-            log_end,
-            functools.partial(self._store.highest_offset_for_epoch, tp),
-        )
+        stored = await self._store_facts(scan, tp, lso)
+        highest, segments = stored.highest, stored.segments
         now_ms = self._clock_ms()
-        coverage = await asyncio.to_thread(remote_coverage, self._store, scan, tp, lso)
-        self._check_at_risk(scan, highest, coverage, config, now_ms, summary, at_risk)
-        segments = await asyncio.to_thread(self._store.segments, tp)
+        self._check_at_risk(scan, highest, stored.coverage, config, now_ms, summary, at_risk)
         if not segments:
             return
         retention_ms, retention_bytes = config.retention_ms, config.retention_bytes
@@ -582,6 +590,30 @@ class RetentionManager:
                 # first: tiering must not take these deletions for holes and upload them again
                 await asyncio.to_thread(self._store.raise_remote_floor, tp, floor)
             await self._delete(tp, list(plan.deletions), summary)
+
+    async def _store_facts(
+        self, scan: PartitionScan, tp: TopicIdPartition, lso: int
+    ) -> _StoreFacts:
+        """The partition's store facts: remembered while its scan, LSO and store version stay
+        the same, else read in one worker-thread call."""
+        version = self._store.partition_version(tp)
+        known = self._facts.get(tp)
+        if known is not None and known[0] is scan and known[1:3] == (lso, version):
+            return known[3]
+        facts = await asyncio.to_thread(self._read_store_facts, scan, tp, lso)
+        self._facts[tp] = (scan, lso, version, facts)
+        return facts
+
+    def _read_store_facts(self, scan: PartitionScan, tp: TopicIdPartition, lso: int) -> _StoreFacts:
+        """(worker thread) The highest remote offset of the lineage, the remote coverage and
+        the live segments of ``tp``."""
+        active = scan.active_segment
+        log_end = max(active.base_offset if active is not None else 0, lso)
+        highest = find_highest_remote_offset(
+            scan.leader_epochs, log_end, functools.partial(self._store.highest_offset_for_epoch, tp)
+        )
+        coverage = remote_coverage(self._store, scan, tp, lso)
+        return _StoreFacts(highest, coverage, tuple(self._store.segments(tp)))
 
     def _check_at_risk(
         self,

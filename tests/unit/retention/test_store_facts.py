@@ -1,0 +1,144 @@
+"""A retention pass reads the store only for partitions whose scan, LSO or store version moved
+since the last pass; remembered facts still expire segments as time passes. Real metadata
+store, log dir and in-memory bucket; the Kafka answers and the publisher (applying to the
+store, as the read-back would) are stubs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sidecar.config import RetentionConfig
+from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.metadata.events import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentState,
+    SegmentMetadata,
+    SegmentMetadataUpdate,
+    TopicIdPartition,
+)
+from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.observability.metrics import Metrics
+from sidecar.retention.manager import PassSummary, RetentionManager
+from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.storage.memory import MemoryObjectStore
+from sidecar.tiering.cluster import ClusterView, TopicConfig
+from tests.unit.retention.test_safety_and_scrub import _scan
+
+LAYOUT = KeyLayout(prefix="p/")
+RETENTION_MS = 10_000
+
+
+def _keys(segment: SegmentMetadata) -> dict[ObjectSuffix, str]:
+    tp = segment.segment_id.topic_id_partition
+    return {
+        suffix: LAYOUT.segment_key(
+            topic=tp.topic,
+            topic_id=tp.topic_id,
+            partition=tp.partition,
+            base_offset=segment.start_offset,
+            segment_id=segment.segment_id.id,
+            suffix=suffix,
+        )
+        for suffix in ObjectSuffix
+    }
+
+
+async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path: Path) -> None:
+    scan = _scan(tmp_path)  # 4 segments of 5 records, max timestamps 1000 .. 4000
+    assert scan.topic_id is not None
+    tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), "orders", 0)
+    store = RemoteSegmentStore(tmp_path / "state")
+    rolled = [s for s in scan.segments if s.end_offset is not None]
+    copies = [
+        SegmentMetadata(
+            segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
+            start_offset=s.base_offset,
+            end_offset=s.base_offset + 4,
+            broker_id=1,
+            max_timestamp_ms=1000 * (i + 1),
+            event_timestamp_ms=0,
+            segment_leader_epochs=((0, s.base_offset),),
+            segment_size_in_bytes=s.size,
+        )
+        for i, s in enumerate(rolled)
+    ]
+    store.apply(copies)
+    store.apply(
+        [
+            SegmentMetadataUpdate(
+                segment_id=c.segment_id,
+                broker_id=1,
+                event_timestamp_ms=0,
+                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+            )
+            for c in copies
+        ]
+    )
+    view = ClusterView(
+        broker_id=1,
+        leaders={("orders", 0): 1},
+        configs={"orders": TopicConfig(retention_ms=RETENTION_MS, retention_bytes=-1)},
+        last_stable_offsets={("orders", 0): 20},
+        refreshed_at=time.monotonic(),
+        stale_after_s=3600,
+    )
+    now_ms = [5_000]
+    stub: Any = SimpleNamespace
+
+    async def log_start_offsets(partitions: Any) -> dict[tuple[str, int], int]:
+        return {p: 0 for p in partitions}
+
+    async def publish_and_wait(event: Any) -> tuple[int, int]:
+        store.apply([event])
+        return 0, 0
+
+    manager = RetentionManager(
+        config=RetentionConfig(scrub_enabled=False),
+        views=lambda: {scan.path: scan},
+        cluster=stub(view=view, selected=lambda topic: True),
+        kafka=stub(log_start_offsets=log_start_offsets),
+        store=store,
+        tailer=stub(caught_up=lambda p: True),
+        publisher=stub(publish_and_wait=publish_and_wait),
+        uploader=stub(broker_id=1, keys=_keys),
+        objects=MemoryObjectStore(),
+        scrubber=stub(),
+        metrics=Metrics(),
+        metadata_topic="__remote_log_metadata",
+        num_metadata_partitions=2,
+        clock_ms=lambda: now_ms[0],
+    )
+    reads = 0
+    read = manager._read_store_facts
+
+    def counting(*args: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return read(*args)
+
+    manager._read_store_facts = counting
+    try:
+
+        async def one_pass() -> PassSummary:
+            summary = PassSummary()
+            await manager._retention(summary, asyncio.Event())
+            return summary
+
+        await one_pass()
+        assert reads == 1
+        assert len(store.segments(tp)) == len(rolled)  # nothing older than 10 s yet
+        await one_pass()
+        assert reads == 1  # nothing moved: the store is not read again
+        now_ms[0] = 2000 + RETENTION_MS + 1  # the first two segments are past retention.ms
+        await one_pass()
+        assert reads == 1  # time alone moved: the remembered facts expire segments too
+        assert [s.start_offset for s in store.segments(tp)] == [s.base_offset for s in rolled[2:]]
+        await one_pass()
+        assert reads == 2  # the deletions moved the store's version: read again
+    finally:
+        store.close()
