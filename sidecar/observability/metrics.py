@@ -101,7 +101,7 @@ class Metrics:
         self.event_loop_lag = Histogram(
             "event_loop_lag_seconds",
             "How late the event loop ran the watchdog's timer: the longest time it could not run"
-            " anything else (uploads, Kafka clients, reads, /healthz) in each 50 ms interval.",
+            " anything else (uploads, Kafka clients, reads, /healthz) in each 100 ms interval.",
             namespace=NAMESPACE,
             registry=r,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10),
