@@ -1313,6 +1313,25 @@ class RemoteSegmentStore:
             state=RemotePartitionDeleteState(state),
         )
 
+    def partition_deletes(self) -> dict[TopicIdPartition, PartitionDeleteMetadata]:
+        """The latest partition-delete event of every partition that has one (one query: a
+        pass over thousands of partitions, most with none)."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT p.topic_id, p.topic, p.partition, d.broker_id, d.event_timestamp_ms,"
+                " d.state FROM partition_delete d JOIN partition p ON p.pid = d.pid"
+            ).fetchall()
+        found: dict[TopicIdPartition, PartitionDeleteMetadata] = {}
+        for topic_id, topic, partition, broker_id, event_ts, state in rows:
+            tp = TopicIdPartition(uuid.UUID(bytes=topic_id), topic, partition)
+            found[tp] = PartitionDeleteMetadata(
+                topic_id_partition=tp,
+                broker_id=broker_id,
+                event_timestamp_ms=event_ts,
+                state=RemotePartitionDeleteState(state),
+            )
+        return found
+
     def finished_lineage(
         self,
         tp: TopicIdPartition,

@@ -241,7 +241,7 @@ class RetentionManager:
         self._follow_role()
         await self._check_lost()
         topic_ids = await self._topic_ids()
-        partitions = await asyncio.to_thread(self._store.partitions)
+        partitions, markers = await asyncio.to_thread(self._partitions_and_markers)
         # topic ids the store no longer holds (their partitions were forgotten) are not tracked
         stored_ids = {tp.topic_id for tp in partitions}
         self._gone_since = {i: t for i, t in self._gone_since.items() if i in stored_ids}
@@ -252,7 +252,16 @@ class RetentionManager:
                 break
             if self._broker_driven(tp):
                 continue  # Kafka's RLM deletes these itself, partition and topic deletion too
-            await self._guarded(summary, tp, self._deletions(tp, topic_ids, summary, candidates))
+            marker = markers.get(tp)
+            if marker is None and topic_ids is not None and tp.topic_id in topic_ids:
+                # nothing to delete (most partitions, every pass): no per-partition task
+                if self._caught_up(tp):
+                    self._gone_since.pop(tp.topic_id, None)
+                    self._unconfirmed.pop(tp.topic_id, None)
+                continue
+            await self._guarded(
+                summary, tp, self._deletions(tp, marker, topic_ids, summary, candidates)
+            )
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
         await self._retention(summary, stop)
@@ -345,18 +354,25 @@ class RetentionManager:
 
     # --- partition and topic deletion
 
+    def _partitions_and_markers(
+        self,
+    ) -> tuple[list[TopicIdPartition], dict[TopicIdPartition, PartitionDeleteMetadata]]:
+        """(worker thread) Every partition of the store, and the partition-delete markers."""
+        return self._store.partitions(), self._store.partition_deletes()
+
     async def _deletions(
         self,
         tp: TopicIdPartition,
+        marker: PartitionDeleteMetadata | None,
         topic_ids: set[uuid.UUID] | None,
         summary: PassSummary,
         candidates: list[TopicIdPartition],
     ) -> None:
-        """Partition deletion of ``tp``; or, when its topic id is missing from the all-topics
-        listing, add it to ``candidates`` for :meth:`_topic_deletions`."""
+        """Partition deletion of ``tp`` (``marker``: its partition-delete event, read at the
+        pass's start); or, when its topic id is missing from the all-topics listing, add it to
+        ``candidates`` for :meth:`_topic_deletions`."""
         if not self._caught_up(tp):
             return
-        marker = await asyncio.to_thread(self._store.partition_delete, tp)
         if marker is not None and marker.state in (_PD_MARKED, _PD_STARTED):
             if self._processes(tp):
                 await self._delete_partition(tp, marker, summary)

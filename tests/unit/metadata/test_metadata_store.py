@@ -399,8 +399,10 @@ class TestPartitionDelete:
         ):
             store.apply([partition_delete(state)])
             assert store.partition_delete(TP).state == state
+            assert store.partition_deletes() == {TP: store.partition_delete(TP)}  # OTHER: none
         store.apply([partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)])
         assert store.partition_delete(TP) is None
+        assert store.partition_deletes() == {}
         assert store.partitions() == [OTHER]
         assert store.segments(TP) == []
         assert store.highest_offset_for_epoch(TP, 0) is None

@@ -168,7 +168,7 @@ def _manager(
         views=lambda: scans,
         cluster=stub(view=view, selected=lambda topic: True, broker_driven=lambda topic: False),
         kafka=stub(topic_ids=no_ids, aclose=aclose),
-        store=stub(partitions=list),
+        store=stub(partitions=list, partition_deletes=dict),
         tailer=tailer,  # type: ignore[arg-type]
         publisher=stub(),
         uploader=stub(broker_id=1),
