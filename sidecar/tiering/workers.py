@@ -241,6 +241,9 @@ class TieringEngine:
         # foreign copies already reported → their partition
         self._waiting_for: dict[uuid.UUID, _PartitionKey] = {}
         self._paths: dict[_PartitionKey, Path] = {}  # partition → its dir, as of the last reconcile
+        # the partitions whose copy lag counts (led, handed over, caught up), as of their last
+        # visit: the copy-lag update reads these instead of walking every partition
+        self._lagging: dict[_PartitionKey, Path] = {}
         #: (topic, partition, topic id) → its TopicIdPartition and metadata partition, computed
         #: when the partition first appears (a pure-Python hash), not on every pass
         self._identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = {}
@@ -391,11 +394,9 @@ class TieringEngine:
         unwanted = self._tailer.unwanted_count
         if unwanted != self._wanted_at:
             walk_all = True  # the tailer may have dropped a partition: want them all again
-        lag_inputs: list[_LagInput] | None = None
-        if now >= self._next_lag_at and (self._lag_task is None or self._lag_task.done()):
-            lag_inputs = []  # copy lag costs store queries: not on every wake-up
+        lag_due = now >= self._next_lag_at and (self._lag_task is None or self._lag_task.done())
+        if lag_due:  # copy lag costs store queries: not on every wake-up
             self._next_lag_at = now + self._settings.lag_interval_s
-            walk_all = True
         views = self._views()
         changed = self._changed_paths(views)
         due = self._due
@@ -420,12 +421,15 @@ class TieringEngine:
         identities: dict[tuple[str, int, str], tuple[TopicIdPartition, int]] = (
             {} if walk_all else self._identities
         )
+        lagging: dict[_PartitionKey, Path] = {} if walk_all else self._lagging
         choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
         rewant = unwanted != self._wanted_at
         me = view.broker_id
         leaders = view.leaders
         for path, scan in items:
             paths[(scan.topic, scan.partition)] = path
+            if not walk_all:
+                lagging.pop((scan.topic, scan.partition), None)  # counted again below, or not
             if scan.topic_id is None:
                 continue
             choice = choices.get(scan.topic)
@@ -474,8 +478,7 @@ class TieringEngine:
             if not self._tailer.caught_up(mp):
                 self._waiting_catch_up.add(key)
                 continue
-            if lag_inputs is not None:
-                lag_inputs.append((scan, tip, view.lso(scan.topic, scan.partition)))
+            lagging[key] = path
             if worker is not None and not worker.task.done():
                 continue  # visited again when it ends
             if worker is not None and now < worker.retry_at:
@@ -520,7 +523,18 @@ class TieringEngine:
             gone = [path for path in changed if path not in views]
             if gone:
                 self._forget_gone(gone)
-        if lag_inputs is not None:
+        if walk_all:
+            self._lagging = lagging
+        if lag_due:
+            lag_inputs: list[_LagInput] = []
+            for path in self._lagging.values():
+                current = views.get(path)
+                if current is None or current.topic_id is None:
+                    continue
+                known = self._identities.get((current.topic, current.partition, current.topic_id))
+                if known is not None:
+                    lso = view.lso(current.topic, current.partition)
+                    lag_inputs.append((current, known[0], lso))
             self._lag_task = tg.create_task(self._update_lag(lag_inputs), name="tiering copy lag")
         if now >= self._next_quarantine_check and (
             self._quarantine_task is None or self._quarantine_task.done()
@@ -537,6 +551,7 @@ class TieringEngine:
         keys = {by_path[path] for path in gone if path in by_path}
         for key in keys:
             del self._paths[key]
+            self._lagging.pop(key, None)
             worker = self._workers.get(key)
             if worker is not None and worker.task.done():
                 del self._workers[key]

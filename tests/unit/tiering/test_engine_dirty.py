@@ -289,3 +289,28 @@ async def test_a_gone_partition_dir_drops_its_state(rig):
         assert run() == set()
         assert (TOPIC, 0) not in m.r.engine.last_errors
         assert (TOPIC, 0) not in m.r.engine._workers
+
+
+async def test_the_copy_lag_update_visits_no_partition(rig):
+    """The copy lag is counted over the partitions whose lag counts as of their last visit
+    (led here, handed over, metadata caught up): its update is not a pass over every
+    partition."""
+    m = Many(rig, lag_interval_s=10.0)
+    counted: list[list[int]] = []
+    compute = m.r.engine._compute_lag
+
+    def recording(inputs: Any) -> Any:
+        counted.append([tip.partition for _scan, tip, _lso in inputs])
+        return compute(inputs)
+
+    m.r.engine._compute_lag = recording  # type: ignore[method-assign]
+    async with m.passes() as run:
+        assert run() == set(range(PARTITIONS))
+        await m.idle()
+        run()
+        assert run() == set()
+        m.clock.now += 10.0  # the copy lag is due
+        assert run() == set()
+        assert m.r.engine._lag_task is not None
+        await m.r.engine._lag_task
+        assert counted[-1] == [0]  # the one partition led here, of 200
