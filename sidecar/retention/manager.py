@@ -57,6 +57,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from sidecar._aio import wait_any
 from sidecar.config import RetentionConfig
@@ -111,6 +112,10 @@ _PUBLISH_CONCURRENCY = 16
 _NARROW_AFTER_S = 30.0
 
 
+#: a time no segment expires before (retention.ms unlimited)
+_NEVER_MS: Final = 2**63 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class _StoreFacts:
     """What a retention pass reads from the store for one partition."""
@@ -118,6 +123,23 @@ class _StoreFacts:
     highest: int
     coverage: RemoteCoverage
     segments: Sequence[SegmentMetadata]
+
+
+@dataclass(slots=True)
+class _Remembered:
+    """What the last pass learnt of a led partition, for the inputs it had: its scan, LSO and
+    store version (the highest remote offset and coverage follow from them), and, once a plan
+    deleted nothing, the log start offset and topic config it was made with and the time
+    before which no segment can expire by time. Small whatever the number of segments: the
+    segments themselves are read again when a plan is needed."""
+
+    scan: PartitionScan
+    lso: int
+    version: int
+    highest: int
+    coverage: RemoteCoverage
+    planned: tuple[int, TopicConfig] | None = None
+    quiet_until_ms: int = 0
 
 
 @dataclass
@@ -194,7 +216,7 @@ class RetentionManager:
         # read for: a pass reads the store again only for partitions where one of them moved
         # (at a thousand led partitions, three thread hand-offs each every pass were most of
         # an idle daemon's work)
-        self._facts: dict[TopicIdPartition, tuple[PartitionScan, int, int, _StoreFacts]] = {}
+        self._facts: dict[TopicIdPartition, _Remembered] = {}
         self._at_risk_topics: set[str] = set()
         self._next_scrub_at = 0.0
         self._wake = asyncio.Event()
@@ -571,14 +593,31 @@ class RetentionManager:
         lso = view.lso(scan.topic, scan.partition)
         if config is None or lso is None:
             return
-        stored = await self._store_facts(scan, tp, lso)
-        highest, segments = stored.highest, stored.segments
+        version = self._store.partition_version(tp)
+        known = self._facts.get(tp)
+        segments: Sequence[SegmentMetadata] | None = None
+        if known is None or known.scan is not scan or (known.lso, known.version) != (lso, version):
+            stored = await asyncio.to_thread(self._read_store_facts, scan, tp, lso)
+            segments = stored.segments
+            known = _Remembered(scan, lso, version, stored.highest, stored.coverage)
+            self._facts[tp] = known
+        highest = known.highest
         now_ms = self._clock_ms()
-        self._check_at_risk(scan, highest, stored.coverage, config, now_ms, summary, at_risk)
+        self._check_at_risk(scan, highest, known.coverage, config, now_ms, summary, at_risk)
+        override = self._config.override_for(scan.topic)
+        if (
+            override is None
+            and known.planned == (log_start_offset, config)
+            and now_ms < known.quiet_until_ms
+        ):
+            return  # the same inputs planned nothing, and nothing is old enough yet
+        if segments is None:
+            segments = await asyncio.to_thread(self._store.segments, tp)
         if not segments:
+            if override is None:  # nothing to expire until a copy moves the store's version
+                known.planned, known.quiet_until_ms = (log_start_offset, config), _NEVER_MS
             return
         retention_ms, retention_bytes = config.retention_ms, config.retention_bytes
-        override = self._config.override_for(scan.topic)
         delete_records: int | None = None
         if override is not None:
             if override.retention_ms != -2:
@@ -600,25 +639,18 @@ class RetentionManager:
             delete_records_offset=delete_records,
         )
         plan = plan_expiry(segments, facts)
+        if not plan.deletions and override is None:
+            # until the oldest segment reaches retention.ms, a plan on the same inputs deletes
+            # nothing again (the time rule is the only one that depends on the clock)
+            oldest = min(s.max_timestamp_ms for s in segments)
+            known.planned = (log_start_offset, config)
+            known.quiet_until_ms = oldest + retention_ms if retention_ms > -1 else _NEVER_MS
         if plan.deletions:
             floor = _retained_floor(plan)
             if floor is not None and not self._config.dry_run:
                 # first: tiering must not take these deletions for holes and upload them again
                 await asyncio.to_thread(self._store.raise_remote_floor, tp, floor)
             await self._delete(tp, list(plan.deletions), summary)
-
-    async def _store_facts(
-        self, scan: PartitionScan, tp: TopicIdPartition, lso: int
-    ) -> _StoreFacts:
-        """The partition's store facts: remembered while its scan, LSO and store version stay
-        the same, else read in one worker-thread call."""
-        version = self._store.partition_version(tp)
-        known = self._facts.get(tp)
-        if known is not None and known[0] is scan and known[1:3] == (lso, version):
-            return known[3]
-        facts = await asyncio.to_thread(self._read_store_facts, scan, tp, lso)
-        self._facts[tp] = (scan, lso, version, facts)
-        return facts
 
     def _read_store_facts(self, scan: PartitionScan, tp: TopicIdPartition, lso: int) -> _StoreFacts:
         """(worker thread) The highest remote offset of the lineage, the remote coverage and

@@ -1,5 +1,6 @@
 """A retention pass reads the store only for partitions whose scan, LSO or store version moved
-since the last pass; remembered facts still expire segments as time passes. Real metadata
+since the last pass, or whose oldest segment has reached retention.ms since; segments still
+expire as time passes. Real metadata
 store, log dir and in-memory bucket; the Kafka answers and the publisher (applying to the
 store, as the read-back would) are stubs."""
 
@@ -49,6 +50,8 @@ def _keys(segment: SegmentMetadata) -> dict[ObjectSuffix, str]:
 
 
 async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path: Path) -> None:
+    """The facts are read once; a pass before anything can expire reads nothing; one after
+    lists the segments and deletes the expired ones; the deletions make the next pass read."""
     scan = _scan(tmp_path)  # 4 segments of 5 records, max timestamps 1000 .. 4000
     assert scan.topic_id is not None
     tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), "orders", 0)
@@ -122,6 +125,15 @@ async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path
         return read(*args)
 
     manager._read_store_facts = counting
+    listed = 0
+    segments_of = store.segments
+
+    def listing(*args: Any, **kwargs: Any) -> Any:
+        nonlocal listed
+        listed += 1
+        return segments_of(*args, **kwargs)
+
+    store.segments = listing  # type: ignore[method-assign]
     try:
 
         async def one_pass() -> PassSummary:
@@ -132,11 +144,14 @@ async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path
         await one_pass()
         assert reads == 1
         assert len(store.segments(tp)) == len(rolled)  # nothing older than 10 s yet
+        listed_first = listed
         await one_pass()
-        assert reads == 1  # nothing moved: the store is not read again
+        # nothing moved, and the oldest segment is not yet past retention.ms: no store read,
+        # no segments held between passes
+        assert (reads, listed) == (1, listed_first)
         now_ms[0] = 2000 + RETENTION_MS + 1  # the first two segments are past retention.ms
         await one_pass()
-        assert reads == 1  # time alone moved: the remembered facts expire segments too
+        assert reads == 1  # time alone moved: the segments are listed again and expire
         assert [s.start_offset for s in store.segments(tp)] == [s.base_offset for s in rolled[2:]]
         await one_pass()
         assert reads == 2  # the deletions moved the store's version: read again
