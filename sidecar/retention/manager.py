@@ -212,10 +212,10 @@ class RetentionManager:
         # (topic, partition) -> base offsets already warned about; pruned every pass to the
         # partitions and segments in the log dir now (see _prune_warned)
         self._warned_at_risk: dict[tuple[str, int], set[int]] = {}
-        # each led partition's store facts, with the scan, LSO and store version they were
-        # read for: a pass reads the store again only for partitions where one of them moved
-        # (at a thousand led partitions, three thread hand-offs each every pass were most of
-        # an idle daemon's work)
+        # what the last pass learnt of each led partition (see _Remembered): a pass reads the
+        # store again only where its inputs moved or a segment may have expired since (at a
+        # thousand led partitions, three thread hand-offs each every pass were most of an
+        # idle daemon's work)
         self._facts: dict[TopicIdPartition, _Remembered] = {}
         self._at_risk_topics: set[str] = set()
         self._next_scrub_at = 0.0
