@@ -720,6 +720,18 @@ def _chunks(items: Sequence[_T], size: int = 900) -> Iterator[Sequence[_T]]:
         yield items[start : start + size]
 
 
+def _partition_delete(
+    tp: TopicIdPartition, broker_id: int, event_timestamp_ms: int, state: int
+) -> PartitionDeleteMetadata:
+    """A ``partition_delete`` row as the event it keeps."""
+    return PartitionDeleteMetadata(
+        topic_id_partition=tp,
+        broker_id=broker_id,
+        event_timestamp_ms=event_timestamp_ms,
+        state=RemotePartitionDeleteState(state),
+    )
+
+
 class _ChangeClock:
     """Per-partition versions of the store's own commits, and a count of other processes'
     commits (SQLite's ``data_version`` moved while this process committed nothing)."""
@@ -1303,15 +1315,7 @@ class RemoteSegmentStore:
                 "SELECT broker_id, event_timestamp_ms, state FROM partition_delete WHERE pid = ?",
                 (pid,),
             ).fetchone()
-        if found is None:
-            return None
-        broker_id, event_ts, state = found
-        return PartitionDeleteMetadata(
-            topic_id_partition=tp,
-            broker_id=broker_id,
-            event_timestamp_ms=event_ts,
-            state=RemotePartitionDeleteState(state),
-        )
+        return None if found is None else _partition_delete(tp, *found)
 
     def partition_deletes(self) -> dict[TopicIdPartition, PartitionDeleteMetadata]:
         """The latest partition-delete event of every partition that has one (one query: a
@@ -1322,14 +1326,9 @@ class RemoteSegmentStore:
                 " d.state FROM partition_delete d JOIN partition p ON p.pid = d.pid"
             ).fetchall()
         found: dict[TopicIdPartition, PartitionDeleteMetadata] = {}
-        for topic_id, topic, partition, broker_id, event_ts, state in rows:
+        for topic_id, topic, partition, *event in rows:
             tp = TopicIdPartition(uuid.UUID(bytes=topic_id), topic, partition)
-            found[tp] = PartitionDeleteMetadata(
-                topic_id_partition=tp,
-                broker_id=broker_id,
-                event_timestamp_ms=event_ts,
-                state=RemotePartitionDeleteState(state),
-            )
+            found[tp] = _partition_delete(tp, *event)
         return found
 
     def finished_lineage(

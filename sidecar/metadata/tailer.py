@@ -82,10 +82,11 @@ _ErrorCallback = Callable[[BaseException], None]
 
 _NULL_VALUE: Final = MetadataFormatError("the record value is null", position=0)
 _POLL_TIMEOUT_MS: Final = 1000  # a broker long-poll; new records, stop and track() end it early
-#: how often aiokafka's background fetch routine wakes with nothing to do (its default, 200 ms,
-#: is five event-loop wake-ups a second for the daemon's life); fetch responses, consumed
-#: records and assignment changes wake it at once whatever this is
-_FETCHER_WAKE_MS: Final = 1000
+#: ``consumer_timeout_ms`` of the daemon's consumers: how often aiokafka's background fetch
+#: routine wakes with nothing to do (its default, 200 ms, is five event-loop wake-ups a second
+#: for the daemon's life); fetch responses, consumed records and assignment changes wake it at
+#: once whatever this is
+FETCHER_WAKE_MS: Final = 1000
 
 
 _Key = tuple[uuid.UUID, int]
@@ -211,7 +212,7 @@ class MetadataTailer:
         self._consumed = self._store.consumed_offsets()
         self._scopes = self._store.scopes()
         consumer = AIOKafkaConsumer(
-            **{"consumer_timeout_ms": _FETCHER_WAKE_MS, **self._client_kwargs},
+            **{"consumer_timeout_ms": FETCHER_WAKE_MS, **self._client_kwargs},
             bootstrap_servers=self._bootstrap,
             client_id=client_id(self.broker_id, "consumer"),
             group_id=None,

@@ -109,7 +109,7 @@ class LoopWatchdog:
         (measured: a quarter of a percent of a core at 20 Hz)."""
         loop = asyncio.get_running_loop()
         interval = self._interval_s
-        handle: asyncio.TimerHandle | None = None
+        handle: asyncio.TimerHandle
 
         def tick(due: float, cpu: float) -> None:
             nonlocal handle

@@ -50,6 +50,7 @@ from aiokafka.errors import KafkaError
 
 from sidecar._aio import wait_any
 from sidecar.metadata.publisher import client_id
+from sidecar.metadata.tailer import FETCHER_WAKE_MS
 from sidecar.observability.logging import get_logger
 
 __all__ = ["CoordinatorAssignor", "CoordinatorElection", "Member", "choose_coordinator"]
@@ -59,9 +60,6 @@ log = get_logger(__name__)
 #: the group protocol's name; every member of the group must offer it
 PROTOCOL: Final = "sidecar-coordinator"
 _POLL_TIMEOUT_MS: Final = 1000
-#: how often aiokafka's background fetch routine wakes: nothing is ever assigned here, so its
-#: default (200 ms) would be five idle event-loop wake-ups a second
-_FETCHER_WAKE_MS: Final = 1000
 
 
 class Member:
@@ -246,7 +244,7 @@ class CoordinatorElection:
         backoff = self._backoff_initial_s
         while not stopping.is_set():
             consumer = AIOKafkaConsumer(
-                **{"consumer_timeout_ms": _FETCHER_WAKE_MS, **self._client_kwargs},
+                **{"consumer_timeout_ms": FETCHER_WAKE_MS, **self._client_kwargs},
                 bootstrap_servers=self._bootstrap,
                 client_id=client_id(self.broker_id, "coordinator"),
                 group_id=self.group_id,

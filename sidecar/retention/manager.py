@@ -278,8 +278,7 @@ class RetentionManager:
             if marker is None and topic_ids is not None and tp.topic_id in topic_ids:
                 # nothing to delete (most partitions, every pass): no per-partition task
                 if self._caught_up(tp):
-                    self._gone_since.pop(tp.topic_id, None)
-                    self._unconfirmed.pop(tp.topic_id, None)
+                    self._listed(tp)
                 continue
             await self._guarded(
                 summary, tp, self._deletions(tp, marker, topic_ids, summary, candidates)
@@ -402,10 +401,14 @@ class RetentionManager:
         if topic_ids is None:
             return
         if tp.topic_id in topic_ids:
-            self._gone_since.pop(tp.topic_id, None)
-            self._unconfirmed.pop(tp.topic_id, None)
+            self._listed(tp)
             return
         candidates.append(tp)
+
+    def _listed(self, tp: TopicIdPartition) -> None:
+        """``tp``'s topic is in the all-topics listing: any deletion proof gathered is void."""
+        self._gone_since.pop(tp.topic_id, None)
+        self._unconfirmed.pop(tp.topic_id, None)
 
     async def _confirmed_gone(self, candidates: Sequence[TopicIdPartition]) -> set[uuid.UUID]:
         """The candidates' topic ids that the cluster answered UNKNOWN_TOPIC_ID for, at every

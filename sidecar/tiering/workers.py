@@ -392,7 +392,8 @@ class TieringEngine:
         if self._view_changes(view, fresh):
             walk_all = True
         unwanted = self._tailer.unwanted_count
-        if unwanted != self._wanted_at:
+        rewant = unwanted != self._wanted_at
+        if rewant:
             walk_all = True  # the tailer may have dropped a partition: want them all again
         lag_due = now >= self._next_lag_at and (self._lag_task is None or self._lag_task.done())
         if lag_due:  # copy lag costs store queries: not on every wake-up
@@ -423,7 +424,6 @@ class TieringEngine:
         )
         lagging: dict[_PartitionKey, Path] = {} if walk_all else self._lagging
         choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
-        rewant = unwanted != self._wanted_at
         me = view.broker_id
         leaders = view.leaders
         for path, scan in items:

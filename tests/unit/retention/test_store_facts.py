@@ -1,8 +1,7 @@
 """A retention pass reads the store only for partitions whose scan, LSO or store version moved
 since the last pass, or whose oldest segment has reached retention.ms since; segments still
-expire as time passes. Real metadata
-store, log dir and in-memory bucket; the Kafka answers and the publisher (applying to the
-store, as the read-back would) are stubs."""
+expire as time passes. Real metadata store, log dir and in-memory bucket; the Kafka answers and
+the publisher (applying to the store, as the read-back would) are stubs."""
 
 from __future__ import annotations
 
@@ -25,28 +24,12 @@ from sidecar.metadata.events import (
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import PassSummary, RetentionManager
-from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView, TopicConfig
 from tests.unit.retention.test_safety_and_scrub import _scan
+from tests.unit.retention.test_topic_deletion import _keys
 
-LAYOUT = KeyLayout(prefix="p/")
 RETENTION_MS = 10_000
-
-
-def _keys(segment: SegmentMetadata) -> dict[ObjectSuffix, str]:
-    tp = segment.segment_id.topic_id_partition
-    return {
-        suffix: LAYOUT.segment_key(
-            topic=tp.topic,
-            topic_id=tp.topic_id,
-            partition=tp.partition,
-            base_offset=segment.start_offset,
-            segment_id=segment.segment_id.id,
-            suffix=suffix,
-        )
-        for suffix in ObjectSuffix
-    }
 
 
 async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path: Path) -> None:
