@@ -582,6 +582,11 @@ class ReadServerConfig(_Section):
         description="fetched chunks waiting to be written to the chunk cache (bytes); past it a"
         " chunk is served from memory and not cached (disk slower than S3)",
     )
+    cache_direct_io: bool = Field(
+        True,
+        description="write chunk files with O_DIRECT: far less CPU than through the page cache,"
+        " which stays the broker's; buffered writes where the filesystem refuses it",
+    )
     index_cache_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="memory for remote offset/time indexes and manifests"
     )

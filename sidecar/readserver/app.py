@@ -157,6 +157,7 @@ class ReadServer:
             fetch_timeout_s=read.fetch_timeout_s,
             max_concurrent_fetches=read.max_concurrent_fetches,
             max_pending_write_bytes=read.cache_max_pending_write_bytes,
+            direct_io=read.cache_direct_io,
             metrics=metrics,
         )
         service = ReadService(

@@ -26,7 +26,9 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
 * **files**: ``<dir>/<ab>/<blake2b(key)>-<chunk size>-<index>.chunk``, written to ``.tmp`` and
   renamed, so a file with the final name is complete. Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
-  or is short is fetched again. One process per directory.
+  or is short is fetched again. One process per directory. Files are written with ``O_DIRECT``
+  (``direct_io``, see ``_direct``): a chunk costs little CPU to write and takes no page-cache
+  pages until it is read again; a filesystem that refuses it gets buffered writes.
 * **copies**: each cached copy of a chunk has a number (:meth:`ChunkCache.copy_id`) that changes
   when the chunk is evicted or invalidated and fetched again, so a caller that checked a copy's
   bytes (the read service verifies CRCs) can tell later that it still holds those bytes, and
@@ -55,6 +57,7 @@ from typing import Generic, NamedTuple, Self, TypeVar
 
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.readserver._direct import write_file
 from sidecar.readserver.errors import RemoteDataError, StorageTimeoutError
 from sidecar.storage.base import ObjectStore
 
@@ -104,14 +107,13 @@ def _pread(path: Path, offset: int, length: int) -> bytes:
         os.close(fd)
 
 
-def _write_tmp(path: Path, data: bytes | memoryview, tag: int) -> Path:
-    """Write ``data`` next to ``path`` under a name of its own (``tag``); the caller renames it
-    to ``path`` if it is still the chunk's current copy."""
+def _write_tmp(path: Path, data: bytes | memoryview, tag: int, direct: bool) -> tuple[Path, bool]:
+    """Write ``data`` next to ``path`` under a name of its own (``tag``), around the page cache
+    when ``direct`` (see ``_direct``); the caller renames it to ``path`` if it is still the
+    chunk's current copy. Returns the file and whether it was written with ``O_DIRECT``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{tag}{_TMP_SUFFIX}")
-    with tmp.open("wb") as out:
-        out.write(data)
-    return tmp
+    return tmp, write_file(tmp, data, direct=direct)
 
 
 def _scan(directory: Path) -> list[tuple[float, str, int]]:
@@ -151,6 +153,7 @@ class ChunkCache:
         memory_chunks: int = 4,
         group_chunks: int | None = None,
         max_pending_write_bytes: int = 256 * 1024 * 1024,
+        direct_io: bool = True,
         metrics: Metrics | None = None,
     ) -> None:
         if chunk_size <= 0:
@@ -198,6 +201,8 @@ class ChunkCache:
         #: bytes held by the writes in flight, at most ``_max_pending`` (one write always may)
         self._pending_write_bytes = 0
         self._max_pending = max_pending_write_bytes
+        #: chunk files are written with O_DIRECT until the filesystem refuses it once
+        self._direct = direct_io
         #: file opens in worker threads, and those whose caller was cancelled (their fd is
         #: closed when it arrives)
         self._opening: set[asyncio.Task[int]] = set()
@@ -618,7 +623,15 @@ class ChunkCache:
         path = self._path(name)
         current = False
         try:
-            tmp = await asyncio.to_thread(_write_tmp, path, data, tag)
+            tmp, direct = await asyncio.to_thread(_write_tmp, path, data, tag, self._direct)
+            if self._direct and not direct:
+                self._direct = False
+                log.warning(
+                    "read_cache_direct_io_refused",
+                    directory=str(self.directory),
+                    detail="the filesystem refused O_DIRECT: chunk files are written through"
+                    " the page cache from now on",
+                )
             current = self._write_tags.get(name) == tag and name in self._lru
             if current:  # a rename: a metadata operation of microseconds
                 tmp.replace(path)

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.errors import KeyNotFoundError, StorageError
 from sidecar.observability.metrics import Metrics
@@ -437,6 +438,79 @@ class TestMemoryCache:
         await cache.aclose()
 
 
+class TestChunkCacheDirectWrites:
+    """Chunk files are written around the page cache, or through it where refused."""
+
+    async def test_chunks_are_written_with_o_direct(self, tmp_path, monkeypatch):
+        """Every chunk file is written with O_DIRECT by default (this directory is on a disk
+        filesystem), and holds exactly the chunk's bytes."""
+        body = os.urandom(2 * CHUNK + 10)
+        modes: list[bool] = []
+        real = cache_module.write_file
+
+        def recording(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+            used = real(path, data, direct=direct)
+            modes.append(used)
+            return used
+
+        monkeypatch.setattr(cache_module, "write_file", recording)
+        async with _cache(await _store(obj=body), tmp_path, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", len(body))
+            for i in range(3):
+                await cache.read(obj, i * CHUNK, min(CHUNK, len(body) - i * CHUNK))
+            await cache.idle()
+        assert modes == [True, True, True]
+        chunks = sorted(p.read_bytes() for p in _files(tmp_path) if p.suffix == ".chunk")
+        assert chunks == sorted([body[:CHUNK], body[CHUNK : 2 * CHUNK], body[2 * CHUNK :]])
+
+    async def test_a_refusing_filesystem_is_logged_once_then_written_buffered(
+        self, tmp_path, monkeypatch
+    ):
+        """The first refusal of O_DIRECT is logged once; that chunk and every later one is
+        cached through the page cache, byte for byte, and read back from disk."""
+        body = os.urandom(3 * CHUNK)
+        asked: list[bool] = []
+        real = cache_module.write_file
+
+        def refusing(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+            asked.append(direct)
+            return real(path, data, direct=False)
+
+        monkeypatch.setattr(cache_module, "write_file", refusing)
+        store = await _store(obj=body)
+        with capture_logs() as logs:
+            async with _cache(store, tmp_path, memory_chunks=0) as cache:
+                obj = ObjectRef("obj", len(body))
+                for i in range(3):
+                    await cache.read(obj, i * CHUNK, CHUNK)
+                    await cache.idle()
+                for i in range(3):
+                    assert body[i * CHUNK : (i + 1) * CHUNK] == bytes(
+                        await cache.read(obj, i * CHUNK, CHUNK)
+                    )
+                assert store.calls["get_range"] == 3  # the second pass came from disk
+        assert asked == [True, False, False]
+        refused = [e for e in logs if e["event"] == "read_cache_direct_io_refused"]
+        assert len(refused) == 1
+        assert refused[0]["directory"] == str(tmp_path)
+
+    async def test_direct_io_off_writes_buffered(self, tmp_path, monkeypatch):
+        """``direct_io=False`` (the configuration's ``cache_direct_io``) never asks for it."""
+        asked: list[bool] = []
+        real = cache_module.write_file
+
+        def recording(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+            asked.append(direct)
+            return real(path, data, direct=direct)
+
+        monkeypatch.setattr(cache_module, "write_file", recording)
+        body = os.urandom(CHUNK)
+        async with _cache(await _store(obj=body), tmp_path, direct_io=False) as cache:
+            await cache.read(ObjectRef("obj", len(body)), 0, CHUNK)
+            await cache.idle()
+        assert asked == [False]
+
+
 class _SlowDisk:
     """Chunk writes block in their worker thread until released (a disk slower than S3)."""
 
@@ -444,9 +518,11 @@ class _SlowDisk:
         self.release = threading.Event()
         real = cache_module._write_tmp
 
-        def write(path: Path, data: bytes | memoryview, tag: int) -> Path:
+        def write(
+            path: Path, data: bytes | memoryview, tag: int, direct: bool
+        ) -> tuple[Path, bool]:
             self.release.wait(30)
-            return real(path, data, tag)
+            return real(path, data, tag, direct)
 
         monkeypatch.setattr(cache_module, "_write_tmp", write)
 

@@ -1,0 +1,102 @@
+"""Writing chunk-cache files around the page cache (``O_DIRECT``).
+
+A buffered write of a new file costs the writer the page-cache pages it fills and, on ext4, the
+delayed-allocation bookkeeping of every block: on a 2-core VM with ext4 that was 2.5 CPU-s per
+GiB written, against 0.06 through ``O_DIRECT`` (the bytes go from a user buffer to the device),
+and reading such a file back with ``sendfile`` cost 0.11 CPU-s per GiB against 0.09 from the
+page cache. A cold read writes every chunk it fetches, most of which are never read again, so
+the cache writes around the page cache: far less CPU, and the broker's own page cache (which
+Kafka relies on for its reads) is not pushed out by chunks.
+
+``O_DIRECT`` wants the buffer, the file position and the length aligned to the device's logical
+block size. Each piece is copied into a page-aligned scratch buffer of the writing thread
+(:data:`PIECE_BYTES`, allocated once per thread); the last partial block of a length that is not
+a multiple of :data:`ALIGN` is written through the page cache (``O_DIRECT`` cleared on the open
+file), so the file never holds more than its bytes. A filesystem that refuses
+``O_DIRECT`` (``EINVAL``: tmpfs on older kernels, some network filesystems) gets a buffered write
+instead, and the caller learns it from the result.
+
+Blocking: call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["ALIGN", "DIRECT_SUPPORTED", "PIECE_BYTES", "write_file"]
+
+#: alignment of buffers, positions and lengths (a page: the largest logical block size in use)
+ALIGN = 4096
+#: bytes copied and written per ``O_DIRECT`` write (the scratch buffer of each thread)
+PIECE_BYTES = 1024 * 1024
+#: whether this platform has ``O_DIRECT`` at all
+DIRECT_SUPPORTED = hasattr(os, "O_DIRECT")
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_THREAD = threading.local()
+
+
+def _scratch() -> mmap.mmap:
+    """This thread's page-aligned :data:`PIECE_BYTES` buffer (an anonymous mapping)."""
+    scratch: mmap.mmap | None = getattr(_THREAD, "scratch", None)
+    if scratch is None:
+        scratch = _THREAD.scratch = mmap.mmap(-1, PIECE_BYTES)
+    return scratch
+
+
+def write_file(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+    """Create (or replace) ``path`` holding ``data``; returns whether it was written with
+    ``O_DIRECT``. ``direct=False``, a platform without ``O_DIRECT`` or a filesystem that refuses
+    it: a buffered write. Any other ``OSError`` propagates and the file may be left partial (the
+    caller writes under a temporary name)."""
+    if direct and DIRECT_SUPPORTED:
+        try:
+            fd = os.open(path, _FLAGS | os.O_DIRECT, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+        else:
+            try:
+                _write_direct(fd, data)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno != errno.EINVAL:
+                    raise
+                path.unlink(missing_ok=True)  # an alignment the device refuses: buffered
+            else:
+                os.close(fd)
+                return True
+    with path.open("wb") as out:
+        out.write(data)
+    return False
+
+
+def _write_direct(fd: int, data: bytes | memoryview) -> None:
+    scratch = _scratch()
+    with memoryview(data) as source, memoryview(scratch) as buffer:
+        size = source.nbytes
+        aligned = size - size % ALIGN
+        position = 0
+        while position < aligned:
+            length = min(PIECE_BYTES, aligned - position)
+            buffer[:length] = source[position : position + length]
+            with buffer[:length] as piece:
+                written = os.pwrite(fd, piece, position)
+            if written != length:
+                raise OSError(
+                    errno.EIO, f"short O_DIRECT write: {written} of {length} bytes at {position}"
+                )
+            position += length
+        if aligned < size:
+            # the last partial block goes through the page cache: the file is never longer
+            # than its bytes (the cache's disk budget counts file sizes)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            with source[aligned:] as tail:
+                while position < size:
+                    with tail[position - aligned :] as rest:
+                        position += os.pwrite(fd, rest, position)
