@@ -28,9 +28,7 @@ import contextlib
 import json
 import os
 import re
-import select
 import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -42,6 +40,7 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from sidecar import __version__
+from sidecar._sendfile import ShortFileError, flushed, plain_socket, send_file_range
 from sidecar.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -110,12 +109,7 @@ _MAX_INT32: Final = 2**31 - 1
 _WRITE_BYTES: Final = 256 * 1024
 #: file ranges smaller than this are read and written (a thread hop either way)
 _SENDFILE_MIN_BYTES: Final = 256 * 1024
-_SENDFILE_POLL_MS: Final = 50
 _SEND_BUFFER_BYTES: Final = 4 * 1024 * 1024
-#: the threads that run sendfile (each returns within _SENDFILE_POLL_MS of a full socket)
-_SENDFILE_THREADS: Final = concurrent.futures.ThreadPoolExecutor(
-    max_workers=8, thread_name_prefix="read-sendfile"
-)
 _INDEX_TYPES: Final = {
     "offset": IndexKind.OFFSET_INDEX,
     "timestamp": IndexKind.TIME_INDEX,
@@ -921,23 +915,6 @@ def _large_send_buffer(request: web.Request) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
 
 
-async def _flushed(transport: asyncio.Transport, writer: AbstractStreamWriter) -> None:
-    """Wait until the transport has written everything it buffered (so bytes sent around it
-    come after): with a high-water mark of 0 the protocol is paused until its buffer is empty."""
-    if not transport.get_write_buffer_size():
-        return
-    low, high = transport.get_write_buffer_limits()
-    transport.set_write_buffer_limits(high=0, low=0)
-    try:
-        while transport.get_write_buffer_size():
-            if transport.is_closing():
-                raise ConnectionResetError("the client went away")
-            await writer.drain()
-    finally:
-        if not transport.is_closing():
-            transport.set_write_buffer_limits(high=high, low=low)
-
-
 def _pread_exact(piece: FileRange) -> bytes:
     """(thread) The bytes of a file range."""
     data = os.pread(piece.fd, piece.length, piece.offset)
@@ -946,71 +923,23 @@ def _pread_exact(piece: FileRange) -> bytes:
     return data
 
 
-def _sendfile_some(sock: int, fd: int, offset: int, length: int, stop: threading.Event) -> int:
-    """(thread) ``sendfile`` until ``length`` bytes are sent, ``stop`` is set, or the socket
-    stays full for ``_SENDFILE_POLL_MS``; returns the bytes sent."""
-    sent = 0
-    poller = select.poll()
-    poller.register(sock, select.POLLOUT)
-    while sent < length and not stop.is_set():
-        try:
-            n = os.sendfile(sock, fd, offset + sent, length - sent)
-        except BlockingIOError:
-            if not poller.poll(_SENDFILE_POLL_MS):
-                break
-            continue
-        if n == 0:
-            raise RemoteDataError("a cached chunk file is shorter than it was")
-        sent += n
-    return sent
-
-
 async def _sendfile(
     request: web.Request, writer: AbstractStreamWriter, piece: FileRange, *, stall_s: float = 60.0
 ) -> None:
-    """Send a file range on the request's socket with ``os.sendfile`` in a worker thread (the
-    event loop, uvloop, has no native sendfile): after the transport's buffer is flushed, on
-    duplicated descriptors the thread closes itself. A client that reads nothing for
-    ``stall_s`` is a TimeoutError."""
+    """Send a file range on the request's socket with ``sendfile`` (``sidecar._sendfile``),
+    after the transport's buffer is flushed. A client that reads nothing for ``stall_s`` is a
+    TimeoutError."""
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client went away")
-    await _flushed(transport, writer)
-    sock = transport.get_extra_info("socket")
+    await flushed(transport, writer.drain)
+    sock = plain_socket(transport)
     if sock is None:
         raise ConnectionResetError("the client went away")
-    loop = asyncio.get_running_loop()
-    sock_fd = os.dup(sock.fileno())
-    file_fd = os.dup(piece.fd)
-    stop = threading.Event()
-    busy: concurrent.futures.Future[int] | None = None
     try:
-        offset, left = piece.offset, piece.length
-        while left:
-            busy = _SENDFILE_THREADS.submit(_sendfile_some, sock_fd, file_fd, offset, left, stop)
-            n = await asyncio.wrap_future(busy)
-            busy = None
-            offset += n
-            left -= n
-            if left and not n:  # the client is slow: wait for room without holding a thread
-                ready = loop.create_future()
-                loop.add_writer(sock_fd, ready.set_result, None)
-                try:
-                    async with asyncio.timeout(stall_s):
-                        await ready
-                finally:
-                    loop.remove_writer(sock_fd)
-    finally:
-        stop.set()
-        if busy is not None and not busy.done():
-            busy.add_done_callback(lambda _: _close(sock_fd, file_fd))
-        else:
-            _close(sock_fd, file_fd)
-
-
-def _close(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
+        await send_file_range(sock, piece.fd, piece.offset, piece.length, stall_s=stall_s)
+    except ShortFileError:
+        raise RemoteDataError("a cached chunk file is shorter than it was") from None
 
 
 def add_routes(app: web.Application) -> None:

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 import uvloop
 
+from sidecar import _sendfile as sendfile_module
 from sidecar.readserver import ChunkCache, ReadServer, ReadService, routes
 from sidecar.readserver.service import FileRange, Plan
 from tests.unit.readserver._tiered import LAYOUT, TP, Remote, data_batches, three_segments
@@ -183,7 +184,7 @@ class TestSendfile:
         socket_path, log = big
         sent: list[int] = []
         short: list[int] = []
-        real = routes._sendfile_some
+        real = sendfile_module._send_some
 
         def counting(*args: object) -> int:
             sent.append(real(*args))  # type: ignore[arg-type]
@@ -191,7 +192,7 @@ class TestSendfile:
                 short.append(sent[-1])  # the socket stayed full: back to the loop
             return sent[-1]
 
-        monkeypatch.setattr(routes, "_sendfile_some", counting)
+        monkeypatch.setattr(sendfile_module, "_send_some", counting)
         connector = aiohttp.UnixConnector(path=str(socket_path))
         async with aiohttp.ClientSession(connector=connector) as http:
             cold, cold_lengths = await _read_all(http)
