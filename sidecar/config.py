@@ -240,6 +240,12 @@ class S3Config(_Section):
         description="an upload answered without its CRC-32C echo: verify = check the stored"
         " object (HEAD with checksums, else read back its last part), refuse = fail the upload",
     )
+    sendfile_uploads: bool = Field(
+        True,
+        description="send single-PUT segment bodies with sendfile on http:// endpoints (never"
+        " through TLS): no copy through the process; the store checks the body against its"
+        " CRC-32C header. false = read and check each chunk in the process",
+    )
 
     @field_validator("bucket")
     @classmethod

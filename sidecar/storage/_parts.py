@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from sidecar._aio import acquire_in_thread
+from sidecar._sendfile import ShortFileError, send_file_range
 from sidecar.errors import ChecksumMismatchError, InvalidRangeError, TruncatedFileError
 from sidecar.storage._crc import crc32c, crc32c_combine
 from sidecar.storage.base import DEFAULT_PAGE_SIZE, MAX_PARTS, MIN_PART_SIZE
@@ -331,7 +332,7 @@ class PartReader:
                 rest += more
             data = bytes(rest)
         if len(data) < length:
-            raise self._truncated(offset + len(data))
+            raise self.truncated(offset + len(data))
         return data, crc32c(data, crc)
 
     def _fill_exact(self, view: memoryview, offset: int) -> None:
@@ -340,10 +341,16 @@ class PartReader:
             with view[done:] as rest:
                 count = _read_into(self._fd, rest, offset + done)
             if count == 0:
-                raise self._truncated(offset + done)
+                raise self.truncated(offset + done)
             done += count
 
-    def _truncated(self, position: int) -> TruncatedFileError:
+    @property
+    def fd(self) -> int:
+        """The open file's descriptor (valid while the reader is open)."""
+        return self._fd
+
+    def truncated(self, position: int) -> TruncatedFileError:
+        """The error of a read that found the file ending at ``position``."""
         return TruncatedFileError(
             f"file shrank to {position} bytes while uploading (was {self.size})",
             path=str(self.path),
@@ -419,22 +426,39 @@ class PartChangedError(ChecksumMismatchError):
 class FilePartBody:
     """One part of an open file, sent by streaming it from the file (see the module docstring).
 
-    The sender (the S3 backend's aiohttp payload) calls :meth:`send`; every call sends the whole
-    part again (retries). ``crc`` is the CRC-32C announced for these bytes: the chunks' chained
-    CRC-32C is compared with it before the last chunk goes out, and a mismatch (the file changed
-    since it was checksummed) or a short read fails the send, records the error in
-    :attr:`failure` (a request that fails is then reported with it) and leaves the server
-    with an incomplete body, which it discards.
+    The sender (the S3 backend's aiohttp payload) calls :meth:`send` or, on a plain socket when
+    ``zero_copy`` allows it, :meth:`send_zero_copy`; every call sends the whole part again
+    (retries). ``crc`` is the CRC-32C announced for these bytes.
+
+    * :meth:`send` reads the part a chunk at a time; the chunks' chained CRC-32C is compared
+      with ``crc`` before the last chunk goes out.
+    * :meth:`send_zero_copy` hands the file range to the kernel (``sendfile``): the bytes never
+      enter the process, so they are not checked here; the store checks the body against the
+      CRC-32C header and refuses a mismatch, and :meth:`matches` then tells a file that changed
+      (:class:`PartChangedError`) from damage in transit (retried).
+
+    A mismatch (the file changed since it was checksummed) or a short read fails the send,
+    records the error in :attr:`failure` (a request that fails is then reported with it) and
+    leaves the server with an incomplete body, which it discards.
     """
 
-    __slots__ = ("_reader", "crc", "failure", "length", "offset")
+    __slots__ = ("_reader", "crc", "failure", "length", "offset", "sent_zero_copy", "zero_copy")
 
-    def __init__(self, reader: PartReader, offset: int, length: int, crc: int) -> None:
+    def __init__(
+        self, reader: PartReader, offset: int, length: int, crc: int, *, zero_copy: bool = False
+    ) -> None:
         self._reader = reader
         self.offset = offset
         self.length = length
         self.crc = crc
+        self.zero_copy = zero_copy
+        #: whether the last send went through :meth:`send_zero_copy`
+        self.sent_zero_copy = False
         self.failure: Exception | None = None
+
+    @property
+    def path(self) -> Path:
+        return self._reader.path
 
     def __len__(self) -> int:
         return self.length
@@ -449,9 +473,29 @@ class FilePartBody:
     def tell(self) -> int:
         return 0
 
+    async def send_zero_copy(self, sock: int) -> None:
+        """Send the whole part on the plain stream socket ``sock`` (its transport flushed) with
+        ``sendfile``; a file that shrank fails the send with :class:`TruncatedFileError`."""
+        self.sent_zero_copy = True
+        try:
+            await send_file_range(sock, self._reader.fd, self.offset, self.length)
+        except ShortFileError as exc:
+            self.failure = self._reader.truncated(self.offset + exc.sent)
+            raise self.failure from None
+
+    async def matches(self) -> bool:
+        """Whether the part's bytes in the file still have the CRC-32C ``crc`` (a read of the
+        part; after the store refused a body sent without reading it). A file that shrank does
+        not match."""
+        try:
+            return await self._reader.checksum(self.offset, self.length) == self.crc
+        except TruncatedFileError:
+            return False
+
     async def send(self, write: Callable[[bytes], Awaitable[None]], limit: int | None) -> None:
         """Write the part (at most ``limit`` bytes) through ``write``, a chunk at a time; the
         next chunk is read (in a thread) while the current one is written."""
+        self.sent_zero_copy = False
         end = self.length if limit is None else min(self.length, limit)
         done = 0
         ahead = self._read_ahead(done, end, 0)

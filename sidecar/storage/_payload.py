@@ -1,8 +1,11 @@
 """How aiohttp sends the S3 backend's part bodies without copying them into Python objects.
 
-* :class:`~sidecar.storage._parts.FilePartBody`: a part streamed from its file, a chunk at a
-  time (each chunk read in a worker thread, checked against the part's CRC-32C before the last
-  one goes out); no buffer the size of a part exists.
+* :class:`~sidecar.storage._parts.FilePartBody`: a part streamed from its file. On a plain
+  (not TLS) connection, when the body allows it, with ``sendfile``: the headers are sent, the
+  transport flushed, then the file range goes from the page cache to the socket in the kernel
+  (``sidecar._sendfile``). Otherwise a chunk at a time (each chunk read in a worker thread,
+  checked against the part's CRC-32C before the last one goes out). No buffer the size of a
+  part exists either way.
 * :class:`~sidecar.storage._parts.PartBody`: a part read whole into a pooled buffer (used when
   the payload is SHA-256 signed, which reads the body on the event loop), written as 1 MiB
   memoryview slices of its buffer.
@@ -19,6 +22,7 @@ from typing import Any
 from aiohttp import payload
 from aiohttp.abc import AbstractStreamWriter
 
+from sidecar._sendfile import flushed, plain_socket
 from sidecar.storage._parts import FilePartBody, PartBody
 
 __all__ = ["FilePartPayload", "PartBodyPayload"]
@@ -85,7 +89,17 @@ class FilePartPayload(payload.Payload):
     async def write_with_length(
         self, writer: AbstractStreamWriter, content_length: int | None
     ) -> None:
-        await self._value.send(writer.write, content_length)
+        body = self._value
+        if body.zero_copy and (content_length is None or content_length >= len(body)):
+            transport = getattr(writer, "transport", None)
+            send_headers = getattr(writer, "send_headers", None)
+            sock = plain_socket(transport)
+            if transport is not None and sock is not None and send_headers is not None:
+                send_headers()  # aiohttp holds them back to go with the first body write
+                await flushed(transport, writer.drain)
+                await body.send_zero_copy(sock)
+                return
+        await body.send(writer.write, content_length)
 
 
 payload.PAYLOAD_REGISTRY.register(PartBodyPayload, PartBody)

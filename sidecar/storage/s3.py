@@ -175,6 +175,8 @@ class S3Settings(Protocol):
     def max_concurrency(self) -> int: ...
     @property
     def checksum_echo(self) -> ChecksumEcho: ...
+    @property
+    def sendfile_uploads(self) -> bool: ...
 
 
 class _State(enum.Enum):
@@ -291,9 +293,19 @@ async def _sending(body: PartBody | FilePartBody, call: Awaitable[T]) -> T:
     body.failure = None
     try:
         return await call
-    except _CLIENT_ERRORS:
+    except _CLIENT_ERRORS as exc:
         if body.failure is not None:
             raise body.failure from None
+        if (
+            body.sent_zero_copy
+            and isinstance(exc, ClientError)
+            and _error_code(exc) in _BAD_CHECKSUM_CODES
+            and not await body.matches()
+        ):
+            raise PartChangedError(
+                f"{body.path}: bytes {body.offset}-{body.offset + body.length - 1} changed"
+                " since their CRC-32C was computed; the store refused them"
+            ) from None
         raise
 
 
@@ -326,6 +338,7 @@ class S3ObjectStore:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         metrics: Metrics | None = None,
         upload_throttle: TokenBucket | None = None,
+        sendfile_uploads: bool = True,
     ) -> None:
         if request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
@@ -333,6 +346,7 @@ class S3ObjectStore:
             raise ValueError(f"checksum_echo must be 'verify' or 'refuse', not {checksum_echo!r}")
         self._checksum_echo = checksum_echo
         self._sign_payload = sign_payload
+        self._sendfile_uploads = sendfile_uploads
         self._bucket = bucket
         self._endpoint_url = endpoint_url
         self._timeout_s = request_timeout_s
@@ -394,6 +408,7 @@ class S3ObjectStore:
             "request_timeout_s": config.request_timeout_s,
             "max_connections": max(32, 2 * config.max_concurrency),
             "checksum_echo": config.checksum_echo,
+            "sendfile_uploads": config.sendfile_uploads,
         }
         arguments.update(overrides)
         return cls(**arguments)
@@ -574,9 +589,12 @@ class S3ObjectStore:
         A single PUT is streamed from the file: its CRC-32C is computed first (a read in a
         thread, :data:`CHUNK_BYTES` at a time) unless ``part_crcs`` has it (``PartChecksums``,
         one per part of ``plan_parts(size, part_size)``; ignored when their count does not
-        match), then the body is sent a chunk at a time and fails before its last byte if its
-        bytes no longer match that CRC; memory is two chunks, and no buffer is allocated (and
-        page-faulted) per upload. A multipart upload reads each part whole into a pooled buffer
+        match). On a plain-HTTP connection (``sendfile_uploads``) the body then goes with
+        ``sendfile``, never read into the process: the store checks it against the CRC-32C
+        header, and a refusal is a :class:`PartChangedError` when the file no longer matches
+        (else retried). Otherwise it is sent a chunk at a time and fails before its last byte
+        if its bytes no longer match that CRC; memory is two chunks, and no buffer is allocated
+        (and page-faulted) per upload. A multipart upload reads each part whole into a pooled buffer
         (one read and one CRC pass per part, the cheapest per byte in steady state; memory
         stays near ``concurrency * part_size``), and a part that does not match its handed-in
         CRC-32C is not sent. With SHA-256 payload signing (which reads the body on the event
@@ -596,7 +614,7 @@ class S3ObjectStore:
                     finally:
                         buffer.release()
                 crc = known[0] if known else await reader.checksum(0, reader.size)
-                body = FilePartBody(reader, 0, reader.size, crc)
+                body = FilePartBody(reader, 0, reader.size, crc, zero_copy=self._sendfile_uploads)
                 return await self._put_object(key, body, reader.size, crc)
             upload_id = await self._create_multipart_upload(key)
             try:

@@ -28,6 +28,7 @@ from sidecar.errors import (
 )
 from sidecar.storage import MIN_PART_SIZE, MemoryObjectStore, ObjectStore
 from sidecar.storage._crc import crc32c
+from sidecar.storage._parts import FilePartBody, PartChangedError
 from sidecar.storage.s3 import S3ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -345,6 +346,50 @@ class TestS3Checksums:
         with pytest.raises(ChecksumMismatchError):
             await s3_store.put_file(key, path, part_size=5 * MiB, concurrency=2)
         assert [u async for u in s3_store.list_multipart_uploads(s3_prefix)] == []
+        with pytest.raises(KeyNotFoundError):
+            await s3_store.head(key)
+
+
+class TestS3SendfileBodies:
+    """A single PUT to SeaweedFS over http:// goes with sendfile, never read by the process;
+    the store's own check of the CRC-32C header guards it."""
+
+    async def test_a_single_put_goes_with_sendfile_and_round_trips(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path, monkeypatch: Any
+    ) -> None:
+        sent: list[int] = []
+        zero_copy = FilePartBody.send_zero_copy
+
+        async def counted(body: FilePartBody, sock: int) -> None:
+            sent.append(body.length)
+            await zero_copy(body, sock)
+
+        async def streamed(body: FilePartBody, *args: Any) -> None:
+            raise AssertionError("the body was read through the process")
+
+        monkeypatch.setattr(FilePartBody, "send_zero_copy", counted)
+        monkeypatch.setattr(FilePartBody, "send", streamed)
+        data = _payload(9 * MiB + 123, seed=-1)
+        key = f"{s3_prefix}sendfile.log"
+        info = await s3_store.put_file(
+            key, _write(tmp_path / "f", data), part_size=5 * MiB, part_crcs=[crc32c(data)]
+        )
+        assert sent == [len(data)]
+        assert info.crc32c == crc32c(data)
+        assert await s3_store.get(key) == data
+        await s3_store.delete([key])
+
+    async def test_a_file_changed_since_its_check_is_refused_by_the_store(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path
+    ) -> None:
+        """The CRC-32C handed in no longer matches the file (it changed after the batch check):
+        SeaweedFS refuses the body, the file is read to tell why, and nothing is stored."""
+        data = _payload(6 * MiB, seed=3)
+        key = f"{s3_prefix}changed.log"
+        with pytest.raises(PartChangedError, match="changed since"):
+            await s3_store.put_file(
+                key, _write(tmp_path / "f", data), part_size=5 * MiB, part_crcs=[crc32c(data) ^ 1]
+            )
         with pytest.raises(KeyNotFoundError):
             await s3_store.head(key)
 

@@ -27,6 +27,7 @@ from sidecar.errors import (
     KeyNotFoundError,
     StorageAccessError,
     StorageError,
+    TruncatedFileError,
 )
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import open_store
@@ -246,10 +247,15 @@ class TestConfiguration:
 class _RecordingServer:
     """A loopback HTTP/1.1 server that answers every request 200 with an ETag (and the echo of
     the request's CRC-32C) and records each request's head (lower-cased header names) and body
-    size."""
+    size, and the body. With ``verify`` it checks a body against its CRC-32C header as S3 does
+    (400 BadDigest when they differ); the first ``damaged`` bodies are answered BadDigest as if
+    they had been damaged on the way."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, verify: bool = False, damaged: int = 0) -> None:
         self.requests: list[tuple[str, dict[str, str], int]] = []
+        self.bodies: list[bytes] = []
+        self.verify = verify
+        self.damaged = damaged
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -272,9 +278,25 @@ class _RecordingServer:
                     for name, _, value in (f.partition(":") for f in fields if f)
                 }
                 size = int(headers.get("content-length", "0"))
-                await reader.readexactly(size)
+                body = await reader.readexactly(size)
                 self.requests.append((line, headers, size))
+                self.bodies.append(body)
                 echo = headers.get("x-amz-checksum-crc32c")
+                if echo and (
+                    len(self.bodies) <= self.damaged
+                    or (self.verify and echo != encode_checksum(crc32c(body)))
+                ):
+                    refusal = (
+                        b"<Error><Code>BadDigest</Code><Message>The CRC32C you specified did not"
+                        b" match the calculated checksum.</Message></Error>"
+                    )
+                    writer.write(
+                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\n"
+                        + f"Content-Length: {len(refusal)}\r\n\r\n".encode()
+                        + refusal
+                    )
+                    await writer.drain()
+                    continue
                 extra = f"x-amz-checksum-crc32c: {echo}\r\n".encode() if echo else b""
                 writer.write(
                     b'HTTP/1.1 200 OK\r\nETag: "e"\r\n' + extra + b"Content-Length: 0\r\n\r\n"
@@ -371,11 +393,119 @@ class TestStreamedParts:
         monkeypatch.setattr(FilePartBody, "send", counted)
         async with (
             _RecordingServer() as server,
-            _store(endpoint_url=f"http://127.0.0.1:{server.port}", max_attempts=4) as store,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}",
+                max_attempts=4,
+                sendfile_uploads=False,
+            ) as store,
         ):
             with pytest.raises(PartChangedError, match="changed since"):
                 await store.put_file("t/0.log", path, part_crcs=[12345])
         assert (sends, server.requests) == ([len(data)], [])
+
+
+class TestSendfileParts:
+    """A single PUT to a plain-HTTP endpoint goes with sendfile; the store's checksum check
+    guards it (on SeaweedFS too: tests/integration/test_storage_contract.py)."""
+
+    @staticmethod
+    def _never_streamed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+        sent: list[int] = []
+        zero_copy = FilePartBody.send_zero_copy
+
+        async def streamed(body: FilePartBody, *args: Any) -> None:
+            raise AssertionError("the body was read through the process")
+
+        async def counted(body: FilePartBody, sock: int) -> None:
+            sent.append(body.length)
+            await zero_copy(body, sock)
+
+        monkeypatch.setattr(FilePartBody, "send", streamed)
+        monkeypatch.setattr(FilePartBody, "send_zero_copy", counted)
+        return sent
+
+    async def test_the_body_goes_with_sendfile_byte_exact(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The file's bytes reach the server whole after the headers, under their CRC-32C,
+        and the connection serves the next request."""
+        data = bytes(range(256)) * (20 * 1024) + b"tail"  # 5 MiB and a bit
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+        sent = self._never_streamed(monkeypatch)
+        async with (
+            _RecordingServer(verify=True) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}") as store,
+        ):
+            info = await store.put_file("t/0.log", path, part_crcs=[crc32c(data)])
+            await store.put("t/0.idx", b"index")
+        assert sent == [len(data)]
+        assert info.crc32c == crc32c(data)
+        assert server.bodies == [data, b"index"]
+        assert server.requests[0][1]["x-amz-checksum-crc32c"] == encode_checksum(crc32c(data))
+
+    async def test_a_file_that_changed_is_refused_once_and_named(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Bytes that no longer match the CRC-32C computed at the check: the store refuses
+        them (BadDigest), the file is read to tell why, and the error says the file changed;
+        it is not sent again."""
+        data = b"c" * (3 * MiB)
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+        sent = self._never_streamed(monkeypatch)
+        async with (
+            _RecordingServer(verify=True) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", max_attempts=4) as store,
+        ):
+            with pytest.raises(PartChangedError, match="changed since"):
+                await store.put_file("t/0.log", path, part_crcs=[crc32c(data) ^ 1])
+        assert sent == [len(data)]
+        assert server.bodies == [data]
+
+    async def test_damage_in_transit_is_retried(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A refusal while the file still matches its CRC-32C is damage on the way: the
+        whole body is sent again and stored."""
+        data = b"d" * (2 * MiB + 17)
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+        sent = self._never_streamed(monkeypatch)
+        async with (
+            _RecordingServer(verify=True, damaged=1) as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}", max_attempts=3, backoff_s=0.0
+            ) as store,
+        ):
+            info = await store.put_file("t/0.log", path)
+        assert info.crc32c == crc32c(data)
+        assert sent == [len(data), len(data)]
+        assert server.bodies == [data, data]
+
+    async def test_a_file_that_shrank_fails_with_its_position(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The file is cut between its open and the send: sendfile runs out early and the
+        upload fails with TruncatedFileError, never with a body the server takes whole."""
+        data = b"t" * (3 * MiB)
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+        zero_copy = FilePartBody.send_zero_copy
+
+        async def cut_first(body: FilePartBody, sock: int) -> None:
+            with path.open("r+b") as handle:
+                handle.truncate(MiB)
+            await zero_copy(body, sock)
+
+        monkeypatch.setattr(FilePartBody, "send_zero_copy", cut_first)
+        async with (
+            _RecordingServer() as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", max_attempts=3) as store,
+        ):
+            with pytest.raises(TruncatedFileError, match="shrank"):
+                await store.put_file("t/0.log", path, part_crcs=[crc32c(data)])
+        assert server.bodies == []
 
 
 class _UnechoingS3:

@@ -1,0 +1,193 @@
+"""Sending file ranges around a transport with sendfile: which transports qualify, exact bytes,
+a peer that reads slowly, a file that ends early, and a peer that stops reading."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from sidecar._sendfile import ShortFileError, plain_socket, send_file_range
+
+#: a self-signed P-256 certificate for 127.0.0.1 (valid for a century) and its key, for the TLS
+#: test only
+_TEST_KEY = """-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgfBRNaejabpkh3SiG
+lgIKaAP1PlVu3D3wjDPdOmL4a/qhRANCAATpdKL5gxHMAMf/tLkqBTDe3uMEH5rP
+Vyc6nORT0bkVHK5U+QuU/zSKo9ml5F70t+zGDTFRQK8Eo6nI7uEtC8Z1
+-----END PRIVATE KEY-----
+"""
+_TEST_CERT = """-----BEGIN CERTIFICATE-----
+MIIBfjCCASWgAwIBAgIUOIsGOmCbh5a8TM+/i/Mf/IqlJo0wCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJMTI3LjAuMC4xMCAXDTI2MTEyNjAzMjc1MVoYDzIxMjYxMTAy
+MDMyNzUxWjAUMRIwEAYDVQQDDAkxMjcuMC4wLjEwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAATpdKL5gxHMAMf/tLkqBTDe3uMEH5rPVyc6nORT0bkVHK5U+QuU/zSK
+o9ml5F70t+zGDTFRQK8Eo6nI7uEtC8Z1o1MwUTAdBgNVHQ4EFgQUrprvqr/NRtTE
+03pMrOp0xmzSY68wHwYDVR0jBBgwFoAUrprvqr/NRtTE03pMrOp0xmzSY68wDwYD
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNHADBEAiAFtykfvL+zwBd0Y4mCJpMM
+QpLUkS+BR3joPVNMtE4Y7gIgcWg7JmKQ0TjvGeGzsODLM/y+YDcaVB16NwCla+kL
+NQY=
+-----END CERTIFICATE-----
+"""
+
+
+class _Transport:
+    def __init__(self, closing: bool = False, **extra: Any) -> None:
+        self._closing = closing
+        self._extra = extra
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._extra.get(name, default)
+
+
+class TestPlainSocket:
+    def test_only_an_open_plain_socket_qualifies(self) -> None:
+        """TLS (either marker), a closing transport or one without a socket never get bytes
+        sent around them."""
+        left, right = socket.socketpair()
+        try:
+            assert plain_socket(_Transport(socket=left)) == left.fileno()
+            assert plain_socket(_Transport(socket=left, sslcontext=object())) is None
+            assert plain_socket(_Transport(socket=left, ssl_object=object())) is None
+            assert plain_socket(_Transport(closing=True, socket=left)) is None
+            assert plain_socket(_Transport()) is None
+            assert plain_socket(None) is None
+        finally:
+            left.close()
+            right.close()
+
+    @pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+    def test_a_tls_transport_does_not_qualify(self, tmp_path: Path, run: Any) -> None:
+        """A real TLS connection is refused by its own markers (a TLS transport also exposes
+        the socket below it), on both event loops the sidecar runs on."""
+        run(self._tls_check(tmp_path))
+
+    @staticmethod
+    async def _tls_check(tmp_path: Path) -> None:
+        key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+        key.write_text(_TEST_KEY)
+        cert.write_text(_TEST_CERT)
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_context.load_cert_chain(cert, key)
+        client_context = ssl.create_default_context(cafile=str(cert))
+        client_context.check_hostname = False
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context)
+            assert plain_socket(writer.transport) is None
+            writer.close()
+            _reader2, plain = await asyncio.open_connection("127.0.0.1", port)
+            assert plain_socket(plain.transport) is not None  # the same loop, no TLS
+            plain.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+
+
+def _file(tmp_path: Path, data: bytes) -> int:
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY)
+
+
+async def _drain(sock: socket.socket, into: bytearray, start: asyncio.Event | None = None) -> None:
+    if start is not None:
+        await start.wait()
+    loop = asyncio.get_running_loop()
+    while chunk := await loop.sock_recv(sock, 1 << 20):
+        into += chunk
+
+
+class TestSendFileRange:
+    async def test_the_range_arrives_exactly(self, tmp_path: Path) -> None:
+        data = os.urandom(3 * 1024 * 1024 + 5)
+        fd = _file(tmp_path, data)
+        left, right = socket.socketpair()
+        left.setblocking(False)
+        right.setblocking(False)
+        got = bytearray()
+        try:
+            reading = asyncio.create_task(_drain(right, got))
+            await send_file_range(left.fileno(), fd, 1000, len(data) - 2000)
+            left.shutdown(socket.SHUT_WR)
+            await reading
+        finally:
+            os.close(fd)
+            left.close()
+            right.close()
+        assert bytes(got) == data[1000:-1000]
+
+    async def test_a_slow_reader_gets_everything(self, tmp_path: Path) -> None:
+        """The socket fills (small buffers) before the reader starts: the send waits for room
+        on the loop and goes on."""
+        data = os.urandom(2 * 1024 * 1024)
+        fd = _file(tmp_path, data)
+        left, right = socket.socketpair()
+        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        right.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        left.setblocking(False)
+        right.setblocking(False)
+        got = bytearray()
+        start = asyncio.Event()
+        try:
+            reading = asyncio.create_task(_drain(right, got, start))
+            sending = asyncio.create_task(send_file_range(left.fileno(), fd, 0, len(data)))
+            await asyncio.sleep(0.2)  # the socket is full by now; the test holds either way
+            assert not sending.done()
+            start.set()
+            await sending
+            left.shutdown(socket.SHUT_WR)
+            await reading
+        finally:
+            os.close(fd)
+            left.close()
+            right.close()
+        assert bytes(got) == data
+
+    async def test_a_file_that_ends_early_says_how_much_went(self, tmp_path: Path) -> None:
+        data = os.urandom(100_000)
+        fd = _file(tmp_path, data)
+        left, right = socket.socketpair()
+        left.setblocking(False)
+        right.setblocking(False)
+        got = bytearray()
+        try:
+            reading = asyncio.create_task(_drain(right, got))
+            with pytest.raises(ShortFileError) as caught:
+                await send_file_range(left.fileno(), fd, 0, 150_000)
+            left.shutdown(socket.SHUT_WR)
+            await reading
+        finally:
+            os.close(fd)
+            left.close()
+            right.close()
+        assert caught.value.sent == 100_000
+        assert bytes(got) == data
+
+    async def test_a_peer_that_stops_reading_is_a_timeout(self, tmp_path: Path) -> None:
+        data = os.urandom(8 * 1024 * 1024)
+        fd = _file(tmp_path, data)
+        left, right = socket.socketpair()
+        left.setblocking(False)
+        try:
+            with pytest.raises(TimeoutError):
+                await send_file_range(left.fileno(), fd, 0, len(data), stall_s=0.2)
+        finally:
+            os.close(fd)
+            left.close()
+            right.close()
