@@ -594,12 +594,12 @@ class S3ObjectStore:
         header, and a refusal is a :class:`PartChangedError` when the file no longer matches
         (else retried). Otherwise it is sent a chunk at a time and fails before its last byte
         if its bytes no longer match that CRC; memory is two chunks, and no buffer is allocated
-        (and page-faulted) per upload. A multipart upload reads each part whole into a pooled buffer
-        (one read and one CRC pass per part, the cheapest per byte in steady state; memory
-        stays near ``concurrency * part_size``), and a part that does not match its handed-in
-        CRC-32C is not sent. With SHA-256 payload signing (which reads the body on the event
-        loop) a single PUT is read whole too. With an upload throttle, a worker waits for it
-        before it reads its part.
+        (and page-faulted) per upload. The parts of a multipart upload go the same way when
+        ``part_crcs`` has their CRC-32Cs. Without them each part is read whole into a pooled
+        buffer (one read and one CRC pass per part; memory stays near
+        ``concurrency * part_size``). With SHA-256 payload signing (which reads the body on the
+        event loop) every body is read whole into a buffer. With an upload throttle, a worker
+        waits for it before it reads or sends its part.
         """
         check_upload_args(part_size, concurrency)
         async with open_parts(path) as reader:
@@ -692,6 +692,14 @@ class S3ObjectStore:
         async def worker() -> None:
             for part in pending:
                 await self._charge(part.length)
+                if part_crcs is not None and not self._sign_payload:  # no buffer
+                    crc = part_crcs[part.number - 1]
+                    body = FilePartBody(
+                        reader, part.offset, part.length, crc, zero_copy=self._sendfile_uploads
+                    )
+                    etag = await self._upload_part(key, upload_id, part.number, body, crc)
+                    uploaded[part.number] = _UploadedPart(part.number, etag, crc, part.length)
+                    continue
                 buffer, crc = await reader.read(part.offset, part.length)
                 try:
                     if part_crcs is not None and part_crcs[part.number - 1] != crc:

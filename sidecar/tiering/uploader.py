@@ -68,7 +68,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
-from sidecar.storage import PartChecksums, plan_parts
+from sidecar.storage import PartChecksums
 from sidecar.storage.base import ObjectInfo, ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
@@ -148,17 +148,16 @@ def _check_batches(
     fd_path: str, segment: Segment, size: int, part_size: int | None = None
 ) -> tuple[int, ...] | None:
     """Every batch parses and has a valid CRC-32C, and the batches fill the file exactly.
-    With ``part_size``, for a file that goes in one PUT, returns its CRC-32C (``PartChecksums``)
-    from the bytes the walk read, else (or when the walk did not see every byte) None.
+    With ``part_size``, returns the CRC-32C of each part ``put_file`` cuts the file into
+    (``PartChecksums``) from the bytes the walk read, else (or when the walk did not see every
+    byte) None: the upload then sends the parts without reading them again (``sendfile``), or
+    checks each part it reads against them.
 
     Only bytes that were read and found bad are corrupt: a read error is not (it is retried),
     nor a file that changed size under the walk (the broker truncated it; it is planned again).
     """
     end = 0
-    # a single PUT is streamed under the CRC-32C computed here; multipart parts are read whole
-    # and hashed then (cheaper per byte than a CRC here and another of the bytes sent)
-    single = part_size is not None and len(plan_parts(size, part_size)) <= 1
-    crcs = PartChecksums(size, part_size) if single and part_size is not None else None
+    crcs = None if part_size is None else PartChecksums(size, part_size)
     try:
         for header in iter_batches(
             Path(fd_path),

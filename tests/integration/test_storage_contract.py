@@ -28,7 +28,7 @@ from sidecar.errors import (
 )
 from sidecar.storage import MIN_PART_SIZE, MemoryObjectStore, ObjectStore
 from sidecar.storage._crc import crc32c
-from sidecar.storage._parts import FilePartBody, PartChangedError
+from sidecar.storage._parts import FilePartBody, PartChangedError, PartReader, plan_parts
 from sidecar.storage.s3 import S3ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -378,6 +378,52 @@ class TestS3SendfileBodies:
         assert info.crc32c == crc32c(data)
         assert await s3_store.get(key) == data
         await s3_store.delete([key])
+
+    async def test_multipart_parts_go_with_sendfile_when_their_crcs_are_known(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path, monkeypatch: Any
+    ) -> None:
+        """With the parts' CRC-32Cs handed in (the batch check's), no part is read into a
+        buffer: each goes with sendfile, and the object reads back whole."""
+        sent: list[int] = []
+        zero_copy = FilePartBody.send_zero_copy
+
+        async def counted(body: FilePartBody, sock: int) -> None:
+            sent.append(body.length)
+            await zero_copy(body, sock)
+
+        async def no_buffer(*args: Any) -> Any:
+            raise AssertionError("a part was read into a buffer")
+
+        monkeypatch.setattr(FilePartBody, "send_zero_copy", counted)
+        monkeypatch.setattr(PartReader, "read", no_buffer)
+        data = _payload(17 * MiB + 5, seed=-1)
+        parts = plan_parts(len(data), 5 * MiB)
+        crcs = [crc32c(data[p.offset : p.offset + p.length]) for p in parts]
+        key = f"{s3_prefix}sendfile-mpu.log"
+        info = await s3_store.put_file(
+            key, _write(tmp_path / "f", data), part_size=5 * MiB, concurrency=2, part_crcs=crcs
+        )
+        assert sorted(sent) == sorted(p.length for p in parts)
+        assert info.crc32c == crc32c(data)
+        assert await s3_store.get(key) == data
+        await s3_store.delete([key])
+
+    async def test_a_part_changed_since_its_check_aborts_the_upload(
+        self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path
+    ) -> None:
+        """Part 2's CRC-32C no longer matches the file: the store refuses that part, the
+        upload fails with PartChangedError and is aborted; nothing is left."""
+        data = _payload(12 * MiB, seed=5)
+        parts = plan_parts(len(data), 5 * MiB)
+        crcs = [crc32c(data[p.offset : p.offset + p.length]) ^ (p.number == 2) for p in parts]
+        key = f"{s3_prefix}changed-mpu.log"
+        with pytest.raises(PartChangedError, match="changed since"):
+            await s3_store.put_file(
+                key, _write(tmp_path / "f", data), part_size=5 * MiB, part_crcs=crcs
+            )
+        assert [u async for u in s3_store.list_multipart_uploads(s3_prefix)] == []
+        with pytest.raises(KeyNotFoundError):
+            await s3_store.head(key)
 
     async def test_a_file_changed_since_its_check_is_refused_by_the_store(
         self, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path

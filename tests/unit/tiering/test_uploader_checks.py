@@ -10,7 +10,7 @@ import pytest
 
 from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.metadata.events import RemoteLogSegmentId, SegmentMetadata, TopicIdPartition
-from sidecar.storage import MemoryObjectStore
+from sidecar.storage import MemoryObjectStore, plan_parts
 from sidecar.storage._crc import crc32c
 from sidecar.storage.keys import KeyLayout
 from sidecar.storage.manifest import IndexKind
@@ -71,10 +71,10 @@ def _big_partition(tmp_path: Path):
 
 
 class TestPartChecksumsFromTheBatchCheck:
-    def test_the_batch_check_gives_a_single_puts_crc(self, tmp_path):
-        """The CRC check reads every byte once; for a segment that goes in one PUT the same
-        bytes give its CRC-32C, so the upload does not read the file again to compute it. A
-        multipart segment's parts are hashed when they are read for the upload: none here."""
+    def test_the_batch_check_gives_every_parts_crc(self, tmp_path):
+        """The CRC check reads every byte once; the same bytes give the CRC-32C of each part
+        the upload cuts the segment into (one for a single PUT), so the upload never reads the
+        file to compute them."""
         scan = _big_partition(tmp_path)
         segment = scan.segments[0]
         data = segment.log_path.read_bytes()
@@ -84,9 +84,13 @@ class TestPartChecksumsFromTheBatchCheck:
             assert (opened.part_crcs, opened.crc_part_size) == ((crc32c(data),), 2 * 1024 * 1024)
         finally:
             opened.log.close()
-        opened = _open_segment(scan, segment, 1024 * 1024)  # three parts
+        part = 1024 * 1024
+        assert len(plan_parts(len(data), part)) == 3
+        opened = _open_segment(scan, segment, part)
         opened.log.close()
-        assert opened.part_crcs is None
+        assert opened.part_crcs == tuple(
+            crc32c(data[p.offset : p.offset + p.length]) for p in plan_parts(len(data), part)
+        )
 
     async def test_the_upload_hands_them_to_the_store(self, tmp_path, monkeypatch):
         """``write_segment_objects`` passes them to ``put_file`` for the part size they were
