@@ -242,9 +242,9 @@ class S3Config(_Section):
     )
     sendfile_uploads: bool = Field(
         True,
-        description="send single-PUT segment bodies with sendfile on http:// endpoints (never"
-        " through TLS): no copy through the process; the store checks the body against its"
-        " CRC-32C header. false = read and check each chunk in the process",
+        description="send segment bodies (single PUTs and parts) with sendfile on http://"
+        " endpoints (never through TLS): no copy through the process; the store checks each"
+        " body against its CRC-32C header. false = read and check each chunk in the process",
     )
 
     @field_validator("bucket")
