@@ -415,6 +415,14 @@ class PartChecksums:
             return None
         return tuple(self._crcs)
 
+    def whole(self) -> int | None:
+        """The whole file's CRC-32C (its parts' combined), or None when not every byte was fed."""
+        crcs = self.result()
+        if crcs is None:
+            return None
+        lengths = [part.length for part in self._parts]
+        return combine_parts(list(zip(crcs, lengths, strict=True)))
+
 
 class PartChangedError(ChecksumMismatchError):
     """A part's bytes in the file changed between their CRC-32C and their send: nothing of them

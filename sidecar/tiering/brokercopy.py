@@ -38,6 +38,7 @@ from sidecar.kafka.records import iter_batches
 from sidecar.metadata.events import SegmentMetadata
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.storage import PartChecksums
 from sidecar.storage.base import ObjectInfo, ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind
@@ -207,9 +208,14 @@ class BrokerCopier:
             kind: None if path is None else self.local_path(path, kind)
             for kind, path in request.files.items()
         }
-        opened = _open(paths, request.leader_epoch_index, request.metadata.segment_size_in_bytes)
-        if not with_crc:
-            return opened, None
+        opened, whole = _open(
+            paths,
+            request.leader_epoch_index,
+            request.metadata.segment_size_in_bytes,
+            self._part_size,
+        )
+        if not with_crc or whole is not None:
+            return opened, whole if with_crc else None
         try:
             return opened, file_crc32c(opened.log.fileno(), opened.size)
         except BaseException:
@@ -253,9 +259,12 @@ def _read(path: Path | None) -> bytes | None:
         return handle.read()
 
 
-def _open(paths: Mapping[str, Path | None], leader_epochs: bytes, size: int) -> OpenSegment:
+def _open(
+    paths: Mapping[str, Path | None], leader_epochs: bytes, size: int, part_size: int
+) -> tuple[OpenSegment, int | None]:
     """Open the ``.log`` (kept open: the broker may delete it while we upload), check it and read
-    the small files (thread side). The caller closes the returned ``log``."""
+    the small files (thread side); with the whole ``.log``'s CRC-32C from the check's read. The
+    caller closes the returned ``log``."""
     log_path = paths.get("log")
     if log_path is None:
         raise BrokerPathError("a copy request must name the segment's log file")
@@ -264,7 +273,7 @@ def _open(paths: Mapping[str, Path | None], leader_epochs: bytes, size: int) -> 
     except SegmentVanishedError as exc:
         raise SegmentNotCopyableError(f"{log_path} is missing on the sidecar's mount") from exc
     try:
-        return _checked(handle, log_path, paths, leader_epochs, size)
+        return _checked(handle, log_path, paths, leader_epochs, size, part_size)
     except BaseException:
         handle.close()
         raise
@@ -276,8 +285,11 @@ def _checked(
     paths: Mapping[str, Path | None],
     leader_epochs: bytes,
     size: int,
-) -> OpenSegment:
-    """The size the broker's metadata says, every batch's CRC, batches that fill the file."""
+    part_size: int,
+) -> tuple[OpenSegment, int | None]:
+    """The size the broker's metadata says, every batch's CRC, batches that fill the file; the
+    CRC-32Cs of the upload's parts (``part_size``) and of the whole file come from the same read,
+    so neither the upload nor the staging lookup reads the file again."""
     stat = os.fstat(handle.fileno())
     if stat.st_size != size:
         raise SegmentNotCopyableError(
@@ -285,8 +297,11 @@ def _checked(
         )
     fd_path = f"/proc/self/fd/{handle.fileno()}"
     end = 0
+    crcs = PartChecksums(stat.st_size, part_size)
     try:
-        for header in iter_batches(Path(fd_path), verify_crc=True, path=str(log_path)):
+        for header in iter_batches(
+            Path(fd_path), verify_crc=True, path=str(log_path), on_read=crcs.feed
+        ):
             end = header.end_position
     except FormatError as exc:
         raise SegmentNotCopyableError(f"segment {log_path} is corrupt: {exc}") from exc
@@ -301,4 +316,7 @@ def _checked(
         IndexKind.PRODUCER_SNAPSHOT: _read(paths.get("producer_snapshot")),
         IndexKind.LEADER_EPOCH_CHECKPOINT: leader_epochs,
     }
-    return OpenSegment(handle, fd_path, files, stat.st_size, stat.st_mtime_ns)
+    opened = OpenSegment(
+        handle, fd_path, files, stat.st_size, stat.st_mtime_ns, crcs.result(), part_size
+    )
+    return opened, crcs.whole()

@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -26,11 +27,13 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
+from sidecar.storage import PartChecksums
 from sidecar.storage._crc import crc32c
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import SegmentManifest
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
+from sidecar.tiering import brokercopy
 from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import ClusterView, TopicConfig
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
@@ -153,6 +156,60 @@ async def test_nothing_staged_or_other_bytes_staged_means_an_upload(partition: P
     assert _outcomes(metrics) == {"adopted": 0, "not_staged": 1}
     assert _staged_key(partition, 0, other) in objects.objects  # not ours to adopt
     assert objects.calls["copy"] == 0  # known not to match: no request
+
+
+async def test_the_check_gives_the_staging_lookup_and_the_upload_their_crcs(
+    partition: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One read of the broker's ``.log`` (the batch check) gives the whole file's CRC-32C for
+    the staged-key lookup and each part's for the upload: the file is not read again for
+    either."""
+    objects, ledger, metrics = MemoryObjectStore(), StagingLedger(), Metrics()
+    log = (partition / segment_file_name(0, FileKind.LOG)).read_bytes()
+    part_size = 5 * 1024 * 1024
+    assert len(log) < part_size  # one part here; PartChecksums cuts several the same way
+
+    def no_second_read(fd: int, size: int) -> int:
+        raise AssertionError("the .log was read again for its CRC-32C")
+
+    handed: list[object] = []
+    put_file = MemoryObjectStore.put_file
+
+    async def spy(self: MemoryObjectStore, key: str, path: Any, **kwargs: Any) -> Any:
+        handed.append((kwargs.get("part_size"), kwargs.get("part_crcs")))
+        return await put_file(self, key, path, **kwargs)
+
+    monkeypatch.setattr(brokercopy, "file_crc32c", no_second_read)
+    monkeypatch.setattr(MemoryObjectStore, "put_file", spy)
+    copier = BrokerCopier(
+        objects=objects,
+        layout=LAYOUT,
+        log_dirs=[partition.parent],
+        part_size=part_size,
+        concurrency=2,
+        staging=ledger,
+        metrics=metrics,
+    )
+    request = _request(partition, 0, 30)
+    await copier.copy(request)
+
+    assert handed == [(part_size, (crc32c(log),))]
+    assert _outcomes(metrics) == {"adopted": 0, "not_staged": 1}  # looked up under crc32c(log)
+    keys = segment_keys(LAYOUT, request.metadata)
+    assert await objects.get(keys[ObjectSuffix.LOG]) == log
+
+
+def test_part_checksums_give_the_whole_files_crc() -> None:
+    """The whole file's CRC-32C combined from its parts' equals the CRC of all its bytes."""
+    data = bytes(range(256)) * 50_000  # 12.5 MB: three parts of 5 MiB
+    checksums = PartChecksums(len(data), 5 * 1024 * 1024)
+    for start in range(0, len(data), 1_000_000):
+        checksums.feed(start, data[start : start + 1_000_000])
+    assert len(checksums.result() or ()) == 3
+    assert checksums.whole() == crc32c(data)
+    gap = PartChecksums(len(data), 5 * 1024 * 1024)
+    gap.feed(1, data[1:])
+    assert gap.whole() is None
 
 
 async def test_a_log_staged_before_a_restart_is_adopted(partition: Path) -> None:
