@@ -45,6 +45,7 @@ from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
+from sidecar.storage import PartChecksums
 from sidecar.storage._crc import crc32c
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout
@@ -66,14 +67,17 @@ _READ_BYTES = 1 << 20
 _PER_PASS = 4
 
 
-def file_crc32c(fd: int, size: int) -> int:
-    """(thread) CRC-32C of the first ``size`` bytes of an open file, read 1 MiB at a time."""
+def file_crc32c(fd: int, size: int, on_read: Callable[[int, bytes], None] | None = None) -> int:
+    """(thread) CRC-32C of the first ``size`` bytes of an open file, read 1 MiB at a time;
+    ``on_read(position, data)`` sees each piece read (``PartChecksums.feed``)."""
     value, offset = 0, 0
     while offset < size:
         chunk = os.pread(fd, min(_READ_BYTES, size - offset), offset)
         if not chunk:
             raise OSError(f"file ended at byte {offset} of {size}")
         value = crc32c(chunk, value)
+        if on_read is not None:
+            on_read(offset, chunk)
         offset += len(chunk)
     return value
 
@@ -268,10 +272,10 @@ class EagerStager:
         self._ledger.begin(ident)
         started = time.monotonic()
         try:
-            fingerprint = await asyncio.to_thread(_fingerprint, segment.log_path)
+            fingerprint = await asyncio.to_thread(_fingerprint, segment.log_path, self._part_size)
             if fingerprint is None:
                 return False  # deleted meanwhile: nothing to stage
-            size, crc, mtime_ns = fingerprint
+            size, crc, mtime_ns, part_crcs = fingerprint
             key = self._layout.staged_key(
                 topic=tip.topic,
                 topic_id=tip.topic_id,
@@ -287,7 +291,11 @@ class EagerStager:
                 found = False
             if not found:
                 info = await self._objects.put_file(
-                    key, segment.log_path, part_size=self._part_size, concurrency=self._concurrency
+                    key,
+                    segment.log_path,
+                    part_size=self._part_size,
+                    concurrency=self._concurrency,
+                    part_crcs=part_crcs,
                 )
                 after = await asyncio.to_thread(_stat, segment.log_path)
                 if (
@@ -328,19 +336,22 @@ class EagerStager:
             self._ledger.end(ident)
 
 
-def _fingerprint(path: Path) -> tuple[int, int, int] | None:
-    """(thread) Size, CRC-32C and mtime of a segment's ``.log``; None when it is gone."""
+def _fingerprint(path: Path, part_size: int) -> tuple[int, int, int, tuple[int, ...] | None] | None:
+    """(thread) Size, CRC-32C and mtime of a segment's ``.log``, and the CRC-32C of each part
+    ``put_file`` cuts it into for ``part_size`` (from the same read, so the upload does not read
+    the file again to compute them); None when it is gone."""
     try:
         handle, _ = open_segment_file(path)
     except SegmentVanishedError:
         return None
     with handle:
         stat = os.fstat(handle.fileno())
-        crc = file_crc32c(handle.fileno(), stat.st_size)
+        parts = PartChecksums(stat.st_size, part_size)
+        crc = file_crc32c(handle.fileno(), stat.st_size, parts.feed)
         after = os.fstat(handle.fileno())
         if (after.st_size, after.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
             return None  # still being written: not a rolled segment after all
-        return stat.st_size, crc, stat.st_mtime_ns
+        return stat.st_size, crc, stat.st_mtime_ns, parts.result()
 
 
 def _stat(path: Path) -> tuple[int, int] | None:

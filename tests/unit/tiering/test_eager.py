@@ -27,13 +27,13 @@ from sidecar.metadata.events import (
 )
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
-from sidecar.storage import PartChecksums
+from sidecar.storage import PartChecksums, plan_parts
 from sidecar.storage._crc import crc32c
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import SegmentManifest
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
-from sidecar.tiering import brokercopy
+from sidecar.tiering import brokercopy, eager
 from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import ClusterView, TopicConfig
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
@@ -415,6 +415,45 @@ async def test_the_stager_uploads_rolled_segments_below_the_lso(tmp_path: Path, 
         assert objects.calls["put_file"] == 2
     finally:
         store.close()
+
+
+async def test_a_staging_upload_gets_its_part_crcs_from_the_fingerprint_read(
+    tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The read that fingerprints a rolled ``.log`` (its CRC-32C names the staged key) also
+    gives each part's CRC-32C to the upload, which then does not read the file to compute
+    them."""
+    handed: list[object] = []
+    put_file = MemoryObjectStore.put_file
+
+    async def spy(self: MemoryObjectStore, key: str, path: Any, **kwargs: Any) -> Any:
+        handed.append(kwargs.get("part_crcs"))
+        return await put_file(self, key, path, **kwargs)
+
+    monkeypatch.setattr(MemoryObjectStore, "put_file", spy)
+    objects = MemoryObjectStore()
+    stager, _ledger, _metrics, _cluster, store = _stager(tmp_path, partition, objects, lso=None)
+    try:
+        await stager._pass(asyncio.Event())
+    finally:
+        store.close()
+    logs = [(partition / segment_file_name(b, FileKind.LOG)).read_bytes() for b in (0, 30)]
+    assert sorted(handed, key=str) == sorted([(crc32c(log),) for log in logs], key=str)
+
+
+def test_the_fingerprint_cuts_part_crcs_as_the_upload_does(tmp_path: Path) -> None:
+    data = os.urandom(12 * 1024 * 1024 + 3)
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(data)
+    part = 5 * 1024 * 1024
+    fingerprint = eager._fingerprint(path, part)
+    assert fingerprint is not None
+    size, crc, _mtime, part_crcs = fingerprint
+    assert (size, crc) == (len(data), crc32c(data))
+    assert part_crcs == tuple(
+        crc32c(data[p.offset : p.offset + p.length]) for p in plan_parts(len(data), part)
+    )
+    assert len(part_crcs or ()) == 3
 
 
 async def test_a_failed_staging_upload_is_counted_logged_and_retried_later(
