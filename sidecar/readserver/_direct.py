@@ -52,8 +52,16 @@ def _scratch() -> mmap.mmap:
 def write_file(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
     """Create (or replace) ``path`` holding ``data``; returns whether it was written with
     ``O_DIRECT``. ``direct=False``, a platform without ``O_DIRECT`` or a filesystem that refuses
-    it: a buffered write. Any other ``OSError`` propagates and the file may be left partial (the
-    caller writes under a temporary name)."""
+    it: a buffered write. Any other ``OSError`` (a full disk) propagates, and no file is left
+    at ``path``."""
+    try:
+        return _write_file(path, data, direct)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+def _write_file(path: Path, data: bytes | memoryview, direct: bool) -> bool:
     if direct and DIRECT_SUPPORTED:
         try:
             fd = os.open(path, _FLAGS | os.O_DIRECT, 0o644)

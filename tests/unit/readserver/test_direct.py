@@ -84,9 +84,40 @@ def test_other_errors_propagate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(_direct.os, "pwrite", full_pwrite)
+    path = tmp_path / "chunk"
     with pytest.raises(OSError, match="No space") as caught:
-        write_file(tmp_path / "chunk", os.urandom(2 * ALIGN))
+        write_file(path, os.urandom(2 * ALIGN))
     assert caught.value.errno == errno.ENOSPC
+    assert not path.exists()  # nothing partial is left to take disk space
+
+
+def test_a_full_disk_in_a_buffered_write_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffered write that runs out of space removes the file it had created."""
+    path = tmp_path / "chunk"
+    real_open = Path.open
+
+    class _Full:
+        def __init__(self, handle: Any) -> None:
+            self._handle = handle
+
+        def __enter__(self) -> _Full:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._handle.close()
+
+        def write(self, data: Any) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def full_open(self: Path, *args: Any, **kwargs: Any) -> Any:
+        return _Full(real_open(self, *args, **kwargs))
+
+    monkeypatch.setattr(Path, "open", full_open)
+    with pytest.raises(OSError, match="No space"):
+        write_file(path, b"data", direct=False)
+    assert not path.exists()
 
 
 def test_the_file_never_grows_past_its_bytes(
