@@ -38,7 +38,7 @@ from typing import Any
 
 from sidecar import __version__
 from sidecar._aio import capture_signals, freeze_startup_heap, guard, wait_any
-from sidecar.config import KafkaConfig, SidecarConfig
+from sidecar.config import SidecarConfig, kafka_client_options, secret_values
 from sidecar.errors import ConfigError, FormatError, SidecarError
 from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
 from sidecar.kafka.logdir import META_PROPERTIES, PartitionScan, scan_partition_dir
@@ -85,25 +85,6 @@ def read_broker_identity(log_dirs: list[Path]) -> MetaProperties | None:
     return None
 
 
-def kafka_client_options(kafka: KafkaConfig) -> dict[str, Any]:
-    """aiokafka keyword arguments for the cluster's security settings (no secrets logged)."""
-    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
-    if kafka.sasl_mechanism is not None:
-        options["sasl_mechanism"] = kafka.sasl_mechanism
-        options["sasl_plain_username"] = kafka.sasl_username
-        if kafka.sasl_password is not None:
-            options["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context
-
-        options["ssl_context"] = create_ssl_context(
-            cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None,
-            certfile=str(kafka.ssl_certfile) if kafka.ssl_certfile else None,
-            keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
-        )
-    return options
-
-
 def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | None:
     """The daemon's one upload bandwidth cap (``tiering.max_upload_bytes_per_second``), for the
     object store that every upload goes through; None when uploads are not capped.
@@ -128,11 +109,6 @@ def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | No
         part_size_bytes=config.s3.part_size_bytes,
     )
     return bucket
-
-
-def _secrets(config: SidecarConfig) -> list[str]:
-    values = [config.s3.access_key_id, config.s3.secret_access_key, config.kafka.sasl_password]
-    return [v.get_secret_value() for v in values if v is not None]
 
 
 class _LocalTotals:
@@ -785,7 +761,7 @@ class _ReadDiscovery:
 def run_daemon(config: SidecarConfig) -> int:
     """Configure logging, run the daemon on uvloop (where available), return the exit code."""
     configure_logging(
-        level=config.logging.level, fmt=config.logging.format, secrets=_secrets(config)
+        level=config.logging.level, fmt=config.logging.format, secrets=secret_values(config)
     )
 
     async def main() -> None:

@@ -842,6 +842,31 @@ def _describe(exc: ValidationError, path: Path | None, sources: Mapping[str, str
     return "\n".join([f"invalid configuration{where}:", *(f"  {p}" for p in problems)])
 
 
+def kafka_client_options(kafka: KafkaConfig) -> dict[str, Any]:
+    """aiokafka keyword arguments for the cluster's security settings (no secrets logged)."""
+    options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
+    if kafka.sasl_mechanism is not None:
+        options["sasl_mechanism"] = kafka.sasl_mechanism
+        options["sasl_plain_username"] = kafka.sasl_username
+        if kafka.sasl_password is not None:
+            options["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
+    if kafka.security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context
+
+        options["ssl_context"] = create_ssl_context(
+            cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile else None,
+            certfile=str(kafka.ssl_certfile) if kafka.ssl_certfile else None,
+            keyfile=str(kafka.ssl_keyfile) if kafka.ssl_keyfile else None,
+        )
+    return options
+
+
+def secret_values(config: SidecarConfig) -> list[str]:
+    """The secrets the configuration holds, in clear: what logs and errors must redact."""
+    values = [config.s3.access_key_id, config.s3.secret_access_key, config.kafka.sasl_password]
+    return [v.get_secret_value() for v in values if v is not None]
+
+
 def masked(config: SidecarConfig) -> dict[str, Any]:
     """The effective configuration as plain data with every secret replaced by asterisks."""
 

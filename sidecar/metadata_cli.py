@@ -86,7 +86,7 @@ async def _read_topic(
 ) -> int:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from sidecar.app import kafka_client_options
+    from sidecar.config import kafka_client_options
 
     bootstrap = ",".join(config.kafka.bootstrap_servers)
     consumer = AIOKafkaConsumer(

@@ -33,7 +33,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TextIO
 
-from sidecar.config import SidecarConfig
+from sidecar.config import SidecarConfig, kafka_client_options, secret_values
 from sidecar.errors import CommandError, ConfigError
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
@@ -50,20 +50,17 @@ __all__ = ["delete_partition_command", "scrub_command"]
 def _log_to_stderr(config: SidecarConfig, *, level: str = "WARNING") -> None:
     """Logs go to stderr (stdout carries the report), secrets masked. A one-shot command logs
     at WARNING unless asked otherwise: the report says what happened."""
-    from sidecar.app import _secrets
     from sidecar.observability.logging import configure_logging
 
     configure_logging(
         level=level,
         fmt=config.logging.format,
         stream=sys.stderr,
-        secrets=_secrets(config),
+        secrets=secret_values(config),
     )
 
 
 def _client_options(config: SidecarConfig) -> dict[str, object]:
-    from sidecar.app import kafka_client_options
-
     return kafka_client_options(config.kafka)
 
 

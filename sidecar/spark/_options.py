@@ -113,8 +113,7 @@ class KafkaSecurity:
 
     def client_options(self) -> dict[str, object]:
         """aiokafka keyword arguments (the same translation as the daemon's)."""
-        from sidecar.app import kafka_client_options
-        from sidecar.config import KafkaConfig
+        from sidecar.config import KafkaConfig, kafka_client_options
 
         settings: dict[str, object] = {
             "security_protocol": self.protocol,

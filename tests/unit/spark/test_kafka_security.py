@@ -67,7 +67,7 @@ class TestKafkaSecurity:
     def test_sidecar_config_round_trips_through_spark_names(self, tmp_path: Path):
         """A sidecar [kafka] section, written as Spark options and read back, gives the same
         aiokafka arguments as the daemon's own translation."""
-        from sidecar.app import kafka_client_options
+        from sidecar.config import kafka_client_options
 
         path = tmp_path / "s.toml"
         path.write_text(
