@@ -62,27 +62,32 @@ def write_file(path: Path, data: bytes | memoryview, *, direct: bool = True) -> 
 
 
 def _write_file(path: Path, data: bytes | memoryview, direct: bool) -> bool:
-    if direct and DIRECT_SUPPORTED:
-        try:
-            fd = os.open(path, _FLAGS | os.O_DIRECT, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-        else:
-            try:
-                _write_direct(fd, data)
-            except OSError as exc:
-                os.close(fd)
-                if exc.errno != errno.EINVAL:
-                    raise
-                path.unlink(missing_ok=True)  # an alignment the device refuses: buffered
-            else:
-                _read_back(fd)
-                os.close(fd)
-                return True
-    with path.open("wb") as out:
+    if direct and DIRECT_SUPPORTED and _write_direct_or_refused(path, data):
+        return True
+    with path.open("wb") as out:  # replaces what a refused O_DIRECT write left
         out.write(data)
     return False
+
+
+def _write_direct_or_refused(path: Path, data: bytes | memoryview) -> bool:
+    """Write ``path`` with ``O_DIRECT`` and read it back; False when the filesystem or the
+    device refuses ``O_DIRECT`` (``EINVAL`` at the open or the first write)."""
+    try:
+        fd = os.open(path, _FLAGS | os.O_DIRECT, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    try:
+        _write_direct(fd, data)
+        _read_back(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _read_back(fd: int) -> None:

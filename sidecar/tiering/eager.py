@@ -67,18 +67,27 @@ _READ_BYTES = 1 << 20
 _PER_PASS = 4
 
 
-def file_crc32c(fd: int, size: int, on_read: Callable[[int, bytes], None] | None = None) -> int:
-    """(thread) CRC-32C of the first ``size`` bytes of an open file, read 1 MiB at a time;
-    ``on_read(position, data)`` sees each piece read (``PartChecksums.feed``)."""
-    value, offset = 0, 0
+def _read_pieces(fd: int, size: int, on_read: Callable[[int, bytes], None]) -> None:
+    """(thread) Hand ``on_read(position, data)`` the first ``size`` bytes of an open file, read
+    1 MiB at a time; a file shorter than ``size`` is an OSError."""
+    offset = 0
     while offset < size:
         chunk = os.pread(fd, min(_READ_BYTES, size - offset), offset)
         if not chunk:
             raise OSError(f"file ended at byte {offset} of {size}")
-        value = crc32c(chunk, value)
-        if on_read is not None:
-            on_read(offset, chunk)
+        on_read(offset, chunk)
         offset += len(chunk)
+
+
+def file_crc32c(fd: int, size: int) -> int:
+    """(thread) CRC-32C of the first ``size`` bytes of an open file, read 1 MiB at a time."""
+    value = 0
+
+    def add(_position: int, chunk: bytes) -> None:
+        nonlocal value
+        value = crc32c(chunk, value)
+
+    _read_pieces(fd, size, add)
     return value
 
 
@@ -347,7 +356,10 @@ def _fingerprint(path: Path, part_size: int) -> tuple[int, int, int, tuple[int, 
     with handle:
         stat = os.fstat(handle.fileno())
         parts = PartChecksums(stat.st_size, part_size)
-        crc = file_crc32c(handle.fileno(), stat.st_size, parts.feed)
+        _read_pieces(handle.fileno(), stat.st_size, parts.feed)
+        crc = parts.whole()  # one CRC pass: the whole file's from its parts'
+        if crc is None:  # every byte was fed: cannot happen
+            raise OSError(f"{path}: not every byte of the file was read")
         after = os.fstat(handle.fileno())
         if (after.st_size, after.st_mtime_ns) != (stat.st_size, stat.st_mtime_ns):
             return None  # still being written: not a rolled segment after all

@@ -4,9 +4,11 @@ a peer that reads slowly, a file that ends early, and a peer that stops reading.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +101,27 @@ class TestPlainSocket:
             await server.wait_closed()
 
 
-def _file(tmp_path: Path, data: bytes) -> int:
+@contextlib.contextmanager
+def _link(
+    tmp_path: Path, data: bytes, *, buffer_bytes: int | None = None
+) -> Iterator[tuple[int, socket.socket, socket.socket]]:
+    """A file holding ``data`` (its descriptor) and a non-blocking socket pair (sender,
+    receiver), with ``buffer_bytes`` socket buffers when given; all closed after the block."""
     path = tmp_path / "data"
     path.write_bytes(data)
-    return os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY)
+    left, right = socket.socketpair()
+    try:
+        if buffer_bytes is not None:
+            left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+            right.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
+        left.setblocking(False)
+        right.setblocking(False)
+        yield fd, left, right
+    finally:
+        os.close(fd)
+        left.close()
+        right.close()
 
 
 async def _drain(sock: socket.socket, into: bytearray, start: asyncio.Event | None = None) -> None:
@@ -113,81 +132,50 @@ async def _drain(sock: socket.socket, into: bytearray, start: asyncio.Event | No
         into += chunk
 
 
+async def _end(sender: socket.socket, reading: asyncio.Task[None]) -> None:
+    """Close the sending side and wait for the reader to take the rest."""
+    sender.shutdown(socket.SHUT_WR)
+    await reading
+
+
 class TestSendFileRange:
     async def test_the_range_arrives_exactly(self, tmp_path: Path) -> None:
         data = os.urandom(3 * 1024 * 1024 + 5)
-        fd = _file(tmp_path, data)
-        left, right = socket.socketpair()
-        left.setblocking(False)
-        right.setblocking(False)
         got = bytearray()
-        try:
+        with _link(tmp_path, data) as (fd, left, right):
             reading = asyncio.create_task(_drain(right, got))
             await send_file_range(left.fileno(), fd, 1000, len(data) - 2000)
-            left.shutdown(socket.SHUT_WR)
-            await reading
-        finally:
-            os.close(fd)
-            left.close()
-            right.close()
+            await _end(left, reading)
         assert bytes(got) == data[1000:-1000]
 
     async def test_a_slow_reader_gets_everything(self, tmp_path: Path) -> None:
         """The socket fills (small buffers) before the reader starts: the send waits for room
         on the loop and goes on."""
         data = os.urandom(2 * 1024 * 1024)
-        fd = _file(tmp_path, data)
-        left, right = socket.socketpair()
-        left.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        right.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        left.setblocking(False)
-        right.setblocking(False)
         got = bytearray()
         start = asyncio.Event()
-        try:
+        with _link(tmp_path, data, buffer_bytes=4096) as (fd, left, right):
             reading = asyncio.create_task(_drain(right, got, start))
             sending = asyncio.create_task(send_file_range(left.fileno(), fd, 0, len(data)))
             await asyncio.sleep(0.2)  # the socket is full by now; the test holds either way
             assert not sending.done()
             start.set()
             await sending
-            left.shutdown(socket.SHUT_WR)
-            await reading
-        finally:
-            os.close(fd)
-            left.close()
-            right.close()
+            await _end(left, reading)
         assert bytes(got) == data
 
     async def test_a_file_that_ends_early_says_how_much_went(self, tmp_path: Path) -> None:
         data = os.urandom(100_000)
-        fd = _file(tmp_path, data)
-        left, right = socket.socketpair()
-        left.setblocking(False)
-        right.setblocking(False)
         got = bytearray()
-        try:
+        with _link(tmp_path, data) as (fd, left, right):
             reading = asyncio.create_task(_drain(right, got))
             with pytest.raises(ShortFileError) as caught:
                 await send_file_range(left.fileno(), fd, 0, 150_000)
-            left.shutdown(socket.SHUT_WR)
-            await reading
-        finally:
-            os.close(fd)
-            left.close()
-            right.close()
+            await _end(left, reading)
         assert caught.value.sent == 100_000
         assert bytes(got) == data
 
     async def test_a_peer_that_stops_reading_is_a_timeout(self, tmp_path: Path) -> None:
         data = os.urandom(8 * 1024 * 1024)
-        fd = _file(tmp_path, data)
-        left, right = socket.socketpair()
-        left.setblocking(False)
-        try:
-            with pytest.raises(TimeoutError):
-                await send_file_range(left.fileno(), fd, 0, len(data), stall_s=0.2)
-        finally:
-            os.close(fd)
-            left.close()
-            right.close()
+        with _link(tmp_path, data) as (fd, left, _right), pytest.raises(TimeoutError):
+            await send_file_range(left.fileno(), fd, 0, len(data), stall_s=0.2)

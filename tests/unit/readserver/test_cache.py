@@ -438,6 +438,24 @@ class TestMemoryCache:
         await cache.aclose()
 
 
+def _spy_writes(
+    monkeypatch: pytest.MonkeyPatch, *, refuse: bool = False
+) -> tuple[list[bool], list[bool]]:
+    """Record each chunk-file write: whether O_DIRECT was asked for, and whether it was used;
+    with ``refuse``, the filesystem refuses it (the write goes buffered)."""
+    asked: list[bool] = []
+    used: list[bool] = []
+    real = cache_module.write_file
+
+    def spy(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+        asked.append(direct)
+        used.append(real(path, data, direct=direct and not refuse))
+        return used[-1]
+
+    monkeypatch.setattr(cache_module, "write_file", spy)
+    return asked, used
+
+
 class TestChunkCacheDirectWrites:
     """Chunk files are written around the page cache, or through it where refused."""
 
@@ -445,15 +463,7 @@ class TestChunkCacheDirectWrites:
         """Every chunk file is written with O_DIRECT by default (this directory is on a disk
         filesystem), and holds exactly the chunk's bytes."""
         body = os.urandom(2 * CHUNK + 10)
-        modes: list[bool] = []
-        real = cache_module.write_file
-
-        def recording(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
-            used = real(path, data, direct=direct)
-            modes.append(used)
-            return used
-
-        monkeypatch.setattr(cache_module, "write_file", recording)
+        _asked, modes = _spy_writes(monkeypatch)
         async with _cache(await _store(obj=body), tmp_path, memory_chunks=0) as cache:
             obj = ObjectRef("obj", len(body))
             for i in range(3):
@@ -469,14 +479,7 @@ class TestChunkCacheDirectWrites:
         """The first refusal of O_DIRECT is logged once; that chunk and every later one is
         cached through the page cache, byte for byte, and read back from disk."""
         body = os.urandom(3 * CHUNK)
-        asked: list[bool] = []
-        real = cache_module.write_file
-
-        def refusing(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
-            asked.append(direct)
-            return real(path, data, direct=False)
-
-        monkeypatch.setattr(cache_module, "write_file", refusing)
+        asked, _modes = _spy_writes(monkeypatch, refuse=True)
         store = await _store(obj=body)
         with capture_logs() as logs:
             async with _cache(store, tmp_path, memory_chunks=0) as cache:
@@ -496,14 +499,7 @@ class TestChunkCacheDirectWrites:
 
     async def test_direct_io_off_writes_buffered(self, tmp_path, monkeypatch):
         """``direct_io=False`` (the configuration's ``cache_direct_io``) never asks for it."""
-        asked: list[bool] = []
-        real = cache_module.write_file
-
-        def recording(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
-            asked.append(direct)
-            return real(path, data, direct=direct)
-
-        monkeypatch.setattr(cache_module, "write_file", recording)
+        asked, _modes = _spy_writes(monkeypatch)
         body = os.urandom(CHUNK)
         async with _cache(await _store(obj=body), tmp_path, direct_io=False) as cache:
             await cache.read(ObjectRef("obj", len(body)), 0, CHUNK)
