@@ -9,7 +9,7 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   fetch *task* while it runs and forgets it when it ends, so a failure reaches every waiter and is
   never cached: the next read starts a new GET.
 * **read-ahead**: a read of chunk *i* starts GETs of the next ``readahead_chunks`` chunks (going
-  on into a ``follow`` object, the next segment, past the end of this one), so a sequential
+  on into the ``follow`` objects, the next segments, past the end of this one), so a sequential
   reader finds them fetched or in flight. A reader seen to go on chunk after chunk of an object
   (its reads went from chunk *i* to *i + 1*) is read ahead deeper, ``2 * group_chunks`` chunks
   (by default 16 MiB of chunks, at most 16, a group), and consecutive missing chunks are fetched
@@ -371,14 +371,14 @@ class ChunkCache:
         *,
         readahead: bool = True,
         readahead_limit: int | None = None,
-        follow: ObjectRef | None = None,
+        follow: tuple[ObjectRef, ...] = (),
     ) -> bytes | memoryview:
         """Bytes ``[start, start + length)`` of ``obj``; the range must lie within one chunk
         (a view of the chunk when it is in memory, else bytes read from disk).
 
         With ``readahead``, GETs of the next chunks start: chunks that start before
         ``readahead_limit`` (a byte position) when one is given, else up to the object's end and
-        on into ``follow``.
+        on into the objects of ``follow`` (the next segments, in order).
         Raises the object store's errors, :class:`StorageTimeoutError` after the deadline, and
         :class:`RemoteDataError` when the object is shorter than ``obj.size``.
         """
@@ -429,11 +429,23 @@ class ChunkCache:
         offset = start - chunk_start
         return memoryview(chunk)[offset : offset + length]
 
-    def prefetch(self, obj: ObjectRef, index: int) -> None:
-        """Start fetching chunk ``index`` of ``obj`` unless it is cached or in flight."""
+    def prefetch(self, obj: ObjectRef, index: int, count: int = 1) -> None:
+        """Start fetching chunks ``index .. index + count - 1`` of ``obj`` that are neither
+        cached nor in flight, consecutive missing ones with one GET (up to ``group_chunks``)."""
         self._check_open()
-        if 0 <= index < self.chunk_count(obj.size):
-            self._start_prefetch(obj, index)
+        end = min(index + count, self.chunk_count(obj.size))
+        at = max(index, 0)
+        while at < end:
+            run = 0
+            while (
+                run < self.group_chunks
+                and at + run < end
+                and not self._present(self._name(obj.key, at + run))
+            ):
+                run += 1
+            if run and not self._start_prefetch(obj, at, run):
+                return
+            at += max(run, 1)
 
     def _note_read(self, key: str, index: int) -> bool:
         """Record a read of chunk ``index`` of ``key``; True when the reads of that object go
@@ -453,30 +465,32 @@ class ChunkCache:
         self,
         obj: ObjectRef,
         index: int,
-        follow: ObjectRef | None,
+        follow: tuple[ObjectRef, ...],
         limit: int | None,
         sequential: bool = False,
     ) -> None:
         count = self.chunk_count(obj.size)
         if limit is not None:
             count = min(count, self.chunk_count(limit))
-            follow = None
+            follow = ()
         depth, group = self.readahead_chunks, 1
         if sequential and self.group_chunks > 1:
             depth, group = max(depth, 2 * self.group_chunks), self.group_chunks
+        # chunks ahead count on through ``follow``: the objects after ``obj``, in order
+        target, target_count, first = obj, count, 0  # ``first``: the chunk number of target's 0
+        queue = iter(follow)
         ahead = index + 1
         while ahead < index + 1 + depth:
-            target, target_index, target_count = obj, ahead, count
-            if ahead >= count:
-                if follow is None:
+            while ahead - first >= target_count:
+                following = next(queue, None)
+                if following is None:
                     return
-                target, target_index = follow, ahead - count
-                target_count = self.chunk_count(follow.size)
-                if target_index >= target_count:
-                    return
-                if target_index == 0 and sequential:
+                first += target_count
+                target, target_count = following, self.chunk_count(following.size)
+                if sequential:
                     # the reader goes on into the next object: it is sequential there too
-                    self._last_read.setdefault(follow.key, (-1, True))
+                    self._last_read.setdefault(target.key, (-1, True))
+            target_index = ahead - first
             # a run of up to ``group`` missing chunks, fetched with one GET
             run = 0
             while (

@@ -131,6 +131,8 @@ _IO_BYTES: Final = 1024 * 1024
 #: manifests are small; this is their weight in the memory cache
 _MANIFEST_WEIGHT: Final = 2048
 _SEQUENTIAL_MEMORY: Final = 4096
+#: a walk's read-ahead goes on through at most this many following segments
+_FOLLOW_SPANS: Final = 4
 _KEYS_REMEMBERED: Final = 65536
 _NO_LIMIT: Final = 2**63
 #: ListOffsets' special timestamps (``ListOffsetsRequest``)
@@ -278,7 +280,7 @@ class _Lineage:
 class _ObjectReader:
     """Sequential reads of one remote object through the chunk cache, one window at a time."""
 
-    def __init__(self, cache: ChunkCache, obj: ObjectRef, *, follow: ObjectRef | None) -> None:
+    def __init__(self, cache: ChunkCache, obj: ObjectRef, *, follow: tuple[ObjectRef, ...]) -> None:
         self._cache = cache
         self._obj = obj
         self._follow = follow
@@ -732,10 +734,11 @@ class ReadService:
 
     async def _prefetch_following(self, segment: SegmentMetadata) -> None:
         """Start fetching what a read of the segment after ``segment`` needs first: its
-        manifest, its indexes object and its first chunk. The broker reads a partition's remote
-        segments one after the other, and its first read of each new one asks for three indexes
-        and then the segment's first bytes; fetched while the end of ``segment`` is read, none
-        of that waits for a GET. Nothing happens when the store knows no segment after it."""
+        manifest, its indexes object and its first chunks (``readahead_chunks``, one GET). The
+        broker reads a partition's remote segments one after the other, and its first read of
+        each new one asks for three indexes and then the segment's first bytes; fetched while
+        the end of ``segment`` is read, none of that waits for a GET. Nothing happens when the
+        store knows no segment after it."""
         tp = segment.segment_id.topic_id_partition
         lineage = await self._lineage(tp)
         at = bisect.bisect_right(lineage.starts, segment.end_offset + 1) - 1
@@ -745,7 +748,9 @@ class ReadService:
         following = span.segment
         if following.segment_id == segment.segment_id or span.end_offset <= segment.end_offset:
             return
-        self.chunks.prefetch(self.log_ref(following), 0)
+        # as deep as the read-ahead within a segment: with segments of a few chunks, their
+        # first chunk alone leaves the reader one GET ahead at the start of each
+        self.chunks.prefetch(self.log_ref(following), 0, max(1, self.chunks.readahead_chunks))
         self._indexes.warm(
             ("manifest", following.segment_id.id),
             self._manifest_loader(following, prefetch_indexes=True),
@@ -1218,12 +1223,21 @@ class ReadService:
 
     def _walk(
         self, spans: list[SegmentSpan], at: int, offset: int
-    ) -> Iterator[tuple[SegmentSpan, ObjectRef | None]]:
+    ) -> Iterator[tuple[SegmentSpan, tuple[ObjectRef, ...]]]:
+        """The spans from ``at`` on while they are contiguous, each with the ``.log`` objects of
+        the next ones (up to :data:`_FOLLOW_SPANS`, up to a gap), for the read-ahead: with
+        segments of a few chunks, one segment ahead is one GET ahead, and a reader that is
+        faster than one GET waits at every segment."""
         for i in range(at, len(spans)):
             if i > at and spans[i].start_offset != spans[i - 1].end_offset + 1:
                 return  # a gap in the lineage: the next request gets the 416
             self._warm_next(spans, i)
-            yield spans[i], self.log_ref(spans[i + 1].segment) if i + 1 < len(spans) else None
+            follow: list[ObjectRef] = []
+            for j in range(i + 1, min(i + 1 + _FOLLOW_SPANS, len(spans))):
+                if spans[j].start_offset != spans[j - 1].end_offset + 1:
+                    break
+                follow.append(self.log_ref(spans[j].segment))
+            yield spans[i], tuple(follow)
 
     async def _batches_from(
         self, spans: list[SegmentSpan], at: int, offset: int, budget: _Budget
@@ -1253,7 +1267,7 @@ class ReadService:
                 return
 
     async def _span_runs(
-        self, span: SegmentSpan, target: int, *, follow: ObjectRef | None, budget: _Budget
+        self, span: SegmentSpan, target: int, *, follow: tuple[ObjectRef, ...], budget: _Budget
     ) -> AsyncGenerator[Run, None]:
         """Runs of ``span``'s batches from the one holding ``target``: within a window, a tight
         loop over headers and CRCs; a batch that crosses a window (chunk) boundary goes through
@@ -1361,7 +1375,7 @@ class ReadService:
         span: SegmentSpan,
         target: int,
         *,
-        follow: ObjectRef | None,
+        follow: tuple[ObjectRef, ...],
         start: int | None = None,
         limit: int | None = None,
         copies: dict[int, int | None] | None = None,
@@ -1439,7 +1453,7 @@ class ReadService:
             target = span.start_offset
             if index is not None:
                 target = max(target, index.lookup(timestamp).offset)
-            async for batch in self._span_batches(span, target, follow=None):
+            async for batch in self._span_batches(span, target, follow=()):
                 header = batch.header
                 if header.max_timestamp < timestamp:
                     continue

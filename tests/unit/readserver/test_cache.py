@@ -287,9 +287,27 @@ class TestChunkCacheReadAhead:
         store = await _store(a=os.urandom(CHUNK + 1), b=os.urandom(3 * CHUNK))
         async with _cache(store, tmp_path, readahead_chunks=2) as cache:
             a, b = ObjectRef("a", CHUNK + 1), ObjectRef("b", 3 * CHUNK)
-            await cache.read(a, CHUNK, 1, follow=b)
+            await cache.read(a, CHUNK, 1, follow=(b,))
             await cache.idle()
             assert [cache.is_cached(b, i) for i in range(3)] == [True, True, False]
+
+    async def test_read_ahead_goes_on_through_several_follow_objects(self, tmp_path):
+        """Segments shorter than the read-ahead: it continues through the next ones in order,
+        so a reader of small segments has more than one segment's GET ahead of it."""
+        store = await _store(
+            a=os.urandom(CHUNK), b=os.urandom(CHUNK), c=os.urandom(2 * CHUNK), d=os.urandom(CHUNK)
+        )
+        async with _cache(store, tmp_path, readahead_chunks=3) as cache:
+            a, b = ObjectRef("a", CHUNK), ObjectRef("b", CHUNK)
+            c, d = ObjectRef("c", 2 * CHUNK), ObjectRef("d", CHUNK)
+            await cache.read(a, 0, 1, follow=(b, c, d))
+            await cache.idle()
+            assert [cache.is_cached(b, 0), cache.is_cached(c, 0), cache.is_cached(c, 1)] == [
+                True,
+                True,
+                True,
+            ]
+            assert not cache.is_cached(d, 0)  # beyond the read-ahead's depth
 
     async def test_read_ahead_stops_at_the_limit(self, tmp_path):
         """With a limit, read-ahead fetches only chunks that start before it."""

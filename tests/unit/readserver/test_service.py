@@ -97,6 +97,26 @@ class TestRecordsByOffset:
             else:  # a control record's offset: the data after it
                 assert got[0].offset > offset
 
+    async def test_read_ahead_runs_on_through_the_next_segments_up_to_a_gap(self, remote, service):
+        """Segments smaller than the read-ahead: a read starts the GETs of the segments after
+        the next one too, but never of one past a gap in the lineage."""
+        a = await remote.upload(0, data_batches(0, 2))
+        b = await remote.upload(10, data_batches(10, 2))
+        c = await remote.upload(20, data_batches(20, 2))
+        d = await remote.upload(100, data_batches(100, 2))  # after a gap (30-99)
+
+        async def read(offset: int) -> None:
+            assert [run async for run in await service.runs(TP, offset, 100)]
+            await service.chunks.idle()
+
+        def cached() -> list[bool]:
+            return [service.chunks.is_cached(service.log_ref(s), 0) for s in (a, b, c, d)]
+
+        await read(0)
+        assert cached() == [True, True, True, False]  # two chunks ahead: b and c
+        await read(10)
+        assert cached() == [True, True, True, False]  # d is after the gap
+
     async def test_one_read_spans_segments_byte_for_byte(self, remote, service):
         """With room for everything, the batches are the three .log files concatenated."""
         await three_segments(remote)
@@ -364,6 +384,24 @@ class TestSegmentsAndIndexes:
         last = second.segment_size_in_bytes
         tail = await service.log_range(second, last - 100, None, readahead_end=last - 1)
         assert await _range_bytes(tail) == remote.logs[second.segment_id.id][-100:]
+
+    async def test_the_next_segments_first_chunks_come_with_one_get(self, remote, service):
+        """At a segment's end the next one's first ``readahead_chunks`` chunks are fetched
+        with one GET, not its first chunk alone."""
+        first = await remote.upload(0, data_batches(0, 40))
+        second = await remote.upload(first.end_offset + 1, data_batches(first.end_offset + 1, 200))
+        log = service.log_ref(second)
+        chunks = service.chunks
+        assert chunks.chunk_count(log.size) > chunks.readahead_chunks == 2
+        size = first.segment_size_in_bytes
+        before = remote.objects.calls["get_range"]
+        window = await service.log_range(first, size - 100, None, readahead_end=size - 1)
+        await _range_bytes(window)
+        await service.manifest(second)
+        await chunks.idle()
+        assert [chunks.is_cached(log, i) for i in range(3)] == [True, True, False]
+        # the first segment's last chunk, the second's indexes object and its two chunks
+        assert remote.objects.calls["get_range"] - before == 3
 
     async def test_ranges_outside_the_segment_are_416(self, remote, service):
         """A start at or past the end, or an end before the start, is not satisfiable."""
