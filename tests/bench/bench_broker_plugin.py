@@ -25,6 +25,11 @@ partition's 1 MiB at a time).
     .venv/bin/python tests/bench/bench_broker_plugin.py --mib 64 --runs 1 \
         --sidecar-set read_server.chunk_size_bytes=1048576 \
         --sidecar-set read_server.prefetch_chunks=8
+    .venv/bin/python tests/bench/bench_broker_plugin.py --s3-latency-ms 20   # a far S3
+
+``--s3-latency-ms`` puts ``_latency_proxy`` between the sidecar and SeaweedFS: each of the
+sidecar's requests reaches SeaweedFS that much later (its uploads too), as with an object
+store that is not on loopback.
 
 Everything lives in a ``/tmp/bench-plugin-*`` directory, removed at the end unless ``--keep``;
 the brokers, the sidecar and SeaweedFS are stopped by PID in a ``finally``.
@@ -43,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import urllib.request
 import uuid
 from pathlib import Path
@@ -53,6 +59,7 @@ sys.path.insert(0, str(REPO))
 
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 
+from tests.bench import _latency_proxy as latency_proxy  # noqa: E402
 from tests.conftest import stack  # noqa: E402
 from tests.e2e._support import write_config  # noqa: E402
 from tests.sidecar_runner import sidecar_env  # noqa: E402
@@ -342,8 +349,18 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     s3 = stack.SeaweedS3.create(root / "s3")
     clusters: list[Any] = []
     sidecar: SidecarProcess | None = None
+    proxy: subprocess.Popen[bytes] | None = None
     try:
         s3.start()
+        sidecar_s3: Any = s3
+        if args.s3_latency_ms > 0:
+            proxy, endpoint = latency_proxy.start(s3.endpoint, args.s3_latency_ms)
+            sidecar_s3 = types.SimpleNamespace(
+                endpoint=endpoint,
+                bucket=s3.bucket,
+                access_key=s3.access_key,
+                secret_key=s3.secret_key,
+            )
         # --- the plugin's broker and its sidecar
         state = Path(tempfile.mkdtemp(prefix="bp-", dir="/tmp"))  # a short socket path
         cluster = stack.KafkaCluster.create(root / "kafka-plugin", nodes=1)
@@ -355,7 +372,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             state_dir=state,
             log_dir=cluster.nodes[0].log_dir,
             bootstrap=cluster.bootstrap_servers,
-            s3=s3,
+            s3=sidecar_s3,
             metrics_port=metrics_port,
             metadata_topic=METADATA_TOPIC,
             include_topics=[],
@@ -447,6 +464,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             shutil.rmtree(sidecar.state, ignore_errors=True)
         for cluster in clusters:
             cluster.stop()
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait()
         s3.stop()
 
 
@@ -513,6 +533,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="reads of each kind (medians)")
     parser.add_argument("--probes", type=int, default=16, help="first-record probes")
     parser.add_argument("--heap", default="1g", help="the brokers' -Xmx")
+    parser.add_argument(
+        "--s3-latency-ms",
+        type=float,
+        default=0,
+        help="hold each of the sidecar's requests to S3 this long (a proxy)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     parser.add_argument(
         "--sidecar-set",

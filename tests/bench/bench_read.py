@@ -34,6 +34,12 @@ recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
     .venv/bin/python tests/bench/bench_read.py --cold-only --runs 5 \
         --server-set read_server.prefetch_chunks=4              # part 1, another setting
     .venv/bin/python tests/bench/bench_read.py --json-only --mib 64 --readers 8   # part 4 only
+    .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20      # a far S3
+
+``--s3-latency-ms`` puts ``_latency_proxy`` between SeaweedFS and the readers (the read server
+and the direct GETs): every request reaches SeaweedFS that much later, the first-byte latency
+of an object store that is not on loopback, where how many GETs a reader keeps in flight
+decides its throughput.
 
 Everything lives in a ``/tmp/bench-read-*`` directory, removed at the end unless ``--keep``;
 SeaweedFS and the read servers are stopped by PID in a ``finally``.
@@ -50,6 +56,7 @@ import random
 import shutil
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +74,7 @@ from sidecar.metadata.store import RemoteSegmentStore  # noqa: E402
 from sidecar.storage.keys import KeyLayout, ObjectSuffix  # noqa: E402
 from sidecar.storage.s3 import S3ObjectStore  # noqa: E402
 from sidecar.testing import TestRecord, build_batch  # noqa: E402
+from tests.bench import _latency_proxy as latency_proxy  # noqa: E402
 from tests.conftest import stack  # noqa: E402
 from tests.sidecar_runner import read_server  # noqa: E402
 from tests.unit.readserver._tiered import Remote  # noqa: E402
@@ -387,9 +395,16 @@ async def main_async(args: argparse.Namespace) -> None:
     s3 = stack.SeaweedS3.create(root / "s3")
     s3.start()
     args.weed_pid_file = s3.pid_file
+    proxy: subprocess.Popen[bytes] | None = None
+    args.read_endpoint = s3.endpoint
     try:
+        if args.s3_latency_ms > 0:
+            proxy, args.read_endpoint = latency_proxy.start(s3.endpoint, args.s3_latency_ms)
         await bench(args, root, s3)
     finally:
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait()
         s3.stop()
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -458,7 +473,8 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
         config = root / "read.toml"
         config.write_text(
             f'state_dir = "{state}"\n'
-            f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\nprefix = "{prefix}"\n'
+            f'[s3]\nendpoint_url = "{args.read_endpoint}"\n'
+            f'bucket = "{s3.bucket}"\nprefix = "{prefix}"\n'
             f"[read_server]\ncache_size_bytes = {4 * GiB}\nchunk_size_bytes = {CHUNK}\n"
             f'[logging]\nformat = "json"\nlevel = "INFO"\n'
         )
@@ -467,8 +483,21 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
             "SIDECAR_S3__ACCESS_KEY_ID": s3.access_key,
             "SIDECAR_S3__SECRET_ACCESS_KEY": s3.secret_key,
         }
-        if not args.json_only:
-            await run_bench(args, root, config, env, objects, keys, size)
+        reading = objects
+        if args.read_endpoint != s3.endpoint:  # the direct GETs go through the proxy too
+            reading = S3ObjectStore(
+                bucket=s3.bucket,
+                endpoint_url=args.read_endpoint,
+                access_key_id=s3.access_key,
+                secret_access_key=s3.secret_key,
+            )
+            await reading.__aenter__()
+        try:
+            if not args.json_only:
+                await run_bench(args, root, config, env, reading, keys, size)
+        finally:
+            if reading is not objects:
+                await reading.aclose()
         if not args.cold_only:
             await json_readers(args, root, config, env)
     finally:
@@ -616,6 +645,12 @@ def main() -> int:
     parser.add_argument("--readers", type=int, default=64)
     parser.add_argument("--readers-mib", type=float, default=2, help="MiB per reader partition")
     parser.add_argument("--ttfb", type=int, default=1000, help="requests for time to first byte")
+    parser.add_argument(
+        "--s3-latency-ms",
+        type=float,
+        default=0,
+        help="hold each request to S3 this long (a proxy): the read server's and the direct GETs",
+    )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--cold-only", action="store_true", help="part (1) only")
     parser.add_argument("--json-only", action="store_true", help="part (4) only")
