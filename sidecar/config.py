@@ -590,8 +590,9 @@ class ReadServerConfig(_Section):
     )
     cache_direct_io: bool = Field(
         True,
-        description="write chunk files with O_DIRECT, then read them back into the page cache:"
-        " far less CPU than a buffered write on ext4; buffered where the filesystem refuses it",
+        description="while the cache fills, write chunk files with O_DIRECT, then read them back"
+        " into the page cache (far less CPU than a buffered write into fresh pages); at its"
+        " budget, and where the filesystem refuses O_DIRECT, buffered writes",
     )
     index_cache_bytes: int = Field(
         64 * 1024 * 1024, ge=0, description="memory for remote offset/time indexes and manifests"

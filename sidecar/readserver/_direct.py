@@ -1,11 +1,12 @@
 """Writing chunk-cache files with ``O_DIRECT``, then reading them back into the page cache.
 
-A buffered write of a new file on ext4 pays, per 4 KiB block, the page-cache insertion and the
-delayed-allocation and extent-status bookkeeping (then the writeback later, in kernel threads):
-on a 2-core VM with ext4 that was 2.2-2.5 CPU-s per GiB written, against 0.06-0.08 through
-``O_DIRECT`` (the bytes go from a user buffer to the device) and 0.3 with the pages read back
-into the page cache afterwards (:func:`_read_back`). A cold read writes every chunk it fetches,
-so this was the largest cost of a cold read in the read server.
+A buffered write of a new file into fresh page-cache pages cost 2.2-2.5 CPU-s per GiB on the
+2-core test VM (Firecracker, ext4; it hands free memory back to its host, so pages not used for
+a while are expensive to get again), against 0.06-0.08 through ``O_DIRECT`` (the bytes go from a
+user buffer to the device) and 0.3 with the pages read back into the page cache afterwards
+(:func:`_read_back`). A buffered write into pages just freed, as when a full cache evicts a
+chunk for each one it writes, costs 0.3-0.4 with its writeback, against 0.5-0.6 for
+``O_DIRECT`` and the read-back: the chunk cache uses this module only while it fills.
 
 ``O_DIRECT`` wants the buffer, the file position and the length aligned to the device's logical
 block size. Each piece is copied into a page-aligned scratch buffer of the writing thread

@@ -26,9 +26,12 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
 * **files**: ``<dir>/<ab>/<blake2b(key)>-<chunk size>-<index>.chunk``, written to ``.tmp`` and
   renamed, so a file with the final name is complete. Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
-  or is short is fetched again. One process per directory. Files are written with ``O_DIRECT``
-  and read back into the page cache (``direct_io``, see ``_direct``): a tenth of the CPU of a
-  buffered write on ext4; a filesystem that refuses it gets buffered writes.
+  or is short is fetched again. One process per directory. While the cache fills, files are
+  written with ``O_DIRECT`` and read back into the page cache (``direct_io``, see ``_direct``):
+  a tenth of the CPU of a buffered write into fresh pages on the test VM's ext4. At its budget
+  each write follows an eviction whose pages a buffered write reuses, at about half the CPU of
+  ``O_DIRECT`` and the read-back: from then on writes are buffered. A filesystem that refuses
+  ``O_DIRECT`` gets buffered writes.
 * **copies**: each cached copy of a chunk has a number (:meth:`ChunkCache.copy_id`) that changes
   when the chunk is evicted or invalidated and fetched again, so a caller that checked a copy's
   bytes (the read service verifies CRCs) can tell later that it still holds those bytes, and
@@ -606,6 +609,9 @@ class ChunkCache:
         # in the LRU order from now (reads come from memory until the file is written)
         self._writing[name] = data
         self._remember(name, data)
+        # a cache at its budget frees the pages of the chunks it evicts, and a buffered write
+        # reuses them: cheaper than O_DIRECT and the read-back (see ``_direct``)
+        direct = self._direct and self._bytes + len(data) <= self.max_bytes
         self._make_room(len(data))
         self._copies.pop(name, None)  # a new copy
         self._lru[name] = len(data)
@@ -615,7 +621,9 @@ class ChunkCache:
         self._write_tags[name] = self._next_tag
         self._pending_write_bytes += len(data)
         self._gauge_pending()
-        writer = asyncio.create_task(self._store(name, data, self._next_tag), name=f"write {name}")
+        writer = asyncio.create_task(
+            self._store(name, data, self._next_tag, direct), name=f"write {name}"
+        )
         self._writers.add(writer)
         writer.add_done_callback(self._writers.discard)
 
@@ -626,19 +634,19 @@ class ChunkCache:
             while len(self._recent) > self._memory_chunks:
                 self._recent.popitem(last=False)
 
-    async def _store(self, name: str, data: _Chunk, tag: int) -> None:
+    async def _store(self, name: str, data: _Chunk, tag: int, direct: bool) -> None:
         try:
-            await self._write(name, data, tag)
+            await self._write(name, data, tag, direct)
         finally:
             self._pending_write_bytes -= len(data)
             self._gauge_pending()
 
-    async def _write(self, name: str, data: _Chunk, tag: int) -> None:
+    async def _write(self, name: str, data: _Chunk, tag: int, direct: bool) -> None:
         path = self._path(name)
         current = False
         try:
-            tmp, direct = await asyncio.to_thread(_write_tmp, path, data, tag, self._direct)
-            if self._direct and not direct:
+            tmp, wrote_direct = await asyncio.to_thread(_write_tmp, path, data, tag, direct)
+            if direct and not wrote_direct and self._direct:
                 self._direct = False
                 log.warning(
                     "read_cache_direct_io_refused",

@@ -515,6 +515,28 @@ class TestChunkCacheDirectWrites:
         assert len(refused) == 1
         assert refused[0]["directory"] == str(tmp_path)
 
+    async def test_a_cache_at_its_budget_writes_buffered(self, tmp_path, monkeypatch):
+        """While the cache fills, chunks are written with O_DIRECT; once a chunk must evict
+        another to fit, it is written through the page cache (reusing the evicted chunk's
+        pages), byte for byte, and the disk stays within the budget."""
+        body = os.urandom(6 * CHUNK)
+        asked, modes = _spy_writes(monkeypatch)
+        store = await _store(obj=body)
+        async with _cache(store, tmp_path, memory_chunks=0) as cache:  # 4 chunks
+            obj = ObjectRef("obj", len(body))
+            for i in range(6):
+                await cache.read(obj, i * CHUNK, CHUNK)
+                await cache.idle()
+            assert _disk_bytes(tmp_path) <= 4 * CHUNK
+            for i in range(2, 6):  # the last four, from disk
+                assert (
+                    bytes(await cache.read(obj, i * CHUNK, CHUNK))
+                    == body[i * CHUNK : (i + 1) * CHUNK]
+                )
+            assert store.calls["get_range"] == 6
+        assert asked == [True, True, True, True, False, False]
+        assert modes == asked
+
     async def test_direct_io_off_writes_buffered(self, tmp_path, monkeypatch):
         """``direct_io=False`` (the configuration's ``cache_direct_io``) never asks for it."""
         asked, _modes = _spy_writes(monkeypatch)
