@@ -3,7 +3,9 @@
 1. Cold sequential read: a consumer reads a partition from offset 0 to the end through the Unix
    socket (``records?offset=N&max_bytes=32 MiB``, streamed; the next offset follows the batch
    headers as they arrive), each run on a freshly started read server with an empty cache
-   (warmed up on another partition first: S3 connections, imports), vs direct ranged GETs of
+   (warmed up on another partition first: S3 connections, imports; with ``--full-cache-mib``,
+   a cache of that budget filled with other data first, a long-running server's steady state in
+   which every chunk written evicts one), vs direct ranged GETs of
    the same ``.log`` objects from this process (the sidecar's own S3 client, one GET of
    ``chunk_size`` at a time, in order: what a client reading the bucket itself would do), and
    whole-object GETs. Interleaved runs, medians; the ratio per run, and the CPU seconds per GiB
@@ -430,6 +432,9 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
         big = TopicIdPartition(uuid.uuid4(), "bench", 0)
         started = time.monotonic()
         size = await tier(remote, big, args.mib, SEGMENT_MIB, batches)
+        if args.full_cache_mib:
+            filler = TopicIdPartition(uuid.uuid4(), "filler", 0)
+            await tier(remote, filler, args.full_cache_mib, SEGMENT_MIB, batches)
         many = [TopicIdPartition(big.topic_id, "bench", p) for p in range(1, args.readers + 1)]
         many_topic = TopicIdPartition(uuid.uuid4(), "readers", 0).topic_id
         for p in range(args.readers):
@@ -527,13 +532,18 @@ async def run_bench(
             t0 = time.perf_counter()
             c0 = (time.process_time(), 0.0, cpu_seconds(weed))
             if contender == "socket":
+                settings = list(args.server_set)
+                if args.full_cache_mib:
+                    settings.append(f"read_server.cache_size_bytes={args.full_cache_mib * MiB}")
                 async with (
-                    read_server(root, config, env, f"cold{run}", *args.server_set) as (socket, pid),
+                    read_server(root, config, env, f"cold{run}", *settings) as (socket, pid),
                     session(socket) as http,
                 ):
                     # the process is warmed up on other data (S3 connections, imports): only
                     # the data read is cold
                     await read_partition(http, "readers", run % args.readers)
+                    if args.full_cache_mib:  # a cache at its budget: each chunk evicts one
+                        await read_partition(http, "filler", 0)
                     c0 = (time.process_time(), cpu_seconds(pid), cpu_seconds(weed))
                     t0 = time.perf_counter()
                     got = await read_partition(http, "bench", 0)
@@ -551,7 +561,8 @@ async def run_bench(
             assert got == size, (contender, got, size)
     ranged = statistics.median(direct)
     say(f"(1) cold sequential read of {size / MiB:.0f} MiB, medians of {args.runs} runs")
-    say(f"    socket records (empty cache)             {mib_s(size, statistics.median(cold))}")
+    cache = "full cache" if args.full_cache_mib else "empty cache"
+    say(f"    socket records ({cache})             {mib_s(size, statistics.median(cold))}")
     say(f"    direct ranged GETs of {CHUNK // MiB} MiB, in order    {mib_s(size, ranged)}")
     say(f"    direct whole-object GETs, in order       {mib_s(size, statistics.median(whole))}")
     ratio = ranged / statistics.median(cold)
@@ -650,6 +661,13 @@ def main() -> int:
         type=float,
         default=0,
         help="hold each request to S3 this long (a proxy): the read server's and the direct GETs",
+    )
+    parser.add_argument(
+        "--full-cache-mib",
+        type=float,
+        default=0,
+        help="part (1): a chunk cache of this budget, filled with other data before the timed"
+        " read (a long-running server's steady state: every chunk written evicts one)",
     )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--cold-only", action="store_true", help="part (1) only")
