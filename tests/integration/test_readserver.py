@@ -24,7 +24,7 @@ from sidecar.readserver import (
     StorageUnavailableError,
 )
 from sidecar.storage.s3 import S3ObjectStore
-from tests.unit.readserver._tiered import LAYOUT, Remote, three_segments
+from tests.unit.readserver._tiered import LAYOUT, Remote, data_batches, three_segments
 
 pytestmark = pytest.mark.integration
 
@@ -52,12 +52,12 @@ class _Switchable:
 
 @contextlib.asynccontextmanager
 async def _serving(
-    remote: Remote, objects: Any, tmp_path: Path, metrics: Metrics
+    remote: Remote, objects: Any, tmp_path: Path, metrics: Metrics, *, cache_bytes: int = 8 << 20
 ) -> AsyncIterator[Path]:
     chunks = ChunkCache(
         objects=objects,
         directory=tmp_path / "cache",
-        max_bytes=8 << 20,
+        max_bytes=cache_bytes,
         chunk_size=64 * 1024,
         readahead_chunks=2,
         fetch_timeout_s=30.0,
@@ -150,4 +150,59 @@ async def test_an_s3_outage_serves_the_cache_and_503s_the_rest(s3, tmp_path):
         finally:
             if keys:
                 await real.delete(keys)
+            store.close()
+
+
+async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, monkeypatch):
+    """Reads of more than the cache holds: the chunks written while it fills go with O_DIRECT,
+    those written once it evicts go through the page cache; every byte read, twice, equals
+    what was tiered, and the disk never holds more than the budget."""
+    from sidecar.readserver import cache as cache_module
+
+    modes: list[bool] = []
+    real_write = cache_module.write_file
+
+    def write_file(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+        modes.append(direct)
+        return real_write(path, data, direct=direct)
+
+    monkeypatch.setattr(cache_module, "write_file", write_file)
+    store = RemoteSegmentStore(tmp_path / "state")
+    budget = 4 * 64 * 1024  # four chunks
+    async with S3ObjectStore(
+        bucket=s3.bucket,
+        endpoint_url=s3.endpoint,
+        access_key_id=s3.access_key,
+        secret_access_key=s3.secret_key,
+    ) as objects:
+        remote = Remote(store, objects, tmp_path / "segments")  # type: ignore[arg-type]
+        keys: list[str] = []
+        try:
+            offset = 0
+            for _ in range(3):  # three segments of about 300 KiB
+                segment = await remote.upload(offset, data_batches(offset, 200))
+                offset = segment.end_offset + 1
+            keys = [o.key async for o in objects.list(LAYOUT.prefix)]
+            metrics = Metrics()
+            async with (
+                _serving(remote, objects, tmp_path, metrics, cache_bytes=budget) as socket_path,
+                ReadClient(socket_path=socket_path) as client,
+            ):
+                for _ in range(2):
+                    for segment in remote.segments:
+                        sid = encode_kafka_uuid(segment.segment_id.id)
+                        log = await client.segment_log("orders", 0, sid)
+                        assert log == remote.logs[segment.segment_id.id]
+                        cached = sum(
+                            p.stat().st_size
+                            for p in (tmp_path / "cache").rglob("*.chunk")
+                            if p.is_file()
+                        )
+                        assert cached <= budget
+            assert metrics.read_cache_evictions._value.get() > 0
+            assert modes[:4] == [True] * 4  # filling
+            assert False in modes  # at the budget
+        finally:
+            if keys:
+                await objects.delete(keys)
             store.close()
