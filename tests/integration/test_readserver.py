@@ -159,16 +159,16 @@ async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, mon
     """Reads of more than the cache holds: the chunks written while it fills go with O_DIRECT,
     those written once it evicts go through the page cache; every byte read, twice, equals
     what was tiered, and the disk never holds more than the budget."""
-    from sidecar.readserver import cache as cache_module
+    modes: list[bool] = []  # the write mode of each chunk kept, in the order they were kept
+    real_store = ChunkCache._store
 
-    modes: list[bool] = []
-    real_write = cache_module.write_file
-
-    def write_file(path: Path, data: bytes | memoryview, *, direct: bool = True) -> bool:
+    def store_chunk(
+        self: ChunkCache, name: str, data: bytes | memoryview, tag: int, direct: bool
+    ) -> Any:
         modes.append(direct)
-        return real_write(path, data, direct=direct)
+        return real_store(self, name, data, tag, direct)
 
-    monkeypatch.setattr(cache_module, "write_file", write_file)
+    monkeypatch.setattr(ChunkCache, "_store", store_chunk)
     store = RemoteSegmentStore(tmp_path / "state")
     budget = 4 * 64 * 1024  # four chunks
     async with S3ObjectStore(
@@ -202,7 +202,7 @@ async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, mon
                         )
                         assert cached <= budget
             assert metrics.read_cache_evictions._value.get() > 0
-            assert modes[:4] == [True] * 4  # filling
+            assert modes[:4] == [True] * 4  # filling: four chunks fit the budget
             assert False in modes  # at the budget
         finally:
             if keys:
