@@ -580,7 +580,11 @@ class ReadServerConfig(_Section):
         description="bytes per ranged GET and per cached chunk",
     )
     prefetch_chunks: int = Field(
-        2, ge=0, le=64, description="chunks fetched ahead of a sequential reader"
+        2,
+        ge=0,
+        le=64,
+        description="chunks fetched ahead of a read, on into the next segments; a reader that"
+        " goes on chunk after chunk gets at least two 16 MiB GETs ahead",
     )
     cache_max_pending_write_bytes: int = Field(
         256 * 1024 * 1024,
