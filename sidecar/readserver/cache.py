@@ -439,13 +439,7 @@ class ChunkCache:
         end = min(index + count, self.chunk_count(obj.size))
         at = max(index, 0)
         while at < end:
-            run = 0
-            while (
-                run < self.group_chunks
-                and at + run < end
-                and not self._present(self._name(obj.key, at + run))
-            ):
-                run += 1
+            run = self._missing_run(obj.key, at, min(self.group_chunks, end - at))
             if run and not self._start_prefetch(obj, at, run):
                 return
             at += max(run, 1)
@@ -495,16 +489,20 @@ class ChunkCache:
                     self._last_read.setdefault(target.key, (-1, True))
             target_index = ahead - first
             # a run of up to ``group`` missing chunks, fetched with one GET
-            run = 0
-            while (
-                run < group
-                and target_index + run < target_count
-                and not self._present(self._name(target.key, target_index + run))
-            ):
-                run += 1
+            run = self._missing_run(
+                target.key, target_index, min(group, target_count - target_index)
+            )
             if run and not self._start_prefetch(target, target_index, run):
                 return
             ahead += max(run, 1)
+
+    def _missing_run(self, key: str, index: int, limit: int) -> int:
+        """How many chunks from ``index`` of ``key`` (at most ``limit``) are neither cached nor
+        in flight, one after the other."""
+        run = 0
+        while run < limit and not self._present(self._name(key, index + run)):
+            run += 1
+        return run
 
     def _start_prefetch(self, obj: ObjectRef, index: int, count: int = 1) -> bool:
         """Fetch ``count`` chunks from ``index`` with one GET (the caller checked that they are

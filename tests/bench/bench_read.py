@@ -414,18 +414,24 @@ async def main_async(args: argparse.Namespace) -> None:
             say(f"kept {root}")
 
 
+async def s3_store(s3: Any, endpoint: str) -> S3ObjectStore:
+    """The sidecar's S3 client for SeaweedFS at ``endpoint`` (the caller closes it)."""
+    objects = S3ObjectStore(
+        bucket=s3.bucket,
+        endpoint_url=endpoint,
+        access_key_id=s3.access_key,
+        secret_access_key=s3.secret_key,
+    )
+    await objects.__aenter__()
+    return objects
+
+
 async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
     prefix = f"bench-read-{uuid.uuid4().hex[:6]}/"
     layout = KeyLayout(prefix=prefix)
     state = root / "state"
     store = RemoteSegmentStore(state)
-    objects = S3ObjectStore(
-        bucket=s3.bucket,
-        endpoint_url=s3.endpoint,
-        access_key_id=s3.access_key,
-        secret_access_key=s3.secret_key,
-    )
-    await objects.__aenter__()
+    objects = await s3_store(s3, s3.endpoint)
     try:
         remote = Remote(store, objects, root / "segments", layout=layout)  # type: ignore[arg-type]
         batches = templates()
@@ -490,13 +496,7 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
         }
         reading = objects
         if args.read_endpoint != s3.endpoint:  # the direct GETs go through the proxy too
-            reading = S3ObjectStore(
-                bucket=s3.bucket,
-                endpoint_url=args.read_endpoint,
-                access_key_id=s3.access_key,
-                secret_access_key=s3.secret_key,
-            )
-            await reading.__aenter__()
+            reading = await s3_store(s3, args.read_endpoint)
         try:
             if not args.json_only:
                 await run_bench(args, root, config, env, reading, keys, size)

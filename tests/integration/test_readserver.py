@@ -75,8 +75,10 @@ async def _serving(
         await task
 
 
-async def test_every_offset_range_and_index_through_seaweedfs(s3, tmp_path):
-    """Records from every offset, whole segments and indexes match; warm reads GET nothing."""
+@contextlib.asynccontextmanager
+async def _tiered(s3: Any, tmp_path: Path) -> AsyncIterator[tuple[S3ObjectStore, Remote]]:
+    """A metadata store and SeaweedFS for ``Remote`` to tier into; what was tiered is deleted
+    from the bucket afterwards."""
     store = RemoteSegmentStore(tmp_path / "state")
     async with S3ObjectStore(
         bucket=s3.bucket,
@@ -84,75 +86,63 @@ async def test_every_offset_range_and_index_through_seaweedfs(s3, tmp_path):
         access_key_id=s3.access_key,
         secret_access_key=s3.secret_key,
     ) as objects:
-        remote = Remote(store, objects, tmp_path / "segments")  # type: ignore[arg-type]
-        keys: list[str] = []
         try:
-            expected = await three_segments(remote)
-            keys = [o.key async for o in objects.list(LAYOUT.prefix)]
-            metrics = Metrics()
-            async with (
-                _serving(remote, objects, tmp_path, metrics) as socket_path,
-                ReadClient(socket_path=socket_path) as client,
-            ):
-                for offset in range(0, expected[-1].offset + 1, 7):
-                    page = await client.records_json("orders", 0, offset, max_records=5)
-                    want = [r for r in expected if r.offset >= offset][:5]
-                    assert page.records == want
-                got = [r async for r in client.iter_records("orders", 0, 0, max_bytes=20_000)]
-                assert got == expected
-                for segment in remote.segments:
-                    sid = encode_kafka_uuid(segment.segment_id.id)
-                    log = await client.segment_log("orders", 0, sid)
-                    assert log == remote.logs[segment.segment_id.id]
-                    assert await client.segment_log("orders", 0, sid, start=5, end=5) == log[5:6]
-                    offsets = await client.index("orders", 0, sid, "offset")
-                    assert len(offsets) % 8 == 0
-                gets = metrics.read_fetch_bytes._value.get()
-                assert [r async for r in client.iter_records("orders", 0, 0)] == expected
-                assert metrics.read_fetch_bytes._value.get() == gets  # all from the disk cache
+            yield objects, Remote(store, objects, tmp_path / "segments")  # type: ignore[arg-type]
         finally:
+            keys = [o.key async for o in objects.list(LAYOUT.prefix)]
             if keys:
                 await objects.delete(keys)
             store.close()
 
 
+async def test_every_offset_range_and_index_through_seaweedfs(s3, tmp_path):
+    """Records from every offset, whole segments and indexes match; warm reads GET nothing."""
+    async with _tiered(s3, tmp_path) as (objects, remote):
+        expected = await three_segments(remote)
+        metrics = Metrics()
+        async with (
+            _serving(remote, objects, tmp_path, metrics) as socket_path,
+            ReadClient(socket_path=socket_path) as client,
+        ):
+            for offset in range(0, expected[-1].offset + 1, 7):
+                page = await client.records_json("orders", 0, offset, max_records=5)
+                want = [r for r in expected if r.offset >= offset][:5]
+                assert page.records == want
+            got = [r async for r in client.iter_records("orders", 0, 0, max_bytes=20_000)]
+            assert got == expected
+            for segment in remote.segments:
+                sid = encode_kafka_uuid(segment.segment_id.id)
+                log = await client.segment_log("orders", 0, sid)
+                assert log == remote.logs[segment.segment_id.id]
+                assert await client.segment_log("orders", 0, sid, start=5, end=5) == log[5:6]
+                offsets = await client.index("orders", 0, sid, "offset")
+                assert len(offsets) % 8 == 0
+            gets = metrics.read_fetch_bytes._value.get()
+            assert [r async for r in client.iter_records("orders", 0, 0)] == expected
+            assert metrics.read_fetch_bytes._value.get() == gets  # all from the disk cache
+
+
 async def test_an_s3_outage_serves_the_cache_and_503s_the_rest(s3, tmp_path):
     """With S3 down, what is cached is still served; anything else is 503 storage_unavailable,
     and reads work again when S3 is back."""
-    store = RemoteSegmentStore(tmp_path / "state")
-    async with S3ObjectStore(
-        bucket=s3.bucket,
-        endpoint_url=s3.endpoint,
-        access_key_id=s3.access_key,
-        secret_access_key=s3.secret_key,
-    ) as real:
+    async with _tiered(s3, tmp_path) as (real, remote):
         objects = _Switchable(real)
-        remote = Remote(store, real, tmp_path / "segments")  # type: ignore[arg-type]
-        keys: list[str] = []
-        try:
-            expected = await three_segments(remote)
-            keys = [o.key async for o in real.list(LAYOUT.prefix)]
-            async with (
-                _serving(remote, objects, tmp_path, Metrics()) as socket_path,
-                ReadClient(socket_path=socket_path) as client,
-            ):
-                first = await client.records_json("orders", 0, 0, max_records=10)
-                objects.down = True
-                assert await client.records_json("orders", 0, 0, max_records=10) == first
-                # the read ahead may have fetched the next segments' first chunks, but not
-                # the last segment's manifest and indexes
-                last = remote.segments[-1]
-                with pytest.raises(StorageUnavailableError):
-                    await client.index(
-                        "orders", 0, encode_kafka_uuid(last.segment_id.id), "timestamp"
-                    )
-                objects.down = False
-                got = [r async for r in client.iter_records("orders", 0, 0)]
-                assert got == expected
-        finally:
-            if keys:
-                await real.delete(keys)
-            store.close()
+        expected = await three_segments(remote)
+        async with (
+            _serving(remote, objects, tmp_path, Metrics()) as socket_path,
+            ReadClient(socket_path=socket_path) as client,
+        ):
+            first = await client.records_json("orders", 0, 0, max_records=10)
+            objects.down = True
+            assert await client.records_json("orders", 0, 0, max_records=10) == first
+            # the read ahead may have fetched the next segments' first chunks, but not
+            # the last segment's manifest and indexes
+            last = remote.segments[-1]
+            with pytest.raises(StorageUnavailableError):
+                await client.index("orders", 0, encode_kafka_uuid(last.segment_id.id), "timestamp")
+            objects.down = False
+            got = [r async for r in client.iter_records("orders", 0, 0)]
+            assert got == expected
 
 
 async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, monkeypatch):
@@ -169,42 +159,28 @@ async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, mon
         return real_store(self, name, data, tag, direct)
 
     monkeypatch.setattr(ChunkCache, "_store", store_chunk)
-    store = RemoteSegmentStore(tmp_path / "state")
     budget = 4 * 64 * 1024  # four chunks
-    async with S3ObjectStore(
-        bucket=s3.bucket,
-        endpoint_url=s3.endpoint,
-        access_key_id=s3.access_key,
-        secret_access_key=s3.secret_key,
-    ) as objects:
-        remote = Remote(store, objects, tmp_path / "segments")  # type: ignore[arg-type]
-        keys: list[str] = []
-        try:
-            offset = 0
-            for _ in range(3):  # three segments of about 300 KiB
-                segment = await remote.upload(offset, data_batches(offset, 200))
-                offset = segment.end_offset + 1
-            keys = [o.key async for o in objects.list(LAYOUT.prefix)]
-            metrics = Metrics()
-            async with (
-                _serving(remote, objects, tmp_path, metrics, cache_bytes=budget) as socket_path,
-                ReadClient(socket_path=socket_path) as client,
-            ):
-                for _ in range(2):
-                    for segment in remote.segments:
-                        sid = encode_kafka_uuid(segment.segment_id.id)
-                        log = await client.segment_log("orders", 0, sid)
-                        assert log == remote.logs[segment.segment_id.id]
-                        cached = sum(
-                            p.stat().st_size
-                            for p in (tmp_path / "cache").rglob("*.chunk")
-                            if p.is_file()
-                        )
-                        assert cached <= budget
-            assert metrics.read_cache_evictions._value.get() > 0
-            assert modes[:4] == [True] * 4  # filling: four chunks fit the budget
-            assert False in modes  # at the budget
-        finally:
-            if keys:
-                await objects.delete(keys)
-            store.close()
+    async with _tiered(s3, tmp_path) as (objects, remote):
+        offset = 0
+        for _ in range(3):  # three segments of about 300 KiB
+            segment = await remote.upload(offset, data_batches(offset, 200))
+            offset = segment.end_offset + 1
+        metrics = Metrics()
+        async with (
+            _serving(remote, objects, tmp_path, metrics, cache_bytes=budget) as socket_path,
+            ReadClient(socket_path=socket_path) as client,
+        ):
+            for _ in range(2):
+                for segment in remote.segments:
+                    sid = encode_kafka_uuid(segment.segment_id.id)
+                    log = await client.segment_log("orders", 0, sid)
+                    assert log == remote.logs[segment.segment_id.id]
+                    cached = sum(
+                        p.stat().st_size
+                        for p in (tmp_path / "cache").rglob("*.chunk")
+                        if p.is_file()
+                    )
+                    assert cached <= budget
+        assert metrics.read_cache_evictions._value.get() > 0
+        assert modes[:4] == [True] * 4  # filling: four chunks fit the budget
+        assert False in modes  # at the budget
