@@ -867,7 +867,7 @@ class ZooKeeperKafkaCluster(KafkaCluster):
         for node in started:
             wait_until(
                 f"Kafka node {node.node_id} (ZooKeeper mode, port {node.port})",
-                lambda n=node: port_answers(n.port) and _kafka_started(n.log_file),
+                lambda n=node: port_answers(n.port) and _zk_broker_ready(n.log_file),
                 timeout=timeout,
                 alive=node.running,
                 log=node.log_file if node.log_file.exists() else node.stdout_file,
@@ -888,6 +888,19 @@ class ZooKeeperKafkaCluster(KafkaCluster):
 
     def running(self) -> bool:
         return self.zk_running() and super().running()
+
+
+def _zk_broker_ready(log: Path) -> bool:
+    """A ZooKeeper-mode broker logs "started" before the controller's first UpdateMetadata
+    reaches it; until then its Metadata answers list no broker and no controller (a client's
+    first CreateTopics fails). Its forwarding manager logs the controller it learned from that
+    update."""
+    if not _kafka_started(log):
+        return False
+    try:
+        return "Recorded new ZK controller" in log.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def _kafka_started(log: Path) -> bool:
