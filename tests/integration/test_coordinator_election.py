@@ -51,19 +51,23 @@ async def _members(
                 await member.stop()
 
 
-async def _settled(members: dict[int, _Running], *, holder: int, timeout: float = 60) -> None:
-    """Wait until ``holder`` holds the role and every running member names it."""
+async def _settled(
+    members: dict[int, _Running], *, holder: int | None = None, timeout: float = 60
+) -> int:
+    """Wait until one member holds the role and every running member names it (``holder``
+    when given); return the holder's broker id."""
 
-    def done() -> bool:
-        live = [m for m in members.values() if not m.task.done()]
-        return all(m.election.coordinator == holder for m in live) and all(
-            m.election.is_coordinator == (b == holder)
-            for b, m in members.items()
-            if not m.task.done()
-        )
+    def agreed() -> int | None:
+        live = {b: m for b, m in members.items() if not m.task.done()}
+        holders = [b for b, m in live.items() if m.election.is_coordinator]
+        if len(holders) != 1 or (holder is not None and holders != [holder]):
+            return None
+        if all(m.election.coordinator == holders[0] for m in live.values()):
+            return holders[0]
+        return None
 
     async with asyncio.timeout(timeout):
-        while not done():
+        while (found := agreed()) is None:
             waits = [
                 asyncio.ensure_future(m.election.wait_changed())
                 for m in members.values()
@@ -73,26 +77,35 @@ async def _settled(members: dict[int, _Running], *, holder: int, timeout: float 
             await asyncio.wait(waits, timeout=0.5)
             for w in waits:
                 w.cancel()
+    return found
 
 
 class TestCoordinatorElection:
     async def test_one_holder_kept_while_member_then_handed_over(self, kafka, topic_name):
-        """Three members: the lowest broker id takes the role, the others name it; a member
+        """Three members settle on one holder, and nobody else ever holds the role; a member
         with a lower id joining later does not take it over; the holder leaving hands it to
-        the lowest remaining id."""
+        the lowest remaining id.
+
+        Which of the three gets the role first depends on which joins the group's first
+        generation (the broker's initial rebalance delay is 0 here): the lowest id of that
+        generation, kept afterwards. A holder may be revoked and re-granted by the
+        rebalances of the later joiners, so its term count is not asserted, only that no
+        other member ever took the role."""
         await create_topic(kafka.bootstrap_servers, topic_name, partitions=3)
         group = f"{topic_name}.coordinator"
         async with _members(kafka.bootstrap_servers, topic_name, group, [5, 3, 7]) as members:
-            await _settled(members, holder=3)
-            assert members[3].election.terms == 1
+            first = await _settled(members)
+            assert members[first].election.terms >= 1
+            assert all(m.election.terms == 0 for b, m in members.items() if b != first)
             async with _members(kafka.bootstrap_servers, topic_name, group, [1]) as late:
                 everyone = {**members, **late}
                 # the rebalance revokes and re-grants: the holder keeps it (sticky)
-                await _settled(everyone, holder=3)
-                assert not late[1].election.is_coordinator
-                await members[3].stop()
+                await _settled(everyone, holder=first)
+                assert late[1].election.terms == 0
+                await members[first].stop()
                 await _settled(everyone, holder=1)
-                assert late[1].election.terms == 1
+                assert late[1].election.terms >= 1
+                assert all(m.election.terms == 0 for b, m in members.items() if b != first)
                 assert sum(m.election.is_coordinator for m in everyone.values()) == 1
 
     async def test_unreachable_kafka_holds_no_role_and_reports(self):
