@@ -96,8 +96,14 @@ def kafka(stack_root: Path, _containers: dict[str, Any] | None) -> Iterator[Kafk
 
 @pytest.fixture(scope="session")
 def kafka_cluster3(stack_root: Path) -> Iterator[KafkaHandle]:
-    """A three-node KRaft cluster on loopback (failover tests); always native processes."""
-    cluster = stack.KafkaCluster.create(stack_root / "kafka3", nodes=3)
+    """A three-node KRaft cluster on loopback (failover tests); always native processes.
+
+    Leadership moves only when a test moves it: the controller's periodic preferred-leader
+    election (every 300 s by default) would otherwise hand a partition back to a broker that a
+    test restarted, at whatever moment the timer fires."""
+    cluster = stack.KafkaCluster.create(
+        stack_root / "kafka3", nodes=3, overrides={"auto.leader.rebalance.enable": "false"}
+    )
     try:
         cluster.start(timeout=180.0)
         yield KafkaHandle(cluster.bootstrap_servers, cluster.log_dirs, cluster)

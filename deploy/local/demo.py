@@ -193,6 +193,18 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
+def scrape(url: str, timeout_s: float = 30.0) -> str:
+    """The metrics page, asked again until it answers (a scrape can be slow on a busy host)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, text = http_get(url)
+        if status == 200:
+            return text
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not answer within {timeout_s:.0f} s (status {status})")
+        time.sleep(0.5)
+
+
 SUMMARY_METRICS = tuple(
     f"kafka_tiered_sidecar_{name}"
     for name in (
@@ -417,7 +429,7 @@ def main() -> int:
             raise SystemExit(f"sidecar read failed:\n{read.stdout}{read.stderr}")
         say("3 tiered records read back from S3 through the read socket")
 
-        _, metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+        metrics = scrape(f"http://127.0.0.1:{metrics_port}/metrics")
         say("metrics summary (/metrics):")
         for line in metrics.splitlines():
             if line.startswith(SUMMARY_METRICS):

@@ -37,7 +37,9 @@ async def _members(
                 broker_id=b,
                 topic=topic,
                 group_id=group,
-                session_timeout_ms=6000,
+                # members leave with LeaveGroup here; a long session keeps a member that a
+                # loaded machine slows down in the generation rather than dropping it
+                session_timeout_ms=30000,
                 heartbeat_interval_ms=500,
             )
         )

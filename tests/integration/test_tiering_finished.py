@@ -118,6 +118,10 @@ async def rig(
         async with MetadataTailer(store=store, **_kwargs(kafka, metadata_topic)) as tailer:
             tailer.track(range(NUM_PARTITIONS))
             task = asyncio.create_task(tailer.run(stopping), name="metadata tailer")
+            # the tailer at the topic's end first: STARTED's read-back must not spend the
+            # 5 s below on the tailer's start (seeks, first fetch) on a loaded machine
+            async with asyncio.timeout(60):
+                await tailer.wait_caught_up()
             read_back = HangingReadBack(tailer, hang=2)  # STARTED's is 1, FINISHED's is 2
             publisher = MetadataPublisher(
                 **_kwargs(kafka, metadata_topic),
