@@ -29,7 +29,7 @@ partition's 1 MiB at a time).
 
 ``--s3-latency-ms`` puts ``_latency_proxy`` between the sidecar and SeaweedFS: each of the
 sidecar's requests reaches SeaweedFS that much later (its uploads too), as with an object
-store that is not on loopback.
+store that is not on loopback; ``--s3-mb-per-s`` caps each connection's responses as well.
 
 Everything lives in a ``/tmp/bench-plugin-*`` directory, removed at the end unless ``--keep``;
 the brokers, the sidecar and SeaweedFS are stopped by PID in a ``finally``.
@@ -353,8 +353,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     try:
         s3.start()
         sidecar_s3: Any = s3
-        if args.s3_latency_ms > 0:
-            proxy, endpoint = latency_proxy.start(s3.endpoint, args.s3_latency_ms)
+        if args.s3_latency_ms > 0 or args.s3_mb_per_s > 0:
+            proxy, endpoint = latency_proxy.start(s3.endpoint, args.s3_latency_ms, args.s3_mb_per_s)
             sidecar_s3 = types.SimpleNamespace(
                 endpoint=endpoint,
                 bucket=s3.bucket,
@@ -538,6 +538,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0,
         help="hold each of the sidecar's requests to S3 this long (a proxy)",
+    )
+    parser.add_argument(
+        "--s3-mb-per-s",
+        type=float,
+        default=0,
+        help="cap each of the sidecar's S3 connections at this many MB/s (the proxy)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     parser.add_argument(

@@ -37,11 +37,15 @@ recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
         --server-set read_server.prefetch_chunks=4              # part 1, another setting
     .venv/bin/python tests/bench/bench_read.py --json-only --mib 64 --readers 8   # part 4 only
     .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20      # a far S3
+    .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20 \
+        --s3-mb-per-s 90 --direct-in-flight 2       # and 90 MB/s per connection, GETs ahead
 
 ``--s3-latency-ms`` puts ``_latency_proxy`` between SeaweedFS and the readers (the read server
 and the direct GETs): every request reaches SeaweedFS that much later, the first-byte latency
 of an object store that is not on loopback, where how many GETs a reader keeps in flight
-decides its throughput.
+decides its throughput. ``--s3-mb-per-s`` caps each connection's responses too (Amazon S3
+gives a connection about 85-90 MB/s), and ``--direct-in-flight`` lets the direct GETs keep
+that many GETs ahead, as the read server does, for a baseline that is not latency bound.
 
 Everything lives in a ``/tmp/bench-read-*`` directory, removed at the end unless ``--keep``;
 SeaweedFS and the read servers are stopped by PID in a ``finally``.
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import os
 import platform
@@ -313,11 +318,24 @@ async def read_ranges(
     return total
 
 
-async def direct_gets(objects: S3ObjectStore, keys: list[tuple[str, int]], chunk: int) -> int:
+async def direct_gets(
+    objects: S3ObjectStore, keys: list[tuple[str, int]], chunk: int, in_flight: int = 1
+) -> int:
+    """Every object in ranges of ``chunk``, in order, with ``in_flight`` GETs started ahead
+    (1: one at a time); a reader would consume each range in order as its GET ends."""
+    ranges = [
+        (key, start, min(start + chunk, size) - 1)
+        for key, size in keys
+        for start in range(0, size, chunk)
+    ]
     total = 0
-    for key, size in keys:
-        for start in range(0, size, chunk):
-            total += len(await objects.get_range(key, start, min(start + chunk, size) - 1))
+    pending: collections.deque[asyncio.Task[bytes | memoryview]] = collections.deque()
+    for key, start, end in ranges:
+        pending.append(asyncio.create_task(objects.get_range(key, start, end)))
+        if len(pending) >= in_flight:
+            total += len(await pending.popleft())
+    while pending:
+        total += len(await pending.popleft())
     return total
 
 
@@ -400,8 +418,10 @@ async def main_async(args: argparse.Namespace) -> None:
     proxy: subprocess.Popen[bytes] | None = None
     args.read_endpoint = s3.endpoint
     try:
-        if args.s3_latency_ms > 0:
-            proxy, args.read_endpoint = latency_proxy.start(s3.endpoint, args.s3_latency_ms)
+        if args.s3_latency_ms > 0 or args.s3_mb_per_s > 0:
+            proxy, args.read_endpoint = latency_proxy.start(
+                s3.endpoint, args.s3_latency_ms, args.s3_mb_per_s
+            )
         await bench(args, root, s3)
     finally:
         if proxy is not None:
@@ -550,7 +570,7 @@ async def run_bench(
                     cold.append(time.perf_counter() - t0)
                     c1 = (time.process_time(), cpu_seconds(pid), cpu_seconds(weed))
             elif contender == "direct":
-                got = await direct_gets(objects, keys, CHUNK)
+                got = await direct_gets(objects, keys, CHUNK, args.direct_in_flight)
                 direct.append(time.perf_counter() - t0)
                 c1 = (time.process_time(), 0.0, cpu_seconds(weed))
             else:
@@ -563,7 +583,8 @@ async def run_bench(
     say(f"(1) cold sequential read of {size / MiB:.0f} MiB, medians of {args.runs} runs")
     cache = "full cache" if args.full_cache_mib else "empty cache"
     say(f"    socket records ({cache})             {mib_s(size, statistics.median(cold))}")
-    say(f"    direct ranged GETs of {CHUNK // MiB} MiB, in order    {mib_s(size, ranged)}")
+    flight = "in order" if args.direct_in_flight == 1 else f"{args.direct_in_flight} ahead"
+    say(f"    direct ranged GETs of {CHUNK // MiB} MiB, {flight:<9}  {mib_s(size, ranged)}")
     say(f"    direct whole-object GETs, in order       {mib_s(size, statistics.median(whole))}")
     ratio = ranged / statistics.median(cold)
     say(f"    ratio socket / ranged GETs               {ratio:7.2f} x   (goal >= 0.8)")
@@ -661,6 +682,19 @@ def main() -> int:
         type=float,
         default=0,
         help="hold each request to S3 this long (a proxy): the read server's and the direct GETs",
+    )
+    parser.add_argument(
+        "--s3-mb-per-s",
+        type=float,
+        default=0,
+        help="cap each S3 connection at this many MB/s (the proxy): an object store's"
+        " per-connection throughput",
+    )
+    parser.add_argument(
+        "--direct-in-flight",
+        type=int,
+        default=1,
+        help="part (1): the direct ranged GETs keep this many in flight (1: one at a time)",
     )
     parser.add_argument(
         "--full-cache-mib",
