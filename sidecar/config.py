@@ -584,7 +584,8 @@ class ReadServerConfig(_Section):
         ge=0,
         le=64,
         description="chunks fetched ahead of a read, on into the next segments; a reader that"
-        " goes on chunk after chunk gets at least two 16 MiB GETs ahead",
+        " goes on chunk after chunk gets at least two 16 MiB GETs ahead, and"
+        " twice as many each time it has to wait for one (up to half of max_concurrent_fetches)",
     )
     cache_max_pending_write_bytes: int = Field(
         256 * 1024 * 1024,

@@ -11,11 +11,16 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
 * **read-ahead**: a read of chunk *i* starts GETs of the next ``readahead_chunks`` chunks (going
   on into the ``follow`` objects, the next segments, past the end of this one), so a sequential
   reader finds them fetched or in flight. A reader seen to go on chunk after chunk of an object
-  (its reads went from chunk *i* to *i + 1*) is read ahead deeper, ``2 * group_chunks`` chunks
-  (by default 16 MiB of chunks, at most 16, a group), and consecutive missing chunks are fetched
-  ``group_chunks`` at a time with one ranged GET: each GET costs the S3 client (botocore)
-  milliseconds of CPU, so a sequential read makes fewer, larger GETs. The chunks of a group GET
-  are cached one by one, as if fetched alone; its failure reaches the waiters of every chunk.
+  (its reads went from chunk *i* to *i + 1*) is read ahead deeper, two groups of
+  ``group_chunks`` chunks (by default 16 MiB of chunks, at most 16, a group), and consecutive
+  missing chunks are fetched ``group_chunks`` at a time with one ranged GET: each GET costs the
+  S3 client (botocore) milliseconds of CPU, so a sequential read makes fewer, larger GETs. The
+  chunks of a group GET are cached one by one, as if fetched alone; its failure reaches the
+  waiters of every chunk. A sequential reader that has to wait for a chunk its read-ahead
+  already asked for is faster than the GETs ahead of it can deliver (a far object store: each
+  GET's first-byte latency, and a connection's throughput, about 90 MB/s on Amazon S3), so its
+  read-ahead doubles each time, up to every GET read-ahead may have; it starts at two groups
+  again when the reader jumps.
 * **deadlines and bounds**: every GET has a deadline (``fetch_timeout_s``, retries included);
   at most ``max_concurrent_fetches`` GETs run at once, and read-ahead takes at most half of them.
 * **memory**: the last ``memory_chunks`` chunks fetched (at least two groups) stay in memory
@@ -79,6 +84,8 @@ _GROUP_BYTES = 16 * 1024 * 1024
 _GROUP_CHUNKS = 16
 #: objects whose last chunk read is remembered (to tell sequential readers)
 _READERS_REMEMBERED = 4096
+#: groups a sequential reader reads ahead at first (it gets more when it has to wait)
+_READAHEAD_GROUPS = 2
 #: a chunk in memory: its own bytes, or a view of a GET's body that held several chunks
 _Chunk = bytes | memoryview
 
@@ -194,8 +201,9 @@ class ChunkCache:
         #: the last chunks fetched, kept in memory too: a sequential reader reads them right
         #: after the GET, and need not wait for the disk (bounded: ``memory_chunks``)
         self._recent: OrderedDict[str, _Chunk] = OrderedDict()
-        #: object key -> (the last chunk read, whether the reads went on chunk after chunk)
-        self._last_read: OrderedDict[str, tuple[int, bool]] = OrderedDict()
+        #: object key -> (the last chunk read, whether the reads went on chunk after chunk, the
+        #: groups a sequential reader of it reads ahead)
+        self._last_read: OrderedDict[str, tuple[int, bool, int]] = OrderedDict()
         #: a sequential reader's read-ahead fetches up to two groups ahead: those stay in memory
         self._memory_chunks = max(memory_chunks, 2 * self.group_chunks) if memory_chunks else 0
         #: evicted while still being written: counted until the writer removes the file
@@ -426,6 +434,8 @@ class ChunkCache:
             task = self._spawn(obj, index, 1, "demand")  # before read-ahead: needed first
         else:
             self._count("joined")
+            if sequential:  # its read-ahead asked for this chunk, not early enough
+                self._deepen(obj.key)
         if ahead:
             self._read_ahead(obj, index, follow, readahead_limit, sequential)
         chunk = await asyncio.shield(task)
@@ -449,11 +459,24 @@ class ChunkCache:
         on chunk after chunk (this one follows the last one read, or is it again)."""
         last = self._last_read.get(key)
         sequential = last is not None and (last[0] + 1 == index or (last[0] == index and last[1]))
-        self._last_read[key] = (index, sequential)
+        groups = last[2] if last is not None and sequential else _READAHEAD_GROUPS
+        self._last_read[key] = (index, sequential, groups)
         self._last_read.move_to_end(key)
         while len(self._last_read) > _READERS_REMEMBERED:
             self._last_read.popitem(last=False)
         return sequential
+
+    def _deepen(self, key: str) -> None:
+        """Twice the read-ahead for the sequential reader of ``key``, up to as many groups as
+        read-ahead may have GETs."""
+        index, sequential, groups = self._last_read[key]
+        if groups < self._max_prefetching:
+            self._last_read[key] = (index, sequential, min(2 * groups, self._max_prefetching))
+
+    def readahead_groups(self, key: str) -> int:
+        """The groups of read-ahead a sequential reader of ``key`` gets now."""
+        last = self._last_read.get(key)
+        return _READAHEAD_GROUPS if last is None else last[2]
 
     def _present(self, name: str) -> bool:
         return name in self._lru or name in self._inflight or name in self._writing
@@ -471,8 +494,9 @@ class ChunkCache:
             count = min(count, self.chunk_count(limit))
             follow = ()
         depth, group = self.readahead_chunks, 1
-        if sequential and self.group_chunks > 1:
-            depth, group = max(depth, 2 * self.group_chunks), self.group_chunks
+        groups = self.readahead_groups(obj.key)
+        if sequential:
+            depth, group = max(depth, groups * self.group_chunks), self.group_chunks
         # chunks ahead count on through ``follow``: the objects after ``obj``, in order
         target, target_count, first = obj, count, 0  # ``first``: the chunk number of target's 0
         queue = iter(follow)
@@ -485,8 +509,13 @@ class ChunkCache:
                 first += target_count
                 target, target_count = following, self.chunk_count(following.size)
                 if sequential:
-                    # the reader goes on into the next object: it is sequential there too
-                    self._last_read.setdefault(target.key, (-1, True))
+                    # the reader goes on into the next object: it is sequential there too,
+                    # with (at least) the read-ahead it has here
+                    known = self._last_read.get(target.key)
+                    if known is None:
+                        self._last_read[target.key] = (-1, True, groups)
+                    elif known[2] < groups:
+                        self._last_read[target.key] = (known[0], known[1], groups)
             target_index = ahead - first
             # a run of up to ``group`` missing chunks, fetched with one GET
             run = self._missing_run(

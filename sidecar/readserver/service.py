@@ -132,7 +132,7 @@ _IO_BYTES: Final = 1024 * 1024
 _MANIFEST_WEIGHT: Final = 2048
 _SEQUENTIAL_MEMORY: Final = 4096
 #: a walk's read-ahead goes on through at most this many following segments
-_FOLLOW_SPANS: Final = 4
+_FOLLOW_SPANS: Final = 8
 _KEYS_REMEMBERED: Final = 65536
 _NO_LIMIT: Final = 2**63
 #: ListOffsets' special timestamps (``ListOffsetsRequest``)

@@ -361,6 +361,49 @@ class TestChunkCacheReadAhead:
             assert store.calls["get_range"] == 8
             assert not cache.is_cached(obj, 19)
 
+    async def test_a_reader_that_waits_for_its_read_ahead_gets_more(self, tmp_path):
+        """A sequential reader that has to wait for a chunk its read-ahead is fetching gets
+        twice the read-ahead each time, up to every GET read-ahead may have (half of
+        ``max_concurrent_fetches``); a jump starts it at two groups again."""
+        body = os.urandom(64 * CHUNK)
+        gate = _Gate(await _store(obj=body))
+        async with _cache(
+            gate,
+            tmp_path,
+            readahead_chunks=1,
+            group_chunks=2,
+            max_concurrent_fetches=12,
+            max_bytes=64 * CHUNK,
+        ) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", len(body))
+            gate.release.set()
+            await cache.read(obj, 0, 1)
+            await cache.read(obj, CHUNK, 1)  # sequential: two groups ahead
+            await cache.idle()
+            assert cache.readahead_groups("obj") == 2
+            at, groups = 0, []
+            for _ in range(3):
+                gate.release.clear()
+                while cache.is_cached(obj, at):  # hits: their read-ahead asks for what follows
+                    assert body[at * CHUNK : at * CHUNK + 2] == await cache.read(obj, at * CHUNK, 2)
+                    at += 1
+                reader = asyncio.create_task(cache.read(obj, at * CHUNK, 2))
+                await gate.waiting.wait()
+                gate.release.set()
+                assert body[at * CHUNK : at * CHUNK + 2] == await reader  # it waited: deeper
+                await cache.idle()
+                groups.append(cache.readahead_groups("obj"))
+                gate.waiting.clear()
+                # the next read's read-ahead reaches the reader's groups deep
+                at += 1
+                await cache.read(obj, at * CHUNK, 1)
+                await cache.idle()
+                last = max(i for i in range(64) if cache.is_cached(obj, i))
+                assert last >= at + groups[-1] * 2
+            assert groups == [4, 6, 6]
+            assert body[40 * CHUNK : 40 * CHUNK + 1] == await cache.read(obj, 40 * CHUNK, 1)
+            assert cache.readahead_groups("obj") == 2  # a jump
+
     async def test_a_failed_group_get_fails_its_chunks_and_is_not_cached(self, tmp_path):
         """A group GET that fails reaches a reader waiting for any of its chunks; none of them
         is cached, and the next read fetches them again."""
