@@ -26,6 +26,7 @@ partition's 1 MiB at a time).
         --sidecar-set read_server.chunk_size_bytes=1048576 \
         --sidecar-set read_server.prefetch_chunks=8
     .venv/bin/python tests/bench/bench_broker_plugin.py --s3-latency-ms 20   # a far S3
+    .venv/bin/python tests/bench/bench_broker_plugin.py --plugin-set fetch.cache.bytes=0
 
 ``--s3-latency-ms`` puts ``_latency_proxy`` between the sidecar and SeaweedFS: each of the
 sidecar's requests reaches SeaweedFS that much later (its uploads too), as with an object
@@ -393,6 +394,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         )
         cluster.overrides.update(props)
         cluster.overrides["remote.log.manager.task.interval.ms"] = "1000"
+        for setting in args.plugin_set:
+            key, _, value = setting.partition("=")
+            cluster.overrides[f"rsm.config.{key}"] = value
         cluster.start()
         sidecar = SidecarProcess(config, sidecar_env(s3), state, root / "sidecar.log")
         sidecar.start()
@@ -552,6 +556,13 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="SECTION.KEY=VALUE",
         help="a sidecar setting, e.g. read_server.chunk_size_bytes=1048576 (repeatable)",
+    )
+    parser.add_argument(
+        "--plugin-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a plugin setting (under rsm.config.), e.g. fetch.cache.bytes=0 (repeatable)",
     )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-plugin-"))

@@ -473,6 +473,51 @@ final class SidecarHttp {
             return closed ? 0 : buffer.remaining();
         }
 
+        /**
+         * The whole rest of the body, read straight into one array (no copy through the stream's
+         * buffer); the stream is then at its end.
+         */
+        byte[] readRest() throws IOException {
+            if (closed) {
+                throw new IOException("stream closed");
+            }
+            if (remaining > Integer.MAX_VALUE - 8) {
+                throw new IOException("response of " + remaining + " bytes is too large to buffer");
+            }
+            byte[] all = new byte[(int) remaining];
+            int buffered = Math.min(all.length, buffer.remaining());
+            buffer.get(all, 0, buffered);
+            ByteBuffer target = ByteBuffer.wrap(all, buffered, all.length - buffered);
+            try {
+                while (target.hasRemaining()) {
+                    if (readSome(target) < 0) {
+                        throw new EOFException("the sidecar's response ended " + target.remaining() + " bytes early");
+                    }
+                }
+            } catch (IOException e) {
+                failed = true;
+                throw e;
+            }
+            remaining = 0;
+            return all;
+        }
+
+        /** One read of the channel into {@code target}, waiting up to the idle deadline. */
+        private int readSome(ByteBuffer target) throws IOException {
+            SocketChannel channel = connection.channel;
+            Selector selector = connection.selector;
+            SelectionKey key = channel.keyFor(selector);
+            key = key == null ? channel.register(selector, 0) : key;
+            long deadline = System.nanoTime() + idleTimeoutMs * 1_000_000L;
+            int n;
+            while ((n = channel.read(target)) == 0) {
+                key.interestOps(SelectionKey.OP_READ);
+                await(selector, deadline, "reading the sidecar's response (idle " + idleTimeoutMs + " ms)");
+                key.interestOps(0);
+            }
+            return n;
+        }
+
         private void fill() throws IOException {
             if (buffer.capacity() < BUFFER_BYTES) {
                 buffer = ByteBuffer.allocate(BUFFER_BYTES);
@@ -481,17 +526,7 @@ final class SidecarHttp {
             if (buffer.remaining() > remaining) {
                 buffer.limit((int) remaining);
             }
-            SocketChannel channel = connection.channel;
-            Selector selector = connection.selector;
-            SelectionKey key = channel.keyFor(selector);
-            key = key == null ? channel.register(selector, 0) : key;
-            long deadline = System.nanoTime() + idleTimeoutMs * 1_000_000L;
-            int n;
-            while ((n = channel.read(buffer)) == 0) {
-                key.interestOps(SelectionKey.OP_READ);
-                await(selector, deadline, "reading the sidecar's response (idle " + idleTimeoutMs + " ms)");
-                key.interestOps(0);
-            }
+            int n = readSome(buffer);
             buffer.flip();
             if (n < 0) {
                 throw new EOFException("the sidecar's response ended " + remaining + " bytes early");

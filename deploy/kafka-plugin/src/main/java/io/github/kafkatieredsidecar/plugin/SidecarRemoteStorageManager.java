@@ -30,7 +30,12 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
  *   <li>{@code connect.timeout.ms} (5000), {@code request.timeout.ms} (30000: fetches, deletes),
  *       {@code copy.timeout.ms} (600000: a copy uploads a whole segment),
  *       {@code read.idle.timeout.ms} (30000: each wait for body bytes of a fetch);</li>
- *   <li>{@code fetch.window.bytes} (1 MiB): a fetch asks the sidecar for this much at a time.</li>
+ *   <li>{@code fetch.window.bytes} (1 MiB): a fetch asks the sidecar for this much at a time;</li>
+ *   <li>{@code fetch.sequential.window.bytes} (4 MiB): a fetch that continues a recent read of
+ *       the same segment (a consumer's next fetch) asks for this much at once and keeps it in
+ *       memory for the fetches after it ({@link SegmentWindows});</li>
+ *   <li>{@code fetch.cache.bytes} (64 MiB, 0: none): the memory those windows take at most, in
+ *       the broker's heap.</li>
  * </ul>
  *
  * <p>Reads (segment windows, indexes) reuse idle connections ({@link SidecarHttp}); copies and
@@ -55,7 +60,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private int copyTimeoutMs = 600_000;
     private int idleTimeoutMs = 30_000;
     private int fetchWindowBytes = 1024 * 1024;
+    private int sequentialWindowBytes = 4 * 1024 * 1024;
     private final ReadOvershoot overshoot = new ReadOvershoot();
+    private SegmentWindows windows = new SegmentWindows(0, 0);
 
     @Override
     public void configure(Map<String, ?> configs) {
@@ -64,6 +71,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         copyTimeoutMs = intSetting(configs, "copy.timeout.ms", 600_000);
         idleTimeoutMs = intSetting(configs, "read.idle.timeout.ms", 30_000);
         fetchWindowBytes = intSetting(configs, "fetch.window.bytes", 1024 * 1024);
+        sequentialWindowBytes = intSetting(configs, "fetch.sequential.window.bytes", 4 * 1024 * 1024);
+        long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
+        windows = new SegmentWindows(cacheBytes, fetchWindowBytes);
         Object port = configs.get("tcp.port");
         SidecarHttp.Endpoint endpoint;
         if (port != null && !port.toString().isBlank()) {
@@ -75,6 +85,24 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             endpoint = SidecarHttp.Endpoint.unix(Path.of(socket == null ? DEFAULT_SOCKET : socket.toString()));
         }
         http = new SidecarHttp(endpoint, connectTimeoutMs);
+    }
+
+    /** A setting that may be 0 (none); negative values are refused. */
+    private static long longSetting(Map<String, ?> configs, String name, long fallback) {
+        Object value = configs.get(name);
+        if (value == null || value.toString().isBlank()) {
+            return fallback;
+        }
+        long parsed;
+        try {
+            parsed = Long.parseLong(value.toString().trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + value, e);
+        }
+        if (parsed < 0) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be 0 or more, not " + parsed);
+        }
+        return parsed;
     }
 
     private static int intSetting(Map<String, ?> configs, String name, int fallback) {
@@ -138,6 +166,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return new WindowedStream(metadata, start, Math.max(last, start));
     }
 
+    /** Windows kept for sequential readers (tests). */
+    SegmentWindows windows() {
+        return windows;
+    }
+
     /**
      * One window {@code start..end} of a range that ends at {@code rangeEnd}: the sidecar may read
      * ahead up to {@code rangeEnd} (its chunk prefetch), never past it.
@@ -161,11 +194,19 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
      * request for a few KiB of a second window. The first window is therefore
      * {@code fetch.window.bytes} plus {@link ReadOvershoot#headroom()}, what recent readers read
      * past it.
+     *
+     * <p>A read that continues a recent read of the segment (a consumer's next fetch) reads
+     * windows of {@code fetch.sequential.window.bytes} whole and keeps them in
+     * {@link SegmentWindows}; a read that starts inside a kept window is served from it.
      */
     private final class WindowedStream extends InputStream {
         private final RemoteLogSegmentMetadata metadata;
+        private final String segment;
         private final long start;
         private final long last;
+        private final boolean sequential;
+        /** Whether the first window was a plain request (its size is what the overshoot tunes). */
+        private final boolean plain;
         private long next;
         private long consumed;
         private InputStream current;
@@ -173,10 +214,17 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
         WindowedStream(RemoteLogSegmentMetadata metadata, long start, long last) throws RemoteStorageException {
             this.metadata = metadata;
+            this.segment = metadata.remoteLogSegmentId().id().toString();
             this.start = start;
             this.last = last;
             this.next = start;
-            this.current = open(fetchWindowBytes + overshoot.headroom());
+            this.sequential = windows.enabled() && windows.follows(segment, start);
+            InputStream first = kept();
+            this.plain = first == null && !sequential;
+            if (first == null) {
+                first = sequential ? openKept() : open(fetchWindowBytes + overshoot.headroom());
+            }
+            this.current = first;
         }
 
         private InputStream open(long bytes) throws RemoteStorageException {
@@ -184,6 +232,39 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             InputStream window = fetchWindow(metadata, next, end, last);
             next = end + 1;
             return window;
+        }
+
+        /** The bytes from {@code next} out of a kept window, or null when none holds them. */
+        private InputStream kept() {
+            SegmentWindows.Window window = windows.enabled() ? windows.find(segment, next) : null;
+            if (window == null) {
+                return null;
+            }
+            InputStream bytes = window.stream(next, last);
+            next = Math.min(last + 1, window.end());
+            return bytes;
+        }
+
+        /** A sequential window read whole from the sidecar, kept, and served from memory. */
+        private InputStream openKept() throws RemoteStorageException {
+            long end = Math.min(last, next + sequentialWindowBytes - 1);
+            String what = "fetch of " + describe(metadata) + " from byte " + next;
+            Json body = metadataJson(metadata).field("start", next).field("end", end).field("readahead_end", last);
+            SegmentWindows.Window window;
+            try (SidecarHttp.Response response = send("/v1/rsm/fetch-segment", body, requestTimeoutMs, what, true)) {
+                byte[] bytes = response.body.readRest();
+                if (bytes.length != end - next + 1) {
+                    throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
+                            + " bytes for a window of " + (end - next + 1));
+                }
+                window = new SegmentWindows.Window(segment, next, bytes);
+            } catch (IOException e) {
+                throw unreachable(what, e);
+            }
+            windows.put(window);
+            InputStream bytes = window.stream(next, last);
+            next = end + 1;
+            return bytes;
         }
 
         @Override
@@ -212,7 +293,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }
                 current.close();
                 try {
-                    current = open(fetchWindowBytes);
+                    InputStream following = kept();
+                    if (following == null) {
+                        following = sequential ? openKept() : open(fetchWindowBytes);
+                    }
+                    current = following;
                 } catch (RemoteStorageException e) {
                     throw new IOException(e.getMessage(), e);
                 }
@@ -224,9 +309,10 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (!closed) {
                 closed = true;
                 // a reader that stopped before the range's end shows how far a fetch reads
-                if (start + consumed <= last) {
+                if (start + consumed <= last && plain) {
                     overshoot.record(consumed - fetchWindowBytes);
                 }
+                windows.read(segment, start, start + consumed);
                 current.close();
             }
         }
@@ -240,6 +326,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void deleteLogSegmentData(RemoteLogSegmentMetadata metadata) throws RemoteStorageException {
+        windows.forget(metadata.remoteLogSegmentId().id().toString());
         call("/v1/rsm/delete", metadataJson(metadata), requestTimeoutMs, "delete of " + describe(metadata));
     }
 

@@ -61,7 +61,9 @@ class SidecarRemoteStorageManagerTest {
                 "request.timeout.ms", "2000",
                 "copy.timeout.ms", "2000",
                 "read.idle.timeout.ms", "2000",
-                "connect.timeout.ms", "2000"));
+                "connect.timeout.ms", "2000",
+                // one request per fetch: the tests of sequential windows configure their own
+                "fetch.cache.bytes", "0"));
     }
 
     @AfterEach
@@ -233,6 +235,121 @@ class SidecarRemoteStorageManagerTest {
         windowed.close();
     }
 
+    private SidecarRemoteStorageManager sequentialWindows(int window, int sequentialWindow, int cacheBytes) {
+        SidecarRemoteStorageManager windowed = new SidecarRemoteStorageManager();
+        windowed.configure(Map.of("socket.path", sidecar.path.toString(),
+                "fetch.window.bytes", Integer.toString(window),
+                "fetch.sequential.window.bytes", Integer.toString(sequentialWindow),
+                "fetch.cache.bytes", Integer.toString(cacheBytes)));
+        return windowed;
+    }
+
+    private static byte[] segmentBytes() {
+        byte[] segment = new byte[1_000_000];
+        for (int i = 0; i < segment.length; i++) {
+            segment[i] = (byte) (i * 7 + i / 251);
+        }
+        return segment;
+    }
+
+    private static byte[] range(byte[] segment, long from, long to) {
+        return java.util.Arrays.copyOfRange(segment, (int) from, (int) to);
+    }
+
+    @Test
+    void aConsumersNextFetchesAreServedFromOneSequentialWindow() throws Exception {
+        byte[] segment = segmentBytes();
+        SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000);
+        // the first fetch: a plain window (with no overshoot recorded yet, 100 bytes)
+        sidecar.answer(200, range(segment, 5000, 5100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 5000)) {
+            assertArrayEquals(range(segment, 5000, 5090), in.readNBytes(90));
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":5000,\"end\":5099,"));
+        // the next fetch starts a little before where that one stopped: one window of 1000, kept
+        sidecar.answer(200, range(segment, 5080, 6080));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 5080)) {
+            assertArrayEquals(range(segment, 5080, 5180), in.readNBytes(100));
+        }
+        String body = sidecar.requests.take().body;
+        assertTrue(body.contains("\"start\":5080,\"end\":6079,\"readahead_end\":999999"), body);
+        assertEquals(1000, windowed.windows().bytes());
+        // the fetches after it come from memory, up to the window's end and across it
+        for (int at = 5170; at < 5900; at += 90) {
+            try (InputStream in = windowed.fetchLogSegment(metadata(), at)) {
+                assertArrayEquals(range(segment, at, at + 100), in.readNBytes(100));
+            }
+        }
+        assertTrue(sidecar.requests.isEmpty(), "no request while the window holds the bytes");
+        sidecar.answer(200, range(segment, 6080, 7080));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 5980)) {
+            assertArrayEquals(range(segment, 5980, 6180), in.readNBytes(200));
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":6080,\"end\":7079,"));
+        assertEquals(2000, windowed.windows().bytes());
+        windowed.close();
+    }
+
+    @Test
+    void aReadElsewhereInTheSegmentIsAPlainWindow() throws Exception {
+        byte[] segment = segmentBytes();
+        SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000);
+        sidecar.answer(200, range(segment, 0, 100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
+            assertEquals(50, in.readNBytes(50).length);
+        }
+        sidecar.requests.take();
+        // far past the last read, and before its start: plain windows, nothing kept
+        for (int at : new int[] {500_000, 400}) {
+            sidecar.answer(200, range(segment, at, at + 100));
+            try (InputStream in = windowed.fetchLogSegment(metadata(), at)) {
+                assertArrayEquals(range(segment, at, at + 50), in.readNBytes(50));
+            }
+            String body = sidecar.requests.take().body;
+            assertTrue(body.contains("\"start\":" + at + ",\"end\":" + (at + 99) + ","), body);
+        }
+        assertEquals(0, windowed.windows().count());
+        windowed.close();
+    }
+
+    @Test
+    void keptWindowsStayWithinTheBudgetAndADeletedSegmentsAreDropped() throws Exception {
+        byte[] segment = segmentBytes();
+        SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 2500);
+        sidecar.answer(200, range(segment, 0, 100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
+            in.readNBytes(100);
+        }
+        // a sequential reader through 3000 bytes: three windows of 1000, two kept
+        for (int at = 100; at < 3100; at += 1000) {
+            sidecar.answer(200, range(segment, at, at + 1000));
+            try (InputStream in = windowed.fetchLogSegment(metadata(), at)) {
+                assertArrayEquals(range(segment, at, at + 1000), in.readNBytes(1000));
+            }
+        }
+        assertEquals(4, sidecar.requests.size());
+        assertEquals(2000, windowed.windows().bytes());
+        assertEquals(2, windowed.windows().count());
+        sidecar.answer(200, "{}");
+        windowed.deleteLogSegmentData(metadata());
+        assertEquals(0, windowed.windows().count());
+        windowed.close();
+    }
+
+    @Test
+    void aShortSequentialWindowIsAnErrorAndNothingIsKept() throws Exception {
+        byte[] segment = segmentBytes();
+        SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000);
+        sidecar.answer(200, range(segment, 0, 100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
+            in.readNBytes(100);
+        }
+        sidecar.answerTruncated(200, range(segment, 100, 600), 1000, false);
+        assertThrows(RetriableRemoteStorageException.class, () -> windowed.fetchLogSegment(metadata(), 100));
+        assertEquals(0, windowed.windows().count());
+        windowed.close();
+    }
+
     @Test
     void aConnectionTheSidecarClosedIsReplacedAndTheReadSucceeds() throws Exception {
         // the fake closes every connection after one answer: the pooled one is dead
@@ -332,6 +449,7 @@ class SidecarRemoteStorageManagerTest {
         SidecarRemoteStorageManager other = new SidecarRemoteStorageManager();
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("request.timeout.ms", "-1")));
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("copy.timeout.ms", "soon")));
+        assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("fetch.cache.bytes", "-1")));
     }
 
     /** A scripted HTTP/1.1 server on a Unix socket: one queued answer per connection. */
