@@ -8,6 +8,14 @@ import java.nio.file.Path;
 import java.util.Base64;
 import java.util.Map;
 import java.util.Optional;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -35,7 +43,10 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
  *       the same segment (a consumer's next fetch) asks for this much at once and keeps it in
  *       memory for the fetches after it ({@link SegmentWindows});</li>
  *   <li>{@code fetch.cache.bytes} (64 MiB, 0: none): the memory those windows take at most, in
- *       the broker's heap.</li>
+ *       the broker's heap;</li>
+ *   <li>{@code fetch.readahead.windows} (1, 0: none): how many such windows past the one a
+ *       sequential reader is in are fetched in the background (two threads of the plugin), so
+ *       its next fetches rarely wait for the sidecar.</li>
  * </ul>
  *
  * <p>Reads (segment windows, indexes) reuse idle connections ({@link SidecarHttp}); copies and
@@ -63,6 +74,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private int sequentialWindowBytes = 4 * 1024 * 1024;
     private final ReadOvershoot overshoot = new ReadOvershoot();
     private SegmentWindows windows = new SegmentWindows(0, 0);
+    private int readAheadWindows = 1;
+    /** Fetches of windows ahead of sequential readers; null when there are none. */
+    private ThreadPoolExecutor readAhead;
+    /** The windows being fetched ahead, by segment and start. */
+    private final ConcurrentHashMap<String, Pending> pending = new ConcurrentHashMap<>();
+
+    /** A window fetched in the background: bytes {@code start .. end} of {@code segment}. */
+    private record Pending(String segment, long start, long end, CompletableFuture<SegmentWindows.Window> window) {
+    }
 
     @Override
     public void configure(Map<String, ?> configs) {
@@ -74,6 +94,18 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         sequentialWindowBytes = intSetting(configs, "fetch.sequential.window.bytes", 4 * 1024 * 1024);
         long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
         windows = new SegmentWindows(cacheBytes, fetchWindowBytes);
+        readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
+        if (readAhead != null) {
+            readAhead.shutdownNow();
+            readAhead = null;
+        }
+        if (cacheBytes > 0 && readAheadWindows > 0) {
+            readAhead = new ThreadPoolExecutor(2, 2, 0L, TimeUnit.MILLISECONDS, new ArrayBlockingQueue<>(8), task -> {
+                Thread thread = new Thread(task, "sidecar-rsm-readahead");
+                thread.setDaemon(true);
+                return thread;
+            }, new ThreadPoolExecutor.AbortPolicy());
+        }
         Object port = configs.get("tcp.port");
         SidecarHttp.Endpoint endpoint;
         if (port != null && !port.toString().isBlank()) {
@@ -166,6 +198,80 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return new WindowedStream(metadata, start, Math.max(last, start));
     }
 
+    /** Bytes {@code start .. end} of a segment, read whole from the sidecar. */
+    private SegmentWindows.Window fetchWhole(RemoteLogSegmentMetadata metadata, String segment, long start, long end,
+            long rangeEnd) throws RemoteStorageException {
+        String what = "fetch of " + describe(metadata) + " from byte " + start;
+        Json body = metadataJson(metadata).field("start", start).field("end", end).field("readahead_end", rangeEnd);
+        try (SidecarHttp.Response response = send("/v1/rsm/fetch-segment", body, requestTimeoutMs, what, true)) {
+            byte[] bytes = response.body.readRest();
+            if (bytes.length != end - start + 1) {
+                throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
+                        + " bytes for a window of " + (end - start + 1));
+            }
+            return new SegmentWindows.Window(segment, start, bytes);
+        } catch (IOException e) {
+            throw unreachable(what, e);
+        }
+    }
+
+    /**
+     * Fetch the {@code fetch.readahead.windows} windows from {@code from} in the background, those
+     * neither kept nor being fetched (never past {@code last}). A failure is dropped: the reader
+     * that gets there asks the sidecar itself, and sees the error then.
+     */
+    private void readAheadFrom(RemoteLogSegmentMetadata metadata, String segment, long from, long last) {
+        ThreadPoolExecutor executor = readAhead;
+        for (int i = 0; executor != null && i < readAheadWindows && from <= last; i++) {
+            long end = Math.min(last, from + sequentialWindowBytes - 1);
+            SegmentWindows.Window kept = windows.find(segment, from);
+            if (kept != null) {
+                from = kept.end();
+                continue;
+            }
+            String key = segment + ":" + from;
+            Pending fetch = new Pending(segment, from, end, new CompletableFuture<>());
+            if (pending.putIfAbsent(key, fetch) == null) {
+                long start = from;
+                try {
+                    executor.execute(() -> {
+                        try {
+                            SegmentWindows.Window window = fetchWhole(metadata, segment, start, end, last);
+                            windows.put(window);
+                            fetch.window.complete(window);
+                        } catch (RemoteStorageException | RuntimeException e) {
+                            fetch.window.completeExceptionally(e);
+                        } finally {
+                            pending.remove(key, fetch);
+                        }
+                    });
+                } catch (RejectedExecutionException e) {
+                    pending.remove(key, fetch); // enough in flight: the reader fetches it itself
+                    return;
+                }
+            }
+            from = end + 1;
+        }
+    }
+
+    /** The window being fetched ahead that will hold byte {@code position}, once fetched; null
+     * when none is being fetched, or its fetch failed. */
+    private SegmentWindows.Window fetchedAhead(String segment, long position) {
+        for (Pending fetch : pending.values()) {
+            if (fetch.segment.equals(segment) && position >= fetch.start && position <= fetch.end) {
+                try {
+                    return fetch.window.get(requestTimeoutMs, TimeUnit.MILLISECONDS);
+                } catch (ExecutionException | TimeoutException e) {
+                    return null;
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    return null;
+                }
+            }
+        }
+        return null;
+    }
+
     /** Windows kept for sequential readers (tests). */
     SegmentWindows windows() {
         return windows;
@@ -234,36 +340,33 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             return window;
         }
 
-        /** The bytes from {@code next} out of a kept window, or null when none holds them. */
+        /** The bytes from {@code next} out of a kept window (or one being fetched ahead), or null
+         * when none holds them. */
         private InputStream kept() {
-            SegmentWindows.Window window = windows.enabled() ? windows.find(segment, next) : null;
-            if (window == null) {
+            if (!windows.enabled()) {
                 return null;
             }
-            InputStream bytes = window.stream(next, last);
-            next = Math.min(last + 1, window.end());
-            return bytes;
+            SegmentWindows.Window window = windows.find(segment, next);
+            if (window == null) {
+                window = fetchedAhead(segment, next);
+            }
+            return window == null ? null : serve(window);
         }
 
         /** A sequential window read whole from the sidecar, kept, and served from memory. */
         private InputStream openKept() throws RemoteStorageException {
             long end = Math.min(last, next + sequentialWindowBytes - 1);
-            String what = "fetch of " + describe(metadata) + " from byte " + next;
-            Json body = metadataJson(metadata).field("start", next).field("end", end).field("readahead_end", last);
-            SegmentWindows.Window window;
-            try (SidecarHttp.Response response = send("/v1/rsm/fetch-segment", body, requestTimeoutMs, what, true)) {
-                byte[] bytes = response.body.readRest();
-                if (bytes.length != end - next + 1) {
-                    throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
-                            + " bytes for a window of " + (end - next + 1));
-                }
-                window = new SegmentWindows.Window(segment, next, bytes);
-            } catch (IOException e) {
-                throw unreachable(what, e);
-            }
+            SegmentWindows.Window window = fetchWhole(metadata, segment, next, end, last);
             windows.put(window);
+            return serve(window);
+        }
+
+        private InputStream serve(SegmentWindows.Window window) {
             InputStream bytes = window.stream(next, last);
-            next = end + 1;
+            next = Math.min(last + 1, window.end());
+            if (sequential) {
+                readAheadFrom(metadata, segment, next, last);
+            }
             return bytes;
         }
 
@@ -332,6 +435,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void close() {
+        if (readAhead != null) {
+            readAhead.shutdownNow();
+        }
         if (http != null) {
             http.close();
         }

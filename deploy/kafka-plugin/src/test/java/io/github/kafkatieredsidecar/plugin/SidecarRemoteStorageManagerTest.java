@@ -235,12 +235,19 @@ class SidecarRemoteStorageManagerTest {
         windowed.close();
     }
 
+    /** Windows kept for sequential readers; none fetched in the background unless asked. */
     private SidecarRemoteStorageManager sequentialWindows(int window, int sequentialWindow, int cacheBytes) {
+        return sequentialWindows(window, sequentialWindow, cacheBytes, 0);
+    }
+
+    private SidecarRemoteStorageManager sequentialWindows(int window, int sequentialWindow, int cacheBytes,
+            int readAhead) {
         SidecarRemoteStorageManager windowed = new SidecarRemoteStorageManager();
         windowed.configure(Map.of("socket.path", sidecar.path.toString(),
                 "fetch.window.bytes", Integer.toString(window),
                 "fetch.sequential.window.bytes", Integer.toString(sequentialWindow),
-                "fetch.cache.bytes", Integer.toString(cacheBytes)));
+                "fetch.cache.bytes", Integer.toString(cacheBytes),
+                "fetch.readahead.windows", Integer.toString(readAhead)));
         return windowed;
     }
 
@@ -287,6 +294,63 @@ class SidecarRemoteStorageManagerTest {
         }
         assertTrue(sidecar.requests.take().body.contains("\"start\":6080,\"end\":7079,"));
         assertEquals(2000, windowed.windows().bytes());
+        windowed.close();
+    }
+
+    @Test
+    void theNextWindowIsFetchedInTheBackgroundAndServesTheFetchThatGetsThere() throws Exception {
+        byte[] segment = segmentBytes();
+        SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000, 1);
+        sidecar.answer(200, range(segment, 0, 100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
+            in.readNBytes(90);
+        }
+        sidecar.requests.take();
+        // the consumer's next fetch: its window, and right after it the next one in the background
+        sidecar.answer(200, range(segment, 80, 1080));
+        sidecar.answer(200, range(segment, 1080, 2080));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 80)) {
+            assertArrayEquals(range(segment, 80, 180), in.readNBytes(100));
+        }
+        assertTrue(sidecar.requests.take().body.contains("\"start\":80,\"end\":1079,"));
+        String ahead = sidecar.requests.poll(10, TimeUnit.SECONDS).body;
+        assertTrue(ahead.contains("\"start\":1080,\"end\":2079,"), ahead);
+        // a fetch across the windows' boundary is served from both, with no request of its own
+        // (the one after that, 2080.., is asked for in the background meanwhile)
+        sidecar.answer(200, range(segment, 2080, 3080));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 170)) {
+            assertArrayEquals(range(segment, 170, 1500), in.readNBytes(1330));
+        }
+        String next = sidecar.requests.poll(10, TimeUnit.SECONDS).body;
+        assertTrue(next.contains("\"start\":2080,\"end\":3079,"), next);
+        windowed.close();
+    }
+
+    @Test
+    void aFailedBackgroundFetchIsAskedForAgainByTheReaderThatGetsThere() throws Exception {
+        byte[] segment = segmentBytes();
+        SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000, 1);
+        sidecar.answer(200, range(segment, 0, 100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
+            in.readNBytes(90);
+        }
+        sidecar.requests.take();
+        sidecar.answer(200, range(segment, 80, 1080));
+        sidecar.answer(503, "{\"code\":\"storage_unavailable\"}");
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 80)) {
+            in.readNBytes(100);
+        }
+        sidecar.requests.take();
+        assertTrue(sidecar.requests.poll(10, TimeUnit.SECONDS).body.contains("\"start\":1080,"));
+        // the consumer's next fetch reaches 1080: it asks itself, once the failed fetch ahead is
+        // done, and the window after that is fetched ahead again
+        sidecar.answer(200, range(segment, 1080, 2080));
+        sidecar.answer(200, range(segment, 2080, 3080));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 170)) {
+            assertArrayEquals(range(segment, 170, 1170), in.readNBytes(1000));
+        }
+        assertTrue(sidecar.requests.poll(10, TimeUnit.SECONDS).body.contains("\"start\":1080,\"end\":2079,"));
+        assertTrue(sidecar.requests.poll(10, TimeUnit.SECONDS).body.contains("\"start\":2080,\"end\":3079,"));
         windowed.close();
     }
 
