@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -189,7 +190,22 @@ async def _decode_cli(bootstrap: str, topic: str) -> list[dict[str, Any]]:
 
 
 async def _check_status(port: int, topic: str, rolled: dict[int, list[Any]]) -> None:
-    """`sidecar status --json` shows every rolled segment tiered and no lag."""
+    """`sidecar status --json` shows every rolled segment tiered and no lag, within 30 s: the
+    test may see the last FINISHED on the metadata topic before the sidecar's own tailer has
+    applied it (after a restart, the copies of the killed run reach it only that way)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            await _status_shows_all_tiered(port, topic, rolled)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+        else:
+            return
+
+
+async def _status_shows_all_tiered(port: int, topic: str, rolled: dict[int, list[Any]]) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
