@@ -470,8 +470,7 @@ class ChunkCache:
         """Twice the read-ahead for the sequential reader of ``key``, up to as many groups as
         read-ahead may have GETs."""
         index, sequential, groups = self._last_read[key]
-        if groups < self._max_prefetching:
-            self._last_read[key] = (index, sequential, min(2 * groups, self._max_prefetching))
+        self._last_read[key] = (index, sequential, min(2 * groups, self._max_prefetching))
 
     def readahead_groups(self, key: str) -> int:
         """The groups of read-ahead a sequential reader of ``key`` gets now."""
@@ -511,11 +510,8 @@ class ChunkCache:
                 if sequential:
                     # the reader goes on into the next object: it is sequential there too,
                     # with (at least) the read-ahead it has here
-                    known = self._last_read.get(target.key)
-                    if known is None:
-                        self._last_read[target.key] = (-1, True, groups)
-                    elif known[2] < groups:
-                        self._last_read[target.key] = (known[0], known[1], groups)
+                    last, going_on, had = self._last_read.get(target.key, (-1, True, groups))
+                    self._last_read[target.key] = (last, going_on, max(had, groups))
             target_index = ahead - first
             # a run of up to ``group`` missing chunks, fetched with one GET
             run = self._missing_run(

@@ -121,6 +121,19 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     /** A setting that may be 0 (none); negative values are refused. */
     private static long longSetting(Map<String, ?> configs, String name, long fallback) {
+        return setting(configs, name, fallback, 0);
+    }
+
+    /** A setting that must be positive and fit an int. */
+    private static int intSetting(Map<String, ?> configs, String name, int fallback) {
+        long parsed = setting(configs, name, fallback, 1);
+        if (parsed > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + configs.get(name));
+        }
+        return (int) parsed;
+    }
+
+    private static long setting(Map<String, ?> configs, String name, long fallback, long minimum) {
         Object value = configs.get(name);
         if (value == null || value.toString().isBlank()) {
             return fallback;
@@ -131,25 +144,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         } catch (NumberFormatException e) {
             throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + value, e);
         }
-        if (parsed < 0) {
-            throw new IllegalArgumentException("rsm.config." + name + " must be 0 or more, not " + parsed);
-        }
-        return parsed;
-    }
-
-    private static int intSetting(Map<String, ?> configs, String name, int fallback) {
-        Object value = configs.get(name);
-        if (value == null || value.toString().isBlank()) {
-            return fallback;
-        }
-        int parsed;
-        try {
-            parsed = Integer.parseInt(value.toString().trim());
-        } catch (NumberFormatException e) {
-            throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + value, e);
-        }
-        if (parsed <= 0) {
-            throw new IllegalArgumentException("rsm.config." + name + " must be positive, not " + parsed);
+        if (parsed < minimum) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be "
+                    + (minimum > 0 ? "positive" : "0 or more") + ", not " + parsed);
         }
         return parsed;
     }

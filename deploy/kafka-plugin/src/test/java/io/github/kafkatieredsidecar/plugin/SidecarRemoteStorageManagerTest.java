@@ -259,6 +259,14 @@ class SidecarRemoteStorageManagerTest {
         return segment;
     }
 
+    /** A first read of the segment from 0, one plain window of 100 bytes, {@code bytes} of it read. */
+    private void firstPlainRead(SidecarRemoteStorageManager windowed, byte[] segment, int bytes) throws Exception {
+        sidecar.answer(200, range(segment, 0, 100));
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
+            in.readNBytes(bytes);
+        }
+    }
+
     private static byte[] range(byte[] segment, long from, long to) {
         return java.util.Arrays.copyOfRange(segment, (int) from, (int) to);
     }
@@ -301,10 +309,7 @@ class SidecarRemoteStorageManagerTest {
     void theNextWindowIsFetchedInTheBackgroundAndServesTheFetchThatGetsThere() throws Exception {
         byte[] segment = segmentBytes();
         SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000, 1);
-        sidecar.answer(200, range(segment, 0, 100));
-        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
-            in.readNBytes(90);
-        }
+        firstPlainRead(windowed, segment, 90);
         sidecar.requests.take();
         // the consumer's next fetch: its window, and right after it the next one in the background
         sidecar.answer(200, range(segment, 80, 1080));
@@ -330,10 +335,7 @@ class SidecarRemoteStorageManagerTest {
     void aFailedBackgroundFetchIsAskedForAgainByTheReaderThatGetsThere() throws Exception {
         byte[] segment = segmentBytes();
         SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000, 1);
-        sidecar.answer(200, range(segment, 0, 100));
-        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
-            in.readNBytes(90);
-        }
+        firstPlainRead(windowed, segment, 90);
         sidecar.requests.take();
         sidecar.answer(200, range(segment, 80, 1080));
         sidecar.answer(503, "{\"code\":\"storage_unavailable\"}");
@@ -380,10 +382,7 @@ class SidecarRemoteStorageManagerTest {
     void keptWindowsStayWithinTheBudgetAndADeletedSegmentsAreDropped() throws Exception {
         byte[] segment = segmentBytes();
         SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 2500);
-        sidecar.answer(200, range(segment, 0, 100));
-        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
-            in.readNBytes(100);
-        }
+        firstPlainRead(windowed, segment, 100);
         // a sequential reader through 3000 bytes: three windows of 1000, two kept
         for (int at = 100; at < 3100; at += 1000) {
             sidecar.answer(200, range(segment, at, at + 1000));
@@ -404,10 +403,7 @@ class SidecarRemoteStorageManagerTest {
     void aShortSequentialWindowIsAnErrorAndNothingIsKept() throws Exception {
         byte[] segment = segmentBytes();
         SidecarRemoteStorageManager windowed = sequentialWindows(100, 1000, 10_000);
-        sidecar.answer(200, range(segment, 0, 100));
-        try (InputStream in = windowed.fetchLogSegment(metadata(), 0)) {
-            in.readNBytes(100);
-        }
+        firstPlainRead(windowed, segment, 100);
         sidecar.answerTruncated(200, range(segment, 100, 600), 1000, false);
         assertThrows(RetriableRemoteStorageException.class, () -> windowed.fetchLogSegment(metadata(), 100));
         assertEquals(0, windowed.windows().count());
