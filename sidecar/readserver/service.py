@@ -88,7 +88,7 @@ from sidecar.metadata.events import (
 from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
 from sidecar.observability.logging import get_logger
 from sidecar.readserver._txn import AbortedTransaction
-from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
+from sidecar.readserver.cache import ChunkCache, ChunkFile, MemoryCache, ObjectRef
 from sidecar.readserver.errors import (
     AmbiguousTopicError,
     IndexNotFoundError,
@@ -1091,9 +1091,9 @@ class ReadService:
                         return obj
                     low = max(start, index * size) - index * size
                     high = min(end, (index + 1) * size) - index * size
-                    if isinstance(found, int):
-                        fds.append(found)
-                        pieces.append(FileRange(found, low, high - low))
+                    if isinstance(found, ChunkFile):
+                        fds.append(found.fd)
+                        pieces.append(FileRange(found.fd, found.offset + low, high - low))
                     else:
                         pieces.append(memoryview(found)[low:high])
         except BaseException:

@@ -153,10 +153,16 @@ async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, mon
     real_store = ChunkCache._store
 
     def store_chunk(
-        self: ChunkCache, name: str, data: bytes | memoryview, tag: int, direct: bool
+        self: ChunkCache,
+        file: str,
+        names: list[str],
+        chunks: list[bytes | memoryview],
+        data: bytes | memoryview,
+        tag: int,
+        direct: bool,
     ) -> Any:
         modes.append(direct)
-        return real_store(self, name, data, tag, direct)
+        return real_store(self, file, names, chunks, data, tag, direct)
 
     monkeypatch.setattr(ChunkCache, "_store", store_chunk)
     budget = 4 * 64 * 1024  # four chunks

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from sidecar.errors import KeyNotFoundError, StorageError
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import cache as cache_module
-from sidecar.readserver.cache import ChunkCache, MemoryCache, ObjectRef
+from sidecar.readserver.cache import ChunkCache, ChunkFile, MemoryCache, ObjectRef
 from sidecar.readserver.errors import RemoteDataError, StorageTimeoutError
 from sidecar.storage.memory import MemoryObjectStore
 
@@ -446,6 +446,134 @@ class TestChunkCacheReadAhead:
             await reader
         with pytest.raises(RuntimeError, match="closed"):
             await cache.read(ObjectRef("obj", CHUNK), 0, 1)
+
+
+async def _read_sequentially(cache: ChunkCache, obj: ObjectRef, chunks: int) -> None:
+    """Chunk after chunk from 0, as a sequential reader does (group GETs ahead of it)."""
+    for i in range(chunks):
+        await cache.read(obj, i * CHUNK, 1)
+    await cache.idle()
+
+
+def _chunk_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in _files(directory) if p.suffix == ".chunk")
+
+
+class TestChunkCacheGroupFiles:
+    """The chunks of one group GET go in one file, cached, read and dropped as a whole."""
+
+    async def test_a_group_is_one_file_and_a_reopened_cache_reads_its_chunks(self, tmp_path):
+        """A sequential read leaves files of four chunks (``+4``); a reopened cache indexes
+        every chunk of them and reads each at its place in its file, without a GET."""
+        body = os.urandom(16 * CHUNK)
+        store = await _store(obj=body)
+        obj = ObjectRef("obj", len(body))
+        options = {"readahead_chunks": 2, "group_chunks": 4, "max_bytes": 32 * CHUNK}
+        async with _cache(store, tmp_path, **options) as cache:
+            await _read_sequentially(cache, obj, 16)
+            assert cache.cached_chunks == 16
+        names = _chunk_files(tmp_path)
+        assert any(name.endswith("+4.chunk") for name in names)
+        assert len(names) < 16  # fewer files than chunks
+        assert _disk_bytes(tmp_path) == len(body)
+        gets = store.calls["get_range"]
+        async with _cache(store, tmp_path, **options) as cache:
+            assert cache.cached_chunks == 16
+            for i in range(16):
+                got = await cache.read(obj, i * CHUNK + 3, CHUNK - 3, readahead=False)
+                assert bytes(got) == body[i * CHUNK + 3 : (i + 1) * CHUNK]
+            assert store.calls["get_range"] == gets
+
+    async def test_open_chunk_of_a_group_file_says_where_the_chunk_starts(self, tmp_path):
+        """``open_chunk`` of a chunk on disk inside a group file gives its fd and offset: the
+        bytes there are the chunk's (what ``sendfile`` sends)."""
+        body = os.urandom(12 * CHUNK)
+        store = await _store(obj=body)
+        obj = ObjectRef("obj", len(body))
+        options = {"readahead_chunks": 2, "group_chunks": 4, "max_bytes": 32 * CHUNK}
+        async with _cache(store, tmp_path, **options) as cache:
+            await _read_sequentially(cache, obj, 12)
+        async with _cache(store, tmp_path, **options) as cache:
+            offsets = set()
+            for i in range(12):
+                copy = cache.copy_id(obj, i)
+                assert copy is not None
+                found = await cache.open_chunk(obj, i, copy)
+                assert isinstance(found, ChunkFile)
+                try:
+                    assert (
+                        os.pread(found.fd, CHUNK, found.offset) == body[i * CHUNK : (i + 1) * CHUNK]
+                    )
+                finally:
+                    os.close(found.fd)
+                offsets.add(found.offset)
+            assert max(offsets) > 0
+
+    async def test_a_chunk_invalidated_drops_its_whole_file(self, tmp_path):
+        """Invalidating one chunk of a group file (a CRC failure) forgets every chunk of that
+        file and removes it; the next reads fetch them again, with the right bytes."""
+        body = os.urandom(16 * CHUNK)
+        store = await _store(obj=body)
+        obj = ObjectRef("obj", len(body))
+        async with _cache(
+            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=32 * CHUNK
+        ) as cache:
+            await _read_sequentially(cache, obj, 16)
+            grouped = next(n for n in _chunk_files(tmp_path) if n.endswith("+4.chunk"))
+            first = int(grouped[: -len(".chunk")].rpartition("-")[2].partition("+")[0])
+            cache.invalidate(obj, (first + 2) * CHUNK, (first + 2) * CHUNK)
+            assert [cache.is_cached(obj, first + i) for i in range(4)] == [False] * 4
+            assert cache.cached_chunks == 12
+            assert grouped not in _chunk_files(tmp_path)
+            assert _disk_bytes(tmp_path) == cache.cached_bytes == 12 * CHUNK
+            for i in range(first, first + 4):
+                got = await cache.read(obj, i * CHUNK, CHUNK, readahead=False)
+                assert bytes(got) == body[i * CHUNK : (i + 1) * CHUNK]
+
+    async def test_files_are_evicted_whole_within_the_budget(self, tmp_path):
+        """A sequential read of three times the budget evicts files, least recently used
+        first: the disk stays within the budget, and the chunks of one file are cached
+        together or not at all."""
+        body = os.urandom(96 * CHUNK)
+        store = await _store(obj=body)
+        metrics = Metrics()
+        obj = ObjectRef("obj", len(body))
+        async with _cache(
+            store,
+            tmp_path,
+            readahead_chunks=2,
+            group_chunks=4,
+            max_bytes=32 * CHUNK,
+            metrics=metrics,
+        ) as cache:
+            await _read_sequentially(cache, obj, 96)
+            assert _disk_bytes(tmp_path) <= 32 * CHUNK
+            assert cache.cached_bytes <= 32 * CHUNK
+            assert metrics.read_cache_evictions._value.get() >= 64
+            for name in _chunk_files(tmp_path):
+                first, _, count = name[: -len(".chunk")].rpartition("-")[2].partition("+")
+                members = range(int(first), int(first) + int(count or 1))
+                assert all(cache.is_cached(obj, i) for i in members)
+            cached = [i for i in range(96) if cache.is_cached(obj, i)]
+            assert max(cached, default=-1) == 95  # the latest kept, the earliest evicted
+            assert not cache.is_cached(obj, 0)
+
+    async def test_a_group_of_more_than_an_eighth_of_the_budget_is_split(self, tmp_path):
+        """A file is evicted whole, so none holds more than an eighth of the budget: with a
+        budget of 16 chunks, a group of four goes in files of two."""
+        body = os.urandom(12 * CHUNK)
+        store = await _store(obj=body)
+        obj = ObjectRef("obj", len(body))
+        async with _cache(
+            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=16 * CHUNK
+        ) as cache:
+            await _read_sequentially(cache, obj, 12)
+            names = _chunk_files(tmp_path)
+            assert any(name.endswith("+2.chunk") for name in names)
+            assert not any(name.endswith("+4.chunk") for name in names)
+            for i in range(12):
+                got = await cache.read(obj, i * CHUNK, CHUNK, readahead=False)
+                assert bytes(got) == body[i * CHUNK : (i + 1) * CHUNK]
 
 
 class TestMemoryCache:
