@@ -23,7 +23,7 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   again when the reader jumps.
 * **deadlines and bounds**: every GET has a deadline (``fetch_timeout_s``, retries included);
   at most ``max_concurrent_fetches`` GETs run at once, and read-ahead takes at most half of them.
-* **memory**: the last ``memory_chunks`` chunks fetched (at least two groups) stay in memory
+* **memory**: the last ``memory_chunks`` chunks fetched (at least three groups) stay in memory
   too (a sequential reader reads a chunk right after its GET), and a chunk being written is
   served from memory. The writes behind are bounded (``max_pending_write_bytes``): when the disk
   is slower than S3 and the bound is reached, a fetched chunk is served from memory only and not
@@ -231,8 +231,12 @@ class ChunkCache:
         #: object key -> (the last chunk read, whether the reads went on chunk after chunk, the
         #: groups a sequential reader of it reads ahead)
         self._last_read: OrderedDict[str, tuple[int, bool, int]] = OrderedDict()
-        #: a sequential reader's read-ahead fetches up to two groups ahead: those stay in memory
-        self._memory_chunks = max(memory_chunks, 2 * self.group_chunks) if memory_chunks else 0
+        #: a sequential reader's read-ahead fetches two groups ahead of the one it reads: those
+        #: three stay in memory, so it reads none of them back from disk (at first: a reader
+        #: whose read-ahead deepened may)
+        self._memory_chunks = (
+            max(memory_chunks, (_READAHEAD_GROUPS + 1) * self.group_chunks) if memory_chunks else 0
+        )
         #: chunks one file holds at most: a group, unless that is more than an eighth of the
         #: budget (a file is evicted whole)
         self._file_chunks = max(1, min(self.group_chunks, max_bytes // (8 * chunk_size)))

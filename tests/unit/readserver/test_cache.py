@@ -361,6 +361,20 @@ class TestChunkCacheReadAhead:
             assert store.calls["get_range"] == 8
             assert not cache.is_cached(obj, 19)
 
+    async def test_a_sequential_readers_chunks_ahead_stay_in_memory(self, tmp_path):
+        """Every chunk fetched ahead of a sequential reader (two groups beyond the one it
+        reads) is still in memory when it gets there: none is read back from disk."""
+        body = os.urandom(20 * CHUNK)
+        store = await _store(obj=body)
+        async with _cache(
+            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=32 * CHUNK
+        ) as cache:
+            obj = ObjectRef("obj", len(body))
+            await cache.read(obj, 0, 1)
+            await cache.read(obj, CHUNK, 1)  # sequential: 3-6 and 7-10 fetched
+            await cache.idle()
+            assert [cache.resident(obj, i) for i in range(2, 12)] == [True] * 9 + [False]
+
     async def test_a_reader_that_waits_for_its_read_ahead_gets_more(self, tmp_path):
         """A sequential reader that has to wait for a chunk its read-ahead is fetching gets
         twice the read-ahead each time, up to every GET read-ahead may have (half of
