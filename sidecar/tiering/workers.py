@@ -163,6 +163,9 @@ class _Worker:
     version: int = 0
     started: float = 0.0
     quiet: bool = False
+    #: the quarantine reloads seen when it started: a clear read since (it may have come
+    #: while the worker ran, before it set ``idle_until``) starts it again when it ends
+    quarantine_reloads: int = 0
 
 
 @dataclass
@@ -270,6 +273,8 @@ class TieringEngine:
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
         self._next_quarantine_check = 0.0
+        #: how many times a changed quarantine file was read (see ``_Worker``)
+        self._quarantine_reloads = 0
         self._quarantine_task: asyncio.Task[None] | None = None
         self._lag_topics: set[str] = set()  # topics with copy-lag series
         self.uploaded = 0
@@ -485,7 +490,12 @@ class TieringEngine:
                 self._at(worker.retry_at, key)
                 continue
             lso = view.lso(scan.topic, scan.partition)
-            if worker is not None and worker.scan is scan and worker.lso == lso:
+            if (
+                worker is not None
+                and worker.scan is scan
+                and worker.lso == lso
+                and worker.quarantine_reloads == self._quarantine_reloads
+            ):
                 if now < worker.idle_until:
                     self._at(worker.idle_until, key)
                     continue  # it found nothing to do, and nothing changed since
@@ -513,6 +523,7 @@ class TieringEngine:
                 lso=lso,
                 version=self._store.partition_version(tip),
                 started=now,
+                quarantine_reloads=self._quarantine_reloads,
             )
         if walk_all:
             self._forget_except(kept)
@@ -573,9 +584,9 @@ class TieringEngine:
         if not changed:
             return
         log.info("quarantine_reloaded", segments=len(self.quarantine))
-        for worker in self._workers.values():
-            worker.idle_until = 0.0
-            worker.quiet = False  # a cleared segment is read and checked anew, now
+        # every partition is planned again, a cleared segment read and checked anew: now, or
+        # when its worker (maybe running since before the clear) ends
+        self._quarantine_reloads += 1
         self._walk_all = True
         self.poke()
 

@@ -6,6 +6,7 @@ The same rig as ``test_engine`` (real uploader and store, in-memory bucket, fake
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import uuid
@@ -117,6 +118,40 @@ class TestCorruptSegments:
         )
         r.start()
         await r.until(r.all_tiered)
+        await r.stop()
+
+    async def test_a_clear_read_while_the_worker_runs_is_acted_on_when_it_ends(
+        self, rig, monkeypatch
+    ):
+        """The clear is read while the worker that quarantined the segment has not ended:
+        when it ends, the partition is planned again at once (not at the idle recheck, an
+        hour here), and the still corrupt segment is quarantined again."""
+        r = rig(idle_recheck_s=3600.0, idle_recheck_max_s=3600.0)
+        bad = r.rolled[-1]
+        _flip(bad.log_path, 70)
+        real = r.engine._work_partition
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def work(key: Any) -> bool:
+            waiting = await real(key)
+            if not held.is_set():  # the first worker: hold it before it ends
+                held.set()
+                await release.wait()
+            return waiting
+
+        monkeypatch.setattr(r.engine, "_work_partition", work)
+        r.start()
+        await held.wait()
+        assert r.engine.quarantine.offsets(r.tip.topic_id, 0) == {bad.base_offset}
+        assert _cli_quarantine(r).clear(topic="orders", partition=0)
+        await r.until(lambda: r.engine._quarantine_reloads == 1)
+        release.set()
+        await r.until(
+            lambda: (
+                _metric(r, "upload_errors_total", kind="CorruptSegmentError") == 2
+                and r.engine.quarantine.offsets(r.tip.topic_id, 0) == {bad.base_offset}
+            )
+        )
         await r.stop()
 
     async def test_clear_is_seen_and_the_segment_checked_again(self, rig):
