@@ -143,7 +143,9 @@ class TestCorruptSegment:
             )
             assert sample(samples, "kafka_tiered_sidecar_segment_read_retries_total") == 0
 
-            # sidecar status, JSON and text
+            # sidecar status, JSON and text (it exits 1 while the sidecar is not ready, which
+            # may come after the first segments are tiered)
+            await sidecar.wait_for("sidecar_ready")
             url = f"http://127.0.0.1:{port}/v1/status"
             code, out, _ = await _cli(env, "status", "--url", url, "--json")
             assert code == 0
@@ -346,6 +348,7 @@ class TestRecreatedTopic:
 
             sidecar = await Sidecar.start(config, env, tmp_path / "sidecar-2.log")
             await sidecar.wait_for("segment_tiered", topic=topic_name, partition=0, base_offset=0)
+            await sidecar.wait_for("sidecar_ready")  # else `status` exits 1
             code, out, _ = await _cli(
                 env, "status", "--url", f"http://127.0.0.1:{port}/v1/status", "--json"
             )
