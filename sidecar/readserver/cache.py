@@ -713,15 +713,19 @@ class ChunkCache:
             self._file_of[name] = (file, i * self.chunk_size)
             self._copies.pop(name, None)  # a new copy
 
+    def _indexed(self, file: str) -> list[str]:
+        """The chunks of ``file`` that the index says it holds."""
+        return [name for name in _members(file) if self._file_of.get(name, (None,))[0] == file]
+
     def _drop_file(self, file: str) -> int | None:
         """Forget ``file`` and its chunks (their copies, and their bytes in memory unless
         they are being written); returns its size, None when it was not indexed."""
         size = self._lru.pop(file, None)
         if size is None:
             return None
+        for name in self._indexed(file):
+            del self._file_of[name]
         for name in _members(file):
-            if self._file_of.get(name, (None,))[0] == file:
-                del self._file_of[name]
             self._recent.pop(name, None)
             self._copies.pop(name, None)
         return size
@@ -813,9 +817,8 @@ class ChunkCache:
         self._forget_file(where[0])
 
     def _forget_file(self, file: str) -> None:
-        for name in _members(file):
-            if self._file_of.get(name, (file,))[0] == file:
-                self._writing.pop(name, None)
+        for name in self._indexed(file):
+            self._writing.pop(name, None)
         writing = self._write_tags.pop(file, None) is not None
         size = self._drop_file(file)
         if size is not None:

@@ -473,6 +473,26 @@ def _chunk_files(directory: Path) -> list[str]:
     return sorted(p.name for p in _files(directory) if p.suffix == ".chunk")
 
 
+def _chunks_in(file: str) -> range:
+    """The chunk numbers a cache file's name says it holds (``...-<first>[+<count>].chunk``)."""
+    first, _, count = file[: -len(".chunk")].rpartition("-")[2].partition("+")
+    return range(int(first), int(first) + int(count or 1))
+
+
+async def _assert_chunks(
+    cache: ChunkCache, obj: ObjectRef, body: bytes, indexes: range, skip: int = 0
+) -> None:
+    """Each chunk of ``indexes`` read from the cache (from byte ``skip`` of it, no read-ahead)
+    equals the object's bytes."""
+    for i in indexes:
+        got = await cache.read(obj, i * CHUNK + skip, CHUNK - skip, readahead=False)
+        assert bytes(got) == body[i * CHUNK + skip : (i + 1) * CHUNK]
+
+
+#: a sequential reader's read-ahead in groups of four chunks
+_GROUPS = {"readahead_chunks": 2, "group_chunks": 4}
+
+
 class TestChunkCacheGroupFiles:
     """The chunks of one group GET go in one file, cached, read and dropped as a whole."""
 
@@ -482,7 +502,7 @@ class TestChunkCacheGroupFiles:
         body = os.urandom(16 * CHUNK)
         store = await _store(obj=body)
         obj = ObjectRef("obj", len(body))
-        options = {"readahead_chunks": 2, "group_chunks": 4, "max_bytes": 32 * CHUNK}
+        options = {**_GROUPS, "max_bytes": 32 * CHUNK}
         async with _cache(store, tmp_path, **options) as cache:
             await _read_sequentially(cache, obj, 16)
             assert cache.cached_chunks == 16
@@ -493,9 +513,7 @@ class TestChunkCacheGroupFiles:
         gets = store.calls["get_range"]
         async with _cache(store, tmp_path, **options) as cache:
             assert cache.cached_chunks == 16
-            for i in range(16):
-                got = await cache.read(obj, i * CHUNK + 3, CHUNK - 3, readahead=False)
-                assert bytes(got) == body[i * CHUNK + 3 : (i + 1) * CHUNK]
+            await _assert_chunks(cache, obj, body, range(16), skip=3)
             assert store.calls["get_range"] == gets
 
     async def test_open_chunk_of_a_group_file_says_where_the_chunk_starts(self, tmp_path):
@@ -504,7 +522,7 @@ class TestChunkCacheGroupFiles:
         body = os.urandom(12 * CHUNK)
         store = await _store(obj=body)
         obj = ObjectRef("obj", len(body))
-        options = {"readahead_chunks": 2, "group_chunks": 4, "max_bytes": 32 * CHUNK}
+        options = {**_GROUPS, "max_bytes": 32 * CHUNK}
         async with _cache(store, tmp_path, **options) as cache:
             await _read_sequentially(cache, obj, 12)
         async with _cache(store, tmp_path, **options) as cache:
@@ -529,20 +547,16 @@ class TestChunkCacheGroupFiles:
         body = os.urandom(16 * CHUNK)
         store = await _store(obj=body)
         obj = ObjectRef("obj", len(body))
-        async with _cache(
-            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=32 * CHUNK
-        ) as cache:
+        async with _cache(store, tmp_path, **_GROUPS, max_bytes=32 * CHUNK) as cache:
             await _read_sequentially(cache, obj, 16)
             grouped = next(n for n in _chunk_files(tmp_path) if n.endswith("+4.chunk"))
-            first = int(grouped[: -len(".chunk")].rpartition("-")[2].partition("+")[0])
+            first = _chunks_in(grouped).start
             cache.invalidate(obj, (first + 2) * CHUNK, (first + 2) * CHUNK)
             assert [cache.is_cached(obj, first + i) for i in range(4)] == [False] * 4
             assert cache.cached_chunks == 12
             assert grouped not in _chunk_files(tmp_path)
             assert _disk_bytes(tmp_path) == cache.cached_bytes == 12 * CHUNK
-            for i in range(first, first + 4):
-                got = await cache.read(obj, i * CHUNK, CHUNK, readahead=False)
-                assert bytes(got) == body[i * CHUNK : (i + 1) * CHUNK]
+            await _assert_chunks(cache, obj, body, range(first, first + 4))
 
     async def test_files_are_evicted_whole_within_the_budget(self, tmp_path):
         """A sequential read of three times the budget evicts files, least recently used
@@ -553,21 +567,14 @@ class TestChunkCacheGroupFiles:
         metrics = Metrics()
         obj = ObjectRef("obj", len(body))
         async with _cache(
-            store,
-            tmp_path,
-            readahead_chunks=2,
-            group_chunks=4,
-            max_bytes=32 * CHUNK,
-            metrics=metrics,
+            store, tmp_path, **_GROUPS, max_bytes=32 * CHUNK, metrics=metrics
         ) as cache:
             await _read_sequentially(cache, obj, 96)
             assert _disk_bytes(tmp_path) <= 32 * CHUNK
             assert cache.cached_bytes <= 32 * CHUNK
             assert metrics.read_cache_evictions._value.get() >= 64
             for name in _chunk_files(tmp_path):
-                first, _, count = name[: -len(".chunk")].rpartition("-")[2].partition("+")
-                members = range(int(first), int(first) + int(count or 1))
-                assert all(cache.is_cached(obj, i) for i in members)
+                assert all(cache.is_cached(obj, i) for i in _chunks_in(name))
             cached = [i for i in range(96) if cache.is_cached(obj, i)]
             assert max(cached, default=-1) == 95  # the latest kept, the earliest evicted
             assert not cache.is_cached(obj, 0)
@@ -578,16 +585,12 @@ class TestChunkCacheGroupFiles:
         body = os.urandom(12 * CHUNK)
         store = await _store(obj=body)
         obj = ObjectRef("obj", len(body))
-        async with _cache(
-            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=16 * CHUNK
-        ) as cache:
+        async with _cache(store, tmp_path, **_GROUPS, max_bytes=16 * CHUNK) as cache:
             await _read_sequentially(cache, obj, 12)
             names = _chunk_files(tmp_path)
             assert any(name.endswith("+2.chunk") for name in names)
             assert not any(name.endswith("+4.chunk") for name in names)
-            for i in range(12):
-                got = await cache.read(obj, i * CHUNK, CHUNK, readahead=False)
-                assert bytes(got) == body[i * CHUNK : (i + 1) * CHUNK]
+            await _assert_chunks(cache, obj, body, range(12))
 
 
 class TestMemoryCache:
