@@ -606,7 +606,14 @@ class ReadServerConfig(_Section):
         30.0, gt=0, description="deadline of one S3 call of the read path, retries included"
     )
     max_concurrent_fetches: int = Field(
-        16, ge=1, le=256, description="S3 GETs in flight for reads (demand and prefetch)"
+        16,
+        ge=1,
+        le=256,
+        description="S3 GETs in flight for reads (demand and prefetch; read-ahead takes at most"
+        " half): a far object store (Amazon S3: first-byte latency, about 90 MB/s per"
+        " connection) needs the deep read-ahead; against one on the same host or LAN (MinIO,"
+        " SeaweedFS) 4 reads faster, as a reader's waits are then the read server's own CPU,"
+        " which more GETs at once only add to",
     )
     max_concurrent_requests: int = Field(
         256, ge=1, description="requests served at once; more are answered 429"
