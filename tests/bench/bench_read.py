@@ -35,6 +35,8 @@ recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
     .venv/bin/python tests/bench/bench_read.py --mib 64 --runs 1 --readers-mib 1
     .venv/bin/python tests/bench/bench_read.py --cold-only --runs 5 \
         --server-set read_server.prefetch_chunks=4              # part 1, another setting
+    .venv/bin/python tests/bench/bench_read.py --cold-only --runs 3 --mib 1024 \
+        --server-set read_server.max_concurrent_fetches=4    # a store on the same host
     .venv/bin/python tests/bench/bench_read.py --json-only --mib 64 --readers 8   # part 4 only
     .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20      # a far S3
     .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20 \
@@ -239,7 +241,7 @@ async def json_readers(
     probes: list[float] = []
     readers = min(args.json_readers, args.readers)
     async with (
-        read_server(root, config, env, "json", logs=logs) as (socket, _pid),
+        read_server(root, config, env, "json", *args.server_set, logs=logs) as (socket, _pid),
         session(socket, limit=readers + 2) as http,
     ):
         done = asyncio.Event()
@@ -603,7 +605,8 @@ async def run_bench(
     # read_server.sendfile=false (every response read through memory: the earlier path)
     found: dict[str, dict[str, Any]] = {}
     for name, settings in (("warm", ()), ("memory", ("read_server.sendfile=false",))):
-        async with read_server(root, config, env, name, *settings) as (socket, _pid):
+        every = (*args.server_set, *settings)
+        async with read_server(root, config, env, name, *every) as (socket, _pid):
             async with session(socket) as http:
                 await read_partition(http, "bench", 0)  # fills the cache
                 async with http.get(f"{BASE}/v1/topics/bench/partitions/0/segments") as response:
@@ -645,7 +648,7 @@ async def run_bench(
         say(f"        {label:<15} p50 {p50:.2f} ms, p99 {p99:.2f} ms   (goal p99 <= 5 ms)")
 
     async with (
-        read_server(root, config, env, "readers") as (socket, _pid),
+        read_server(root, config, env, "readers", *args.server_set) as (socket, _pid),
         session(socket, limit=args.readers) as http,
     ):
 
@@ -712,7 +715,7 @@ def main() -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a setting of the cold read servers (e.g. read_server.prefetch_chunks=4)",
+        help="a setting of every read server started (e.g. read_server.max_concurrent_fetches=4)",
     )
     args = parser.parse_args()
     asyncio.run(main_async(args))
