@@ -547,9 +547,11 @@ async def run_bench(
     weed = stack.read_pid(args.weed_pid_file)
     #: CPU seconds per contender: (this process, the read server, SeaweedFS)
     cpu: dict[str, list[tuple[float, float, float]]] = {"socket": [], "direct": [], "whole": []}
+    orders: list[str] = []
     for run in range(args.runs):
         order = ["socket", "direct", "whole"]
         order = order[run % 3 :] + order[: run % 3]
+        orders.append(" ".join(order))
         for contender in order:
             t0 = time.perf_counter()
             c0 = (time.process_time(), 0.0, cpu_seconds(weed))
@@ -591,6 +593,11 @@ async def run_bench(
     ratio = ranged / statistics.median(cold)
     say(f"    ratio socket / ranged GETs               {ratio:7.2f} x   (goal >= 0.8)")
     say(f"    ratios per run                           {ratios(direct, cold)}")
+    per_run = " / ".join(
+        f"{size / MiB / c:.0f} {size / MiB / d:.0f}" for c, d in zip(cold, direct, strict=True)
+    )
+    say(f"    MiB/s per run (socket direct)            {per_run}")
+    say(f"    order of the contenders per run          {' / '.join(orders)}")
     wholes = statistics.median(whole) / statistics.median(cold)
     say(f"    ratio socket / whole-object GETs         {wholes:7.2f} x   (the server's GETs of a")
     say("        sequential reader are groups of 4 chunks: 16 MiB, here whole segments)")
