@@ -34,25 +34,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import platform
 import secrets
-import shutil
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import aiohttp
 from aiokafka import AIOKafkaProducer
 
 from sidecar.metadata import encode
 from tests.bench.bench_metadata_store import synthetic_topic
+from tests.bench.bench_scale import (
+    event_time,
+    rolled_count,
+    say,
+    status_kib,
+    stop_stack,
+    wait_ready,
+)
 from tests.conftest import stack
 from tests.e2e._support import Sidecar, write_config
 from tests.helpers import create_topic
@@ -61,23 +65,6 @@ from tests.sidecar_runner import sidecar_env
 MiB = 1024 * 1024
 VALUE_BYTES = 16 * 1024
 TARGET_READY_S = 5.0
-
-
-def say(*parts: object) -> None:
-    """Progress on stderr (the results go to stdout)."""
-    print(f"[{time.strftime('%H:%M:%S')}]", *parts, file=sys.stderr, flush=True)
-
-
-def event_time(event: dict[str, Any]) -> float:
-    """The wall-clock time of a structlog JSON event (ISO-8601, UTC)."""
-    return datetime.fromisoformat(str(event["timestamp"]).replace("Z", "+00:00")).timestamp()
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise KeyError("VmRSS")
 
 
 def tree_mib(path: Path) -> float:
@@ -115,10 +102,6 @@ async def fill_metadata(
     return size
 
 
-def rolled_count(partition_dir: Path) -> int:
-    return max(0, sum(1 for p in partition_dir.iterdir() if p.suffix == ".log") - 1)
-
-
 async def roll(bootstrap: str, topic: str, partition_dir: Path, segments: int) -> None:
     """Produce until ``segments`` more segments of ``topic``-0 have rolled (1 MiB segments)."""
     target = rolled_count(partition_dir) + segments
@@ -134,22 +117,6 @@ async def roll(bootstrap: str, topic: str, partition_dir: Path, segments: int) -
             await producer.flush()
     finally:
         await producer.stop()
-
-
-async def wait_ready(port: int, sidecar: Sidecar, timeout: float) -> float:
-    """The wall-clock time /readyz first answered 200 (polled every 50 ms)."""
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if sidecar.exited:
-                raise RuntimeError("the sidecar exited before it was ready\n" + sidecar.tail())
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"http://127.0.0.1:{port}/readyz") as answer:
-                    if answer.status == 200:
-                        return time.time()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not ready within {timeout} s\n{sidecar.tail()}")
-            await asyncio.sleep(0.05)
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -201,10 +168,10 @@ async def amain(args: argparse.Namespace) -> int:
         # 2. first start: the whole metadata topic read
         started = time.time()
         sidecar = await Sidecar.start(config, env, root / "first.log", name="first")
-        ready_first = await wait_ready(metrics_port, sidecar, args.timeout) - started
+        ready_first = await wait_ready(metrics_port, sidecar, args.timeout, every=0.05) - started
         say(f"first start: ready after {ready_first:.1f} s")
         await sidecar.wait_for("segment_tiered", count=backlog, timeout=args.timeout, topic=topic)
-        rss_first = rss_mib(sidecar.proc.pid)
+        rss_first = status_kib(sidecar.proc.pid, "VmRSS") / 1024
         await sidecar.stop()
         sidecar = None
         store_mib = tree_mib(root / "state")
@@ -215,11 +182,11 @@ async def amain(args: argparse.Namespace) -> int:
         # 4. the restart
         started = time.time()
         sidecar = await Sidecar.start(config, env, root / "restart.log", name="restart")
-        ready_at = await wait_ready(metrics_port, sidecar, args.timeout)
+        ready_at = await wait_ready(metrics_port, sidecar, args.timeout, every=0.05)
         tiered = await sidecar.wait_for(
             "segment_tiered", count=1, timeout=args.timeout, topic=topic
         )
-        rss_restart = rss_mib(sidecar.proc.pid)
+        rss_restart = status_kib(sidecar.proc.pid, "VmRSS") / 1024
         starting = sidecar.matching("sidecar_starting")
         await sidecar.stop()
         sidecar = None
@@ -259,14 +226,7 @@ async def amain(args: argparse.Namespace) -> int:
     finally:
         if sidecar is not None and not sidecar.exited:
             await sidecar.stop()
-        if s3 is not None:
-            await asyncio.to_thread(s3.stop)
-        if kafka is not None:
-            await asyncio.to_thread(kafka.stop)
-        if args.keep:
-            say(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        await stop_stack(kafka, s3, root, keep=args.keep)
 
 
 def main(argv: list[str] | None = None) -> int:

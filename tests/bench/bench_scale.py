@@ -221,12 +221,24 @@ async def build_broker_backlog(
     return rolled
 
 
+async def stop_stack(kafka: Any, s3: Any, root: Path, *, keep: bool) -> None:
+    """Stop SeaweedFS and Kafka (those started; by PID), then remove ``root`` unless ``keep``."""
+    if s3 is not None:
+        await asyncio.to_thread(s3.stop)
+    if kafka is not None:
+        await asyncio.to_thread(kafka.stop)
+    if keep:
+        say(f"kept {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # measurements
 
 
-async def wait_ready(port: int, sidecar: Sidecar, timeout: float) -> float:
-    """The wall-clock time /readyz first answered 200 (polled every 100 ms)."""
+async def wait_ready(port: int, sidecar: Sidecar, timeout: float, *, every: float = 0.1) -> float:
+    """The wall-clock time /readyz first answered 200 (polled every ``every`` seconds)."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as http:
         while True:
@@ -238,7 +250,7 @@ async def wait_ready(port: int, sidecar: Sidecar, timeout: float) -> float:
                         return time.time()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not ready within {timeout} s\n{sidecar.tail()}")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(every)
 
 
 def _frame(text: str) -> str:
@@ -739,14 +751,7 @@ async def amain(args: argparse.Namespace) -> int:
     finally:
         if sidecar is not None and not sidecar.exited:
             await sidecar.stop()
-        if s3 is not None:
-            await asyncio.to_thread(s3.stop)
-        if kafka is not None:
-            await asyncio.to_thread(kafka.stop)
-        if args.keep:
-            say(f"kept {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
+        await stop_stack(kafka, s3, root, keep=args.keep)
 
 
 def main(argv: list[str] | None = None) -> int:
