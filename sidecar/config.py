@@ -585,7 +585,8 @@ class ReadServerConfig(_Section):
         le=64,
         description="chunks fetched ahead of a read, on into the next segments; a reader that"
         " goes on chunk after chunk gets at least two 16 MiB GETs ahead, and"
-        " twice as many each time it has to wait for one (up to half of max_concurrent_fetches)",
+        " twice as many when it has to wait for one (up to half of max_concurrent_fetches) while"
+        " each doubling makes it read at least a quarter faster",
     )
     cache_max_pending_write_bytes: int = Field(
         256 * 1024 * 1024,
@@ -611,9 +612,9 @@ class ReadServerConfig(_Section):
         le=256,
         description="S3 GETs in flight for reads (demand and prefetch; read-ahead takes at most"
         " half): a far object store (Amazon S3: first-byte latency, about 90 MB/s per"
-        " connection) needs the deep read-ahead; against one on the same host or LAN (MinIO,"
-        " SeaweedFS) 4 reads faster, as a reader's waits are then the read server's own CPU,"
-        " which more GETs at once only add to",
+        " connection) needs the deep read-ahead; a reader goes as deep only while that makes it"
+        " read faster, so against one on the same host or LAN (MinIO, SeaweedFS) it stays at"
+        " two GETs ahead",
     )
     max_concurrent_requests: int = Field(
         256, ge=1, description="requests served at once; more are answered 429"

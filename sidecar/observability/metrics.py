@@ -407,6 +407,15 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.read_readahead_changes = Counter(
+            "read_readahead_changes",
+            "Changes of a sequential reader's read-ahead depth: deeper (it waited, and the last"
+            " deepening made it read faster), back (a deeper read-ahead read no faster: the"
+            " reader keeps the depth before).",
+            ["change"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_cache_evictions = Counter(
             "read_cache_evictions",
             "Chunks evicted from the disk cache (least recently used first).",

@@ -19,8 +19,10 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   waiters of every chunk. A sequential reader that has to wait for a chunk its read-ahead
   already asked for is faster than the GETs ahead of it can deliver (a far object store: each
   GET's first-byte latency, and a connection's throughput, about 90 MB/s on Amazon S3), so its
-  read-ahead doubles each time, up to every GET read-ahead may have; it starts at two groups
-  again when the reader jumps.
+  read-ahead doubles, up to every GET read-ahead may have, as long as each doubling made it
+  read at least a quarter faster; a depth that did not is given up for the one before (an
+  object store on the same host: the waits are the CPU that the GETs take, and more GETs only
+  compete for it). It starts at two groups, and is measured again, when the reader jumps.
 * **deadlines and bounds**: every GET has a deadline (``fetch_timeout_s``, retries included);
   at most ``max_concurrent_fetches`` GETs run at once, and read-ahead takes at most half of them.
 * **memory**: the last ``memory_chunks`` chunks fetched (at least three groups) stay in memory
@@ -91,6 +93,8 @@ _GROUP_CHUNKS = 16
 _READERS_REMEMBERED = 4096
 #: groups a sequential reader reads ahead at first (it gets more when it has to wait)
 _READAHEAD_GROUPS = 2
+#: a deeper read-ahead is kept only if the reader reads at least this much faster with it
+_DEEPER_GAIN = 1.25
 #: a chunk in memory: its own bytes, or a view of a GET's body that held several chunks
 _Chunk = bytes | memoryview
 
@@ -125,6 +129,20 @@ class ObjectRef(NamedTuple):
 
     key: str
     size: int
+
+
+class _Probe:
+    """How fast one sequential reader goes at its read-ahead depth: chunks read since
+    ``since``, the rate it had at the depth before (None: none measured yet), and whether a
+    deeper read-ahead was found to read no faster (then it stays where it is)."""
+
+    __slots__ = ("rate_before", "reads", "settled", "since")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.reads = 0
+        self.rate_before: float | None = None
+        self.settled = False
 
 
 class _State(enum.Enum):
@@ -189,6 +207,7 @@ class ChunkCache:
         max_pending_write_bytes: int = 256 * 1024 * 1024,
         direct_io: bool = True,
         metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if chunk_size <= 0:
             raise ValueError(f"chunk_size must be positive, not {chunk_size}")
@@ -231,6 +250,10 @@ class ChunkCache:
         #: object key -> (the last chunk read, whether the reads went on chunk after chunk, the
         #: groups a sequential reader of it reads ahead)
         self._last_read: OrderedDict[str, tuple[int, bool, int]] = OrderedDict()
+        #: object key -> how fast its sequential reader goes at its depth (shared with the
+        #: objects it goes on into)
+        self._probes: dict[str, _Probe] = {}
+        self._clock = clock
         #: a sequential reader's read-ahead fetches two groups ahead of the one it reads: those
         #: three stay in memory, so it reads none of them back from disk (at first: a reader
         #: whose read-ahead deepened may)
@@ -499,15 +522,47 @@ class ChunkCache:
         groups = last[2] if last is not None and sequential else _READAHEAD_GROUPS
         self._last_read[key] = (index, sequential, groups)
         self._last_read.move_to_end(key)
+        probe = self._probes.get(key)
+        if not sequential or probe is None:
+            self._probes[key] = _Probe(self._clock())
+        elif last is not None and last[0] != index:
+            probe.reads += 1
+            if probe.rate_before is None and probe.reads == self.group_chunks and not probe.settled:
+                # the first group's reads paid for the first GETs: the rate is measured after
+                probe.since, probe.reads, probe.rate_before = self._clock(), 0, 0.0
         while len(self._last_read) > _READERS_REMEMBERED:
-            self._last_read.popitem(last=False)
+            gone, _ = self._last_read.popitem(last=False)
+            self._probes.pop(gone, None)
         return sequential
 
     def _deepen(self, key: str) -> None:
-        """Twice the read-ahead for the sequential reader of ``key``, up to as many groups as
-        read-ahead may have GETs."""
+        """The sequential reader of ``key`` waited for its read-ahead: twice the read-ahead, up
+        to as many groups as read-ahead may have GETs, once it has read at its depth a while,
+        and only while going deeper makes it read faster.
+
+        A far object store needs the depth (each GET's first-byte latency, and a connection's
+        throughput); on an object store on the same host the reader's waits are the CPU that
+        the GETs themselves take, and more of them only compete for it. So each depth is
+        measured (the chunks read per second over as many groups as it is deep), and a depth
+        that read less than ``_DEEPER_GAIN`` times faster than the one before is given up for
+        that one, for the rest of the reader's run."""
         index, sequential, groups = self._last_read[key]
-        self._last_read[key] = (index, sequential, min(2 * groups, self._max_prefetching))
+        probe = self._probes.get(key)
+        if probe is None or probe.settled or groups >= self._max_prefetching:
+            return
+        if probe.rate_before is None or probe.reads < groups * self.group_chunks:
+            return  # this depth is not measured yet
+        now = self._clock()
+        rate = probe.reads / max(now - probe.since, 1e-9)
+        if probe.rate_before and rate < _DEEPER_GAIN * probe.rate_before:
+            probe.settled = True
+            groups = max(_READAHEAD_GROUPS, groups // 2)
+            self._count_depth("back")
+        else:
+            probe.since, probe.reads, probe.rate_before = now, 0, rate
+            groups = min(2 * groups, self._max_prefetching)
+            self._count_depth("deeper")
+        self._last_read[key] = (index, sequential, groups)
 
     def readahead_groups(self, key: str) -> int:
         """The groups of read-ahead a sequential reader of ``key`` gets now."""
@@ -549,6 +604,9 @@ class ChunkCache:
                     # with (at least) the read-ahead it has here
                     last, going_on, had = self._last_read.get(target.key, (-1, True, groups))
                     self._last_read[target.key] = (last, going_on, max(had, groups))
+                    probe = self._probes.get(obj.key)
+                    if probe is not None and target.key not in self._probes:
+                        self._probes[target.key] = probe
             target_index = ahead - first
             # a run of up to ``group`` missing chunks, fetched with one GET
             run = self._missing_run(
@@ -838,6 +896,10 @@ class ChunkCache:
     def _count(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.read_cache_lookups.labels(result).inc()
+
+    def _count_depth(self, change: str) -> None:
+        if self._metrics is not None:
+            self._metrics.read_readahead_changes.labels(change).inc()
 
     def _fetched(self, kind: str, outcome: str, *, seconds: float = 0.0, size: int = 0) -> None:
         if self._metrics is None:

@@ -375,48 +375,93 @@ class TestChunkCacheReadAhead:
             await cache.idle()
             assert [cache.resident(obj, i) for i in range(2, 12)] == [True] * 9 + [False]
 
-    async def test_a_reader_that_waits_for_its_read_ahead_gets_more(self, tmp_path):
-        """A sequential reader that has to wait for a chunk its read-ahead is fetching gets
-        twice the read-ahead each time, up to every GET read-ahead may have (half of
-        ``max_concurrent_fetches``); a jump starts it at two groups again."""
-        body = os.urandom(64 * CHUNK)
+    @staticmethod
+    async def _read_with_waits(
+        directory: Path, speedup: dict[int, float], waits: int
+    ) -> tuple[list[int], dict[str, float], ChunkCache, ObjectRef, _Gate]:
+        """A sequential reader of 2-chunk groups, with up to eight groups of read-ahead, that
+        reads one chunk per ``1 / speedup[groups]`` seconds of a controlled clock at each
+        depth and waits for its read-ahead ``waits`` times; returns its depth after each wait,
+        the depth changes counted, and the cache (still open), object and store."""
+        body = os.urandom(160 * CHUNK)
         gate = _Gate(await _store(obj=body))
-        async with _cache(
-            gate,
-            tmp_path,
+        now = [0.0]
+        metrics = Metrics()
+        cache = _cache(
+            gate,  # type: ignore[arg-type]
+            directory,
             readahead_chunks=1,
             group_chunks=2,
-            max_concurrent_fetches=12,
-            max_bytes=64 * CHUNK,
-        ) as cache:  # type: ignore[arg-type]
-            obj = ObjectRef("obj", len(body))
-            gate.release.set()
-            await cache.read(obj, 0, 1)
-            await cache.read(obj, CHUNK, 1)  # sequential: two groups ahead
-            await cache.idle()
-            assert cache.readahead_groups("obj") == 2
-            at, groups = 0, []
-            for _ in range(3):
-                gate.release.clear()
-                while cache.is_cached(obj, at):  # hits: their read-ahead asks for what follows
-                    assert body[at * CHUNK : at * CHUNK + 2] == await cache.read(obj, at * CHUNK, 2)
-                    at += 1
-                reader = asyncio.create_task(cache.read(obj, at * CHUNK, 2))
-                await gate.waiting.wait()
-                gate.release.set()
-                assert body[at * CHUNK : at * CHUNK + 2] == await reader  # it waited: deeper
-                await cache.idle()
-                groups.append(cache.readahead_groups("obj"))
-                gate.waiting.clear()
-                # the next read's read-ahead reaches the reader's groups deep
+            max_concurrent_fetches=16,
+            max_bytes=160 * CHUNK,
+            metrics=metrics,
+            clock=lambda: now[0],
+        )
+        await cache.open()
+        obj = ObjectRef("obj", len(body))
+        gate.release.set()
+        at, depths = 0, []
+        for _ in range(waits):
+            gate.release.clear()
+            while cache.is_cached(obj, at):  # hits: their read-ahead asks for what follows
+                now[0] += 1 / speedup[cache.readahead_groups("obj")]
+                assert body[at * CHUNK : at * CHUNK + 2] == await cache.read(obj, at * CHUNK, 2)
                 at += 1
-                await cache.read(obj, at * CHUNK, 1)
-                await cache.idle()
-                last = max(i for i in range(64) if cache.is_cached(obj, i))
-                assert last >= at + groups[-1] * 2
-            assert groups == [4, 6, 6]
-            assert body[40 * CHUNK : 40 * CHUNK + 1] == await cache.read(obj, 40 * CHUNK, 1)
-            assert cache.readahead_groups("obj") == 2  # a jump
+            now[0] += 1 / speedup[cache.readahead_groups("obj")]
+            reader = asyncio.create_task(cache.read(obj, at * CHUNK, 2))
+            await gate.waiting.wait()
+            gate.release.set()
+            assert body[at * CHUNK : at * CHUNK + 2] == await reader  # it waited
+            await cache.idle()
+            gate.waiting.clear()
+            depths.append(cache.readahead_groups("obj"))
+            at += 1
+        changes = {
+            s.labels["change"]: s.value
+            for s in metrics.read_readahead_changes.collect()[0].samples
+            if s.name.endswith("_total")
+        }
+        return depths, changes, cache, obj, gate
+
+    async def test_a_reader_that_waits_and_reads_faster_deeper_gets_more(self, tmp_path):
+        """A sequential reader that has to wait for a chunk its read-ahead is fetching gets
+        twice the read-ahead, once it has read a while at its depth, as long as each
+        deepening made it read faster, up to every GET read-ahead may have (half of
+        ``max_concurrent_fetches``); a jump starts it at two groups again."""
+        depths, changes, cache, obj, _ = await self._read_with_waits(
+            tmp_path, {2: 1.0, 4: 2.0, 8: 4.0}, waits=8
+        )
+        try:
+            assert depths[0] == 2  # the first group's reads do not count: the first GETs
+            assert depths[-1] == 8
+            assert sorted(set(depths)) == [2, 4, 8]
+            assert depths == sorted(depths)
+            assert changes == {"deeper": 2.0}
+            # the read-ahead reaches the reader's groups deep
+            at = max(i for i in range(160) if cache.is_cached(obj, i))
+            assert at >= 8 * 2
+            await cache.read(obj, 120 * CHUNK, 1)  # a jump
+            assert cache.readahead_groups("obj") == 2
+        finally:
+            await cache.aclose()
+
+    async def test_a_deeper_read_ahead_that_reads_no_faster_is_given_up(self, tmp_path):
+        """A reader whose read-ahead, twice as deep, reads less than 1.25 times faster (an
+        object store on the same host: its waits are the CPU the GETs take) goes back to the
+        depth before and stays there, however often it waits; after a jump it is measured
+        again."""
+        depths, changes, cache, obj, _ = await self._read_with_waits(
+            tmp_path, {2: 1.0, 4: 1.2, 8: 8.0}, waits=10
+        )
+        try:
+            assert 4 in depths
+            assert depths[-4:] == [2, 2, 2, 2]
+            assert changes == {"deeper": 1.0, "back": 1.0}
+            for i in range(120, 127):  # a jump, and a sequential read from there
+                await cache.read(obj, i * CHUNK, 1)
+            assert cache.readahead_groups("obj") == 2
+        finally:
+            await cache.aclose()
 
     async def test_a_failed_group_get_fails_its_chunks_and_is_not_cached(self, tmp_path):
         """A group GET that fails reaches a reader waiting for any of its chunks; none of them
