@@ -36,7 +36,7 @@ recorded as COPY_SEGMENT_FINISHED in the state dir's metadata store.
     .venv/bin/python tests/bench/bench_read.py --cold-only --runs 5 \
         --server-set read_server.prefetch_chunks=4              # part 1, another setting
     .venv/bin/python tests/bench/bench_read.py --cold-only --runs 3 --mib 1024 \
-        --server-set read_server.max_concurrent_fetches=4    # a store on the same host
+        --server-set read_server.max_concurrent_fetches=4    # read-ahead never past 2 GETs
     .venv/bin/python tests/bench/bench_read.py --json-only --mib 64 --readers 8   # part 4 only
     .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20      # a far S3
     .venv/bin/python tests/bench/bench_read.py --cold-only --s3-latency-ms 20 \
