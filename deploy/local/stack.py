@@ -42,6 +42,15 @@ from typing import Any
 KAFKA_VERSION = os.environ.get("KAFKA_VERSION", "4.3.1")
 #: the newest 3.x release: the broker plugin and the ZooKeeper-mode cluster are tested on it too
 KAFKA_39 = "3.9.1"
+#: the JVM flags of Kafka's ``kafka-run-class.sh`` (``KAFKA_JVM_PERFORMANCE_OPTS``)
+KAFKA_PERFORMANCE_JVM_FLAGS = (
+    "-server",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:MaxInlineLevel=15",
+)
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 DEFAULT_ROOT = REPO / ".stack" / "local"
@@ -407,6 +416,11 @@ class KafkaCluster:
     version: str = KAFKA_VERSION
     overrides: dict[str, str] = dataclasses.field(default_factory=dict)
     heap: str = "512m"
+    #: run the brokers with the JVM flags of Kafka's own start scripts (G1, the full JIT,
+    #: ``-Xms`` = ``-Xmx``) instead of the test flags (serial GC, the first JIT tier only: quick
+    #: to start, slow to run); for benchmarks, whose brokers should run as in production (the
+    #: tools keep the quick flags: a tool's JVM lives seconds, and compiling would be its work)
+    production_jvm: bool = False
     #: node id → JMX port, for nodes whose broker metrics a test reads (``jmx_attribute``); the
     #: JMX server binds to loopback and takes no credentials, so it is off unless asked for
     jmx_ports: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -547,13 +561,16 @@ class KafkaCluster:
             f"-Dlog4j.configuration={(node.home / 'log4j.properties').as_uri()}",
         ]
 
+    def _jvm_flags(self) -> list[str]:
+        if self.production_jvm:
+            return [f"-Xmx{self.heap}", f"-Xms{self.heap}", *KAFKA_PERFORMANCE_JVM_FLAGS]
+        # start fast; the local stack is for tests, not throughput
+        return [f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+
     def _java_cmd(self, libs: Path, node: KafkaNode, main: list[str]) -> list[str]:
         return [
             require_java(),
-            f"-Xmx{self.heap}",
-            "-Xms64m",
-            "-XX:+UseSerialGC",
-            "-XX:TieredStopAtLevel=1",  # start fast; the local stack is for tests, not throughput
+            *self._jvm_flags(),
             "-Djava.awt.headless=true",
             *self._logging_flags(node),
             f"-Dkafka.logs.dir={node.home}",

@@ -76,3 +76,23 @@ class TestLogging:
         cmd = cluster._java_cmd(Path("/libs"), node, ["kafka.Kafka"])
         assert f"-Dlog4j.configuration={(node.home / 'log4j.properties').as_uri()}" in cmd
         assert f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}" in cmd
+
+
+class TestJvmFlags:
+    def test_benchmark_brokers_run_with_kafkas_own_jvm_flags(self, tmp_path):
+        """Brokers of the tests start quickly (serial GC, first JIT tier); those of a benchmark
+        (``production_jvm``) get the flags of Kafka's start scripts and a fixed heap."""
+        from tests.conftest import stack
+
+        cluster = stack.KafkaCluster.create(tmp_path / "kafka", nodes=1)
+        node = cluster.nodes[0]
+        quick = cluster._java_cmd(Path("/libs"), node, ["kafka.Kafka"])
+        assert "-XX:TieredStopAtLevel=1" in quick
+        assert "-XX:+UseSerialGC" in quick
+        cluster.production_jvm = True
+        cluster.heap = "1g"
+        production = cluster._java_cmd(Path("/libs"), node, ["kafka.Kafka"])
+        assert "-XX:TieredStopAtLevel=1" not in production
+        assert "-XX:+UseSerialGC" not in production
+        assert {"-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Xmx1g", "-Xms1g"} <= set(production)
+        assert production[-1] == "kafka.Kafka"
