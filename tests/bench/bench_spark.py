@@ -9,7 +9,9 @@ half repeated so lz4 has something to do, a key per record, headers on every 10t
 sources then read exactly the tiered offsets with ``includeHeaders=true``, and the query touches
 every column Spark's source produces: ``count(*), sum(length(key)), sum(length(value)),
 max(offset), max(timestamp), sum(size(headers))``. One warm-up of each, then ``--runs`` runs
-alternating the two; the medians are compared (ratio = ours / Spark's Kafka source).
+alternating the two; the medians are compared (ratio = ours / Spark's Kafka source). The broker
+runs with the JVM flags of Kafka's start scripts and a 1 GiB heap, as in production
+(``--test-jvm``: the test suite's quick-start flags, serial GC and the first JIT tier only).
 
     .venv/bin/python tests/bench/bench_spark.py                    # 1,000,000 records, 3 runs
     .venv/bin/python tests/bench/bench_spark.py --records 200000 --runs 1
@@ -108,10 +110,19 @@ def main() -> int:
     parser.add_argument("--value-bytes", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--test-jvm",
+        action="store_true",
+        help="the broker with the test suite's JVM flags (serial GC, first JIT tier only)"
+        " instead of those of Kafka's start scripts",
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-spark-"))
     cluster = stack.KafkaCluster.create(root / "kafka", nodes=1)
+    # Spark's Kafka source reads from this broker: it runs as in production
+    cluster.production_jvm = not args.test_jvm
+    cluster.heap = "1g"
     s3 = stack.SeaweedS3.create(root / "s3")
     daemon: SidecarProcess | None = None
     spark = None
