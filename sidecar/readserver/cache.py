@@ -133,8 +133,9 @@ class ObjectRef(NamedTuple):
 
 class _Probe:
     """How fast one sequential reader goes at its read-ahead depth: chunks read since
-    ``since``, the rate it had at the depth before (None: none measured yet), and whether a
-    deeper read-ahead was found to read no faster (then it stays where it is)."""
+    ``since``, the rate it had at the depth before (None: its first group, not measured; 0.0:
+    measuring its first depth), and whether a deeper read-ahead was found to read no faster
+    (then it stays where it is)."""
 
     __slots__ = ("rate_before", "reads", "settled", "since")
 
@@ -527,7 +528,7 @@ class ChunkCache:
             self._probes[key] = _Probe(self._clock())
         elif last is not None and last[0] != index:
             probe.reads += 1
-            if probe.rate_before is None and probe.reads == self.group_chunks and not probe.settled:
+            if probe.rate_before is None and probe.reads == self.group_chunks:
                 # the first group's reads paid for the first GETs: the rate is measured after
                 probe.since, probe.reads, probe.rate_before = self._clock(), 0, 0.0
         while len(self._last_read) > _READERS_REMEMBERED:

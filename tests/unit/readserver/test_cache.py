@@ -378,11 +378,11 @@ class TestChunkCacheReadAhead:
     @staticmethod
     async def _read_with_waits(
         directory: Path, speedup: dict[int, float], waits: int
-    ) -> tuple[list[int], dict[str, float], ChunkCache, ObjectRef, _Gate]:
+    ) -> tuple[list[int], dict[str, float], ChunkCache, ObjectRef]:
         """A sequential reader of 2-chunk groups, with up to eight groups of read-ahead, that
         reads one chunk per ``1 / speedup[groups]`` seconds of a controlled clock at each
         depth and waits for its read-ahead ``waits`` times; returns its depth after each wait,
-        the depth changes counted, and the cache (still open), object and store."""
+        the depth changes counted, and the cache (still open) and object."""
         body = os.urandom(160 * CHUNK)
         gate = _Gate(await _store(obj=body))
         now = [0.0]
@@ -421,14 +421,14 @@ class TestChunkCacheReadAhead:
             for s in metrics.read_readahead_changes.collect()[0].samples
             if s.name.endswith("_total")
         }
-        return depths, changes, cache, obj, gate
+        return depths, changes, cache, obj
 
     async def test_a_reader_that_waits_and_reads_faster_deeper_gets_more(self, tmp_path):
         """A sequential reader that has to wait for a chunk its read-ahead is fetching gets
         twice the read-ahead, once it has read a while at its depth, as long as each
         deepening made it read faster, up to every GET read-ahead may have (half of
         ``max_concurrent_fetches``); a jump starts it at two groups again."""
-        depths, changes, cache, obj, _ = await self._read_with_waits(
+        depths, changes, cache, obj = await self._read_with_waits(
             tmp_path, {2: 1.0, 4: 2.0, 8: 4.0}, waits=8
         )
         try:
@@ -450,7 +450,7 @@ class TestChunkCacheReadAhead:
         object store on the same host: its waits are the CPU the GETs take) goes back to the
         depth before and stays there, however often it waits; after a jump it is measured
         again."""
-        depths, changes, cache, obj, _ = await self._read_with_waits(
+        depths, changes, cache, obj = await self._read_with_waits(
             tmp_path, {2: 1.0, 4: 1.2, 8: 8.0}, waits=10
         )
         try:
