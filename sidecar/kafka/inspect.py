@@ -51,6 +51,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PROBLEMS",
     "SegmentTarget",
+    "VerifiedPartition",
     "batch_row",
     "problem_row",
     "record_row",
@@ -59,6 +60,7 @@ __all__ = [
     "segment_row",
     "verify_partition",
     "verify_segment",
+    "verify_settled",
 ]
 
 EXIT_OK = 0
@@ -253,9 +255,67 @@ def _jsonable_bytes(data: bytes | None) -> str | dict[str, str] | None:
 # verify
 
 
+_VERIFY_PASSES = 3
+"""Passes over a partition whose files keep changing before its problems are reported anyway."""
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedPartition:
+    """What :func:`verify_settled` found, and on which scan."""
+
+    scan: PartitionScan
+    """The scan the problems refer to: a fresh one when the first pass was repeated."""
+    problems: list[SidecarError]
+    rechecks: int
+    """How many times the partition was scanned and verified again because problems were found."""
+
+
 def verify_partition(partition: PartitionScan) -> list[SidecarError]:
     """Every problem in a partition dir: its scan's typed errors, then each segment's CRCs, offset
-    order, indexes and txn index (see :func:`verify_segment`)."""
+    order, indexes and txn index (see :func:`verify_segment`), as :func:`verify_settled` finds
+    them."""
+    return verify_settled(partition).problems
+
+
+def verify_settled(partition: PartitionScan) -> VerifiedPartition:
+    """Verify ``partition``; when that finds problems, scan and verify it again until a pass runs
+    while its files hold still.
+
+    A live broker rewrites rolled segments: the log cleaner swaps in a merged segment and deletes
+    the ones it absorbed, retention deletes, a roll turns the active segment into a rolled one.
+    A pass that works from a segment list taken before such a change reads a new ``.log`` against
+    an old segment end ("batch last offset 90 is past the segment end 72") or an index against a
+    different ``.log``. So a problem is reported only from a pass during which no segment file of
+    the partition changed (names, inodes, sizes, mtimes; the active segment may grow), or after
+    ``_VERIFY_PASSES`` passes that all raced the broker. Clean partitions are read once. Files
+    the broker deleted mid-pass (``SegmentVanishedError``) are kept from every pass but do not
+    cause a recheck: they are the broker at work, not problems.
+    """
+    scan = partition
+    vanished: list[SidecarError] = []
+
+    def verify(partition: PartitionScan) -> list[SidecarError]:
+        found = _verify_pass(partition)
+        vanished.extend(p for p in found if isinstance(p, SegmentVanishedError))
+        return [p for p in found if not isinstance(p, SegmentVanishedError)]
+
+    problems = verify(scan)
+    rechecks = 0
+    while problems and rechecks < _VERIFY_PASSES - 1:
+        before = _files_fingerprint(partition.path)
+        fresh = scan_partition_dir(partition.path)
+        rechecks += 1
+        if fresh is None or before is None:
+            gone = f"{partition.path} vanished while being verified (deleted by the broker)"
+            problems = [SegmentVanishedError(gone)]
+            break
+        scan, problems = fresh, verify(fresh)
+        if _files_fingerprint(partition.path) == before:
+            break
+    return VerifiedPartition(scan, _dedupe([*problems, *vanished]), rechecks)
+
+
+def _verify_pass(partition: PartitionScan) -> list[SidecarError]:
     problems = list(partition.all_problems())
     for segment in partition.segments:
         problems.extend(
@@ -264,6 +324,36 @@ def verify_partition(partition: PartitionScan) -> list[SidecarError]:
             )
         )
     return _dedupe(problems)
+
+
+_FileStat = tuple[str, int, int, int]
+
+
+def _files_fingerprint(path: Path) -> tuple[_FileStat, ...] | None:
+    """Every file name in a partition dir with (inode, size, mtime) of the segment files that are
+    not the active segment's; ``None`` when the directory is gone."""
+    try:
+        names = sorted(p.name for p in path.iterdir())
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ()
+    parsed = {name: parse_segment_file_name(name) for name in names}
+    logs = [p.offset for p in parsed.values() if p and p.kind is FileKind.LOG and not p.suffix]
+    active = max(logs, default=None)
+    out: list[_FileStat] = []
+    for name in names:
+        entry = parsed[name]
+        if entry is None or entry.kind is FileKind.SNAPSHOT or entry.offset == active:
+            out.append((name, 0, 0, 0))
+            continue
+        try:
+            st = (path / name).stat()
+        except OSError:
+            out.append((name, -1, -1, -1))
+            continue
+        out.append((name, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
 
 
 def verify_segment(target: SegmentTarget) -> list[SidecarError]:
@@ -540,9 +630,14 @@ def _dir_document(
         partitions = [target]
         document = {"kind": "partition", "path": str(target.path)}
     document["partitions"] = []
-    for partition in partitions:
-        found = verify_partition(partition) if verify else partition.all_problems()
-        problems.extend(found)
+    for listed in partitions:
+        partition = listed
+        if verify:
+            verified = verify_settled(listed)
+            partition = verified.scan
+            problems.extend(verified.problems)
+        else:
+            problems.extend(listed.all_problems())
         entry: dict[str, Any] = {
             "topic": partition.topic,
             "partition": partition.partition,
@@ -554,6 +649,8 @@ def _dir_document(
             "unknown_files": list(partition.unknown_files),
             "segments": [segment_row(partition, s) for s in partition.segments],
         }
+        if verify:
+            entry["rechecks"] = verified.rechecks
         if records:
             entry["records"] = [
                 {"batch": batch_row(h), "records": [record_row(r) for r in recs or ()]}

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sidecar.errors import CorruptRecordError, IndexFormatError
+import sidecar.kafka.inspect as inspect_module
+from sidecar.errors import (
+    CorruptRecordError,
+    IndexFormatError,
+    SegmentVanishedError,
+    SidecarError,
+)
 from sidecar.kafka.indexes import OFFSET_INDEX_ENTRY
 from sidecar.kafka.inspect import (
     EXIT_NOT_A_LOG_DIR,
@@ -21,8 +28,15 @@ from sidecar.kafka.inspect import (
     resolve_target,
     run_inspect,
     verify_segment,
+    verify_settled,
 )
-from sidecar.kafka.logdir import FileKind, LogDirScan, PartitionScan, segment_file_name
+from sidecar.kafka.logdir import (
+    FileKind,
+    LogDirScan,
+    PartitionScan,
+    scan_partition_dir,
+    segment_file_name,
+)
 from sidecar.kafka.records import Compression, ControlRecordType, parse_batch_header
 from sidecar.testing import (
     TestRecord,
@@ -324,6 +338,114 @@ class TestVerify:
         code, text = inspect(path)
         assert code == EXIT_PROBLEMS
         assert "PROBLEM CorruptRecordError" in text
+
+
+def clean_merge(log_dir: Path) -> None:
+    """What the log cleaner does to payments-7: one merged segment 0-8 replaces segments 0 and 5
+    (new inodes), the active segment stays."""
+    merged = log_dir.parent / "merged"
+    write_partition(
+        merged,
+        "payments",
+        7,
+        [
+            [
+                batch(3, compression=Compression.GZIP),
+                batch(2),
+                batch(4, compression=Compression.ZSTD),
+            ],
+            [batch(1), build_control_batch(ControlRecordType.COMMIT)],
+        ],
+    )
+    target = log_dir / PART
+    for old in target.iterdir():
+        old.unlink()
+    for new in (merged / PART).iterdir():
+        new.rename(target / new.name)
+
+
+class TestVerifyRacingTheBroker:
+    """A partition the broker rewrites during --verify is checked again, not reported corrupt."""
+
+    def test_cleaner_swap_during_the_pass_is_rechecked(
+        self, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The cleaner merges two segments while the first pass reads the old segment list: the
+        merged .log runs past the old segment end, a second pass on a fresh scan finds nothing."""
+        real_pass = inspect_module._verify_pass
+        passes: list[list[int]] = []
+
+        def racing_pass(partition: PartitionScan) -> list[SidecarError]:
+            passes.append([s.base_offset for s in partition.segments])
+            if len(passes) == 1:
+                clean_merge(log_dir)
+            return real_pass(partition)
+
+        monkeypatch.setattr(inspect_module, "_verify_pass", racing_pass)
+        code, doc = inspect_json(log_dir, verify=True)
+        assert code == EXIT_OK, doc["problems"]
+        assert passes == [[0, 5, 9], [0, 9]]
+        [partition] = doc["partitions"]
+        assert partition["rechecks"] == 1
+        assert [s["base_offset"] for s in partition["segments"]] == [0, 9]
+
+    def test_stale_scan_alone_finds_the_race(self, log_dir: Path) -> None:
+        """Without the recheck the same race is a problem: the test above would fail without it."""
+        stale = scan_partition_dir(log_dir / PART)
+        assert stale is not None
+        clean_merge(log_dir)
+        assert any("past the segment end 4" in str(p) for p in inspect_module._verify_pass(stale))
+        verified = verify_settled(stale)
+        assert verified.rechecks == 1
+        assert [type(p) for p in verified.problems] == [SegmentVanishedError]
+        assert str(seg_path(log_dir, 5)) in str(verified.problems[0])
+
+    def test_real_corruption_is_still_reported(self, log_dir: Path) -> None:
+        """A bad CRC in files that hold still is found again by the recheck and reported once."""
+        path = seg_path(log_dir, 5)
+        data = bytearray(path.read_bytes())
+        data[70] ^= 0x10
+        path.write_bytes(data)
+        scan = scan_partition_dir(log_dir / PART)
+        assert scan is not None
+        verified = verify_settled(scan)
+        assert verified.rechecks == 1
+        assert [(type(p), getattr(p, "position", None)) for p in verified.problems] == [
+            (CorruptRecordError, 0)
+        ]
+
+    def test_files_that_never_hold_still_are_reported_after_three_passes(
+        self, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A partition that changes during every pass gets three, then its problems are shown."""
+        seg_path(log_dir, 5, FileKind.TIMEINDEX).write_bytes(
+            seg_path(log_dir, 5, FileKind.TIMEINDEX).read_bytes() + bytes(12)
+        )
+        ticks = iter(range(100))
+        monkeypatch.setattr(inspect_module, "_files_fingerprint", lambda _path: (next(ticks),))
+        scan = scan_partition_dir(log_dir / PART)
+        assert scan is not None
+        verified = verify_settled(scan)
+        assert verified.rechecks == 2
+        assert [type(p) for p in verified.problems] == [IndexFormatError]
+
+    def test_partition_deleted_during_the_recheck_is_vanished(
+        self, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Topic deletion between the passes: exit 0, the partition listed under vanished."""
+        real_pass = inspect_module._verify_pass
+
+        def deleting_pass(partition: PartitionScan) -> list[SidecarError]:
+            found = real_pass(partition)
+            shutil.rmtree(log_dir / PART)
+            return found
+
+        seg_path(log_dir, 0, FileKind.INDEX).write_bytes(OFFSET_INDEX_ENTRY.pack(1, 3))
+        monkeypatch.setattr(inspect_module, "_verify_pass", deleting_pass)
+        code, doc = inspect_json(log_dir, verify=True)
+        assert code == EXIT_OK, doc["problems"]
+        assert [v["error"] for v in doc["vanished"]] == ["SegmentVanishedError"]
+        assert doc["partitions"][0]["rechecks"] == 1
 
 
 class TestRows:
