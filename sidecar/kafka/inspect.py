@@ -14,10 +14,10 @@ import base64
 import datetime
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, BinaryIO, TextIO, TypeVar
 
 import crc32c
 
@@ -258,6 +258,8 @@ def _jsonable_bytes(data: bytes | None) -> str | dict[str, str] | None:
 _VERIFY_PASSES = 3
 """Passes over a partition whose files keep changing before its problems are reported anyway."""
 
+_T = TypeVar("_T", PartitionScan, "SegmentTarget")
+
 
 @dataclass(frozen=True, slots=True)
 class VerifiedPartition:
@@ -291,28 +293,49 @@ def verify_settled(partition: PartitionScan) -> VerifiedPartition:
     the broker deleted mid-pass (``SegmentVanishedError``) are kept from every pass but do not
     cause a recheck: they are the broker at work, not problems.
     """
-    scan = partition
+    scan, problems, rechecks = _settled(
+        partition.path,
+        partition.path,
+        partition,
+        lambda: scan_partition_dir(partition.path),
+        _verify_pass,
+    )
+    return VerifiedPartition(scan, problems, rechecks)
+
+
+def _settled(
+    directory: Path,
+    subject: Path,
+    first: _T,
+    rescan: Callable[[], _T | None],
+    check: Callable[[_T], list[SidecarError]],
+) -> tuple[_T, list[SidecarError], int]:
+    """``check(first)``, then while it finds problems ``check(rescan())`` until a pass ran while
+    the files of ``directory`` held still (see :func:`verify_settled`); ``rescan`` returns None
+    when ``subject`` is gone. Returns what was checked last, its problems with every pass's
+    vanished files, and the number of rechecks."""
     vanished: list[SidecarError] = []
 
-    def verify(partition: PartitionScan) -> list[SidecarError]:
-        found = _verify_pass(partition)
+    def verify(target: _T) -> list[SidecarError]:
+        found = check(target)
         vanished.extend(p for p in found if isinstance(p, SegmentVanishedError))
         return [p for p in found if not isinstance(p, SegmentVanishedError)]
 
-    problems = verify(scan)
+    target = first
+    problems: list[SidecarError] = verify(target)
     rechecks = 0
     while problems and rechecks < _VERIFY_PASSES - 1:
-        before = _files_fingerprint(partition.path)
-        fresh = scan_partition_dir(partition.path)
+        before = _files_fingerprint(directory)
+        fresh = rescan()
         rechecks += 1
         if fresh is None or before is None:
-            gone = f"{partition.path} vanished while being verified (deleted by the broker)"
+            gone = f"{subject} vanished while being verified (deleted by the broker)"
             problems = [SegmentVanishedError(gone)]
             break
-        scan, problems = fresh, verify(fresh)
-        if _files_fingerprint(partition.path) == before:
+        target, problems = fresh, verify(fresh)
+        if _files_fingerprint(directory) == before:
             break
-    return VerifiedPartition(scan, _dedupe([*problems, *vanished]), rechecks)
+    return target, _dedupe([*problems, *vanished]), rechecks
 
 
 def _verify_pass(partition: PartitionScan) -> list[SidecarError]:
@@ -672,8 +695,16 @@ def _segment_document(
         {**batch_row(h), **({"records": [record_row(r) for r in recs]} if recs is not None else {})}
         for h, recs in _iter_batches(target, records=records, problems=problems)
     ]
+    document: dict[str, Any] = {}
     if verify:
-        problems.extend(verify_segment(target))
+        target, found, document["rechecks"] = _settled(
+            target.log_path.parent,
+            target.log_path,
+            target,
+            lambda: _resegment(target),
+            verify_segment,
+        )
+        problems.extend(found)
     return {
         "kind": "segment",
         "path": str(target.log_path),
@@ -681,7 +712,17 @@ def _segment_document(
         "next_base_offset": target.next_base_offset,
         "active": target.is_active,
         "batches": batches,
+        **document,
     }
+
+
+def _resegment(target: SegmentTarget) -> SegmentTarget | None:
+    """``target`` as its directory lists it now; None when the file is gone."""
+    try:
+        fresh = _resolve(target.log_path)
+    except _NotALogPath:
+        return None
+    return fresh if isinstance(fresh, SegmentTarget) else None
 
 
 def _render_text(document: dict[str, Any], out: TextIO) -> None:

@@ -389,6 +389,43 @@ class TestVerifyRacingTheBroker:
         assert partition["rechecks"] == 1
         assert [s["base_offset"] for s in partition["segments"]] == [0, 9]
 
+    def test_one_segment_is_rechecked_too(
+        self, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """inspect of one .log: the cleaner swaps it mid-verify, the recheck uses its new end."""
+        real_verify = inspect_module.verify_segment
+        targets: list[SegmentTarget] = []
+
+        def racing_verify(target: SegmentTarget) -> list[SidecarError]:
+            targets.append(target)
+            if len(targets) == 1:
+                clean_merge(log_dir)
+            return real_verify(target)
+
+        monkeypatch.setattr(inspect_module, "verify_segment", racing_verify)
+        code, doc = inspect_json(seg_path(log_dir, 0), verify=True)
+        assert code == EXIT_OK, doc["problems"]
+        assert [t.next_base_offset for t in targets] == [5, 9]
+        assert (doc["rechecks"], doc["next_base_offset"]) == (1, 9)
+
+    def test_one_segment_absorbed_by_the_cleaner_is_vanished(
+        self, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The segment given is merged into the one before it mid-verify: vanished, exit 0."""
+        real_verify = inspect_module.verify_segment
+
+        def racing_verify(target: SegmentTarget) -> list[SidecarError]:
+            found = real_verify(target)
+            clean_merge(log_dir)
+            return [*found, IndexFormatError("looked wrong mid-swap", path="x", position=0)]
+
+        monkeypatch.setattr(inspect_module, "verify_segment", racing_verify)
+        code, doc = inspect_json(seg_path(log_dir, 5), verify=True)
+        assert code == EXIT_OK, doc["problems"]
+        assert [v["message"] for v in doc["vanished"]] == [
+            f"{seg_path(log_dir, 5)} vanished while being verified (deleted by the broker)"
+        ]
+
     def test_stale_scan_alone_finds_the_race(self, log_dir: Path) -> None:
         """Without the recheck the same race is a problem: the test above would fail without it."""
         stale = scan_partition_dir(log_dir / PART)
