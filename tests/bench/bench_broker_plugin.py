@@ -556,6 +556,7 @@ def report(results: dict[str, Any]) -> str:
             f"    {label:32s} p50 {quantile(values, 0.5):7.1f}   p99 {quantile(values, 0.99):7.1f}"
             f"   ({len(values)} probes, each in another segment)"
         )
+        lines.append("        in the order probed: " + " ".join(f"{v:.0f}" for v in values))
     return "\n".join(lines)
 
 
