@@ -792,7 +792,9 @@ async def test_each_segment_is_uploaded_once_and_copy_latency_is_measured(
     assert eager["staged"] == eager["adopted"], eager
     # a copy call tries CopyObject unless it knows its file was staged with other bytes
     assert eager["adopted"] <= copies <= n, (eager, copies)
-    assert eager["adopted"] >= 1, eager
+    # how many copies adopt a staged .log depends on whether the eager upload or the broker's
+    # copy pass (every second here) reaches a segment first, so no count of them is asserted:
+    # a fresh-clone run under load had the broker first for all eleven
     assert eager["failed"] == 0, eager
     layout = KeyLayout(prefix=plugged.prefix)
     assert not [k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)]
