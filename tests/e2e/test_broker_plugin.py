@@ -33,7 +33,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata, TopicIdPartition
-from sidecar.storage.keys import KeyLayout
+from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.tiering.uploader import segment_keys
 from tests.conftest import REPO, stack
 from tests.e2e._support import (
     MetadataTopic,
@@ -675,6 +676,76 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         assert process.returncode == 0, err.decode()
         assert sorted(json.loads(out)["orphan_keys"]) == sorted(found.values())
         assert not [k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)]
+
+
+async def test_broker_copies_adopt_the_segments_staged_on_roll(
+    s3: Any, s3_prefix: str, stack_root: Path, tmp_path: Path, topic_name: str
+) -> None:
+    """Every segment staged on roll is adopted by the broker's copy call: the sidecar copies
+    the staged .log inside the store instead of sending it again, so each .log is PUT once.
+    The broker's copy pass is ten minutes away while the segments are staged; a restart with
+    a two-second pass then lets the broker copy them all, in an order no timer decides."""
+    async with plugged_broker(
+        s3, s3_prefix, stack_root, tmp_path, copy_interval_ms=600_000
+    ) as plugged:
+        cluster = plugged.cluster
+        bootstrap = cluster.bootstrap_servers
+        await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+        await _produce_values(bootstrap, topic_name, range(3000))  # about 6 segments
+        partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
+        tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
+        active = _active_base(partition_dir)
+        rolled = {
+            int(p.name.split(".")[0]): p.read_bytes()
+            for p in partition_dir.glob("*.log")
+            if int(p.name.split(".")[0]) < active
+        }
+        assert len(rolled) >= 4
+        layout = KeyLayout(prefix=plugged.prefix)
+        await _poll(
+            lambda: (
+                len([k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)])
+                >= len(rolled)
+            ),
+            timeout=120,
+            what="every rolled segment staged",
+        )
+        before = await metric_samples(plugged.metrics_port)
+        assert sample(before, "kafka_tiered_sidecar_eager_uploads_total", outcome="adopted") == 0
+
+        # the broker restarts with a copy pass every two seconds; its first pass after the
+        # restart may find the metadata manager not ready yet and skip, the next one copies
+        cluster.overrides["remote.log.manager.task.interval.ms"] = "2000"
+        await asyncio.to_thread(cluster.stop_node, cluster.nodes[0].node_id)
+        await asyncio.to_thread(cluster.start_node, cluster.nodes[0].node_id)
+        async with MetadataTopic(bootstrap, METADATA_TOPIC, tmp_path / "metadata") as metadata:
+            finished = await _all_but_active_tiered(metadata, tip, partition_dir)
+        assert [m.start_offset for m in finished] == sorted(rolled)
+
+        after = await metric_samples(plugged.metrics_port)
+
+        def delta(name: str, **labels: str) -> float:
+            return sample(after, name, **labels) - sample(before, name, **labels)
+
+        n = len(rolled)
+        eager = "kafka_tiered_sidecar_eager_uploads_total"
+        assert delta(eager, outcome="adopted") == n
+        assert delta(eager, outcome="not_staged") == 0
+        assert delta(eager, outcome="staged") == 0
+        requests = "kafka_tiered_sidecar_s3_requests_total"
+        # each copy: the staged .log copied inside the store, then the indexes and the manifest
+        assert delta(requests, operation="copy_object") == n
+        assert delta(requests, operation="put_object") == 2 * n
+        assert delta(requests, operation="create_multipart_upload") == 0
+        assert not [k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)]
+        client = s3.client()
+        for meta in finished:
+            key = segment_keys(layout, meta)[ObjectSuffix.LOG]
+            body = client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+            assert body == rolled[meta.start_offset], key
+        calls = plugged.sidecar.matching("broker_copy_finished")
+        assert sorted(e["base_offset"] for e in calls) == sorted(rolled)
+        assert all(e["staged"] for e in calls)
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
