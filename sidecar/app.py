@@ -673,7 +673,8 @@ class Daemon:
                 )
             ):
                 counted = (view.configs, self._gauges.topics_changed)
-                selection.update(self._gauges.per_topic, cluster.selected)
+                # broker-driven topics count: the broker tiers them through this sidecar
+                selection.update(self._gauges.per_topic, cluster.tiered)
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

@@ -358,8 +358,7 @@ class RetentionManager:
         hosted = [
             TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             for scan in self._views().values()
-            if scan.topic_id is not None
-            and (self._cluster.selected(scan.topic) or self._cluster.broker_driven(scan.topic))
+            if scan.topic_id is not None and self._cluster.tiered(scan.topic)
         ]
         self._tailer.narrow(hosted)
         log.info("metadata_reading_hosted_partitions", partitions=len(hosted))

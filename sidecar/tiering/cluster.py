@@ -39,6 +39,7 @@ log = get_logger(__name__)
 # the topic configs the sidecar reads (DescribeConfigs), with Kafka's defaults when absent
 _CONFIG_KEYS = (
     "remote.storage.enable",
+    "remote.log.copy.disable",
     "cleanup.policy",
     "retention.ms",
     "retention.bytes",
@@ -58,6 +59,8 @@ class TopicConfig:
     """The topic configs that decide tiering and remote retention."""
 
     remote_storage_enable: bool = False
+    #: KIP-950 (Kafka 3.9): the broker copies nothing more; what is remote stays readable
+    remote_log_copy_disable: bool = False
     cleanup_policy: str = "delete"
     retention_ms: int = 604_800_000
     retention_bytes: int = -1
@@ -80,6 +83,9 @@ class TopicConfig:
 
         return cls(
             remote_storage_enable=(entries.get("remote.storage.enable") or "").lower() == "true",
+            remote_log_copy_disable=(
+                (entries.get("remote.log.copy.disable") or "").lower() == "true"
+            ),
             cleanup_policy=entries.get("cleanup.policy") or "delete",
             retention_ms=number("retention.ms", 604_800_000),
             retention_bytes=number("retention.bytes", -1),
@@ -154,6 +160,17 @@ class TopicSelector:
     def broker_driven(config: TopicConfig | None) -> bool:
         """The broker tiers this topic through the plugin (``remote.storage.enable=true``)."""
         return config is not None and config.remote_storage_enable
+
+    @staticmethod
+    def broker_copies(config: TopicConfig | None) -> bool:
+        """The broker's RLM copies this topic's segments through the plugin: broker-driven,
+        without ``remote.log.copy.disable=true`` (which keeps the remote data readable and
+        deletable but copies nothing more)."""
+        return (
+            config is not None
+            and config.remote_storage_enable
+            and not config.remote_log_copy_disable
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +336,16 @@ class ClusterWatcher:
     def broker_driven(self, topic: str) -> bool:
         """The broker tiers ``topic`` through the plugin (``remote.storage.enable=true``)."""
         return self._selector.broker_driven(self.view.configs.get(topic))
+
+    def tiered(self, topic: str) -> bool:
+        """``topic`` is tiered: by the sidecar (selected) or by the broker (broker-driven)."""
+        config = self.view.configs.get(topic)
+        return self._selector.selected(topic, config) or self._selector.broker_driven(config)
+
+    def broker_copies(self, topic: str) -> bool:
+        """The broker copies ``topic``'s segments through the plugin (broker-driven, copy not
+        disabled): what the eager upload stages ahead of its copy calls."""
+        return self._selector.broker_copies(self.view.configs.get(topic))
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: refresh every ``refresh_interval_s`` or when asked; back off on errors."""

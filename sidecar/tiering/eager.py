@@ -12,6 +12,8 @@ FINISHED copy) to a *staged* key named by its size and CRC-32C
 computes the same name, and binds the staged bytes to the broker's segment id with a copy inside
 the store (CopyObject: no bytes through the sidecar), then writes the indexes and manifest and
 removes the staged object. A copy call that finds nothing staged uploads the ``.log`` itself.
+A topic with ``remote.log.copy.disable=true`` (KIP-950) is not staged: the broker copies none of
+its segments until copying is enabled again.
 
 The two meet in a :class:`StagingLedger`, in process: a copy call claims its segment, so the
 stager does not start it (or start it again before the broker's FINISHED reaches the store), and
@@ -218,7 +220,9 @@ class EagerStager:
     async def _pass(self, stopping: asyncio.Event) -> None:
         pending: set[SegmentIdent] = set()
         configs = self._cluster.view.configs
-        driven = {topic for topic in configs if self._cluster.broker_driven(topic)}
+        # a topic with remote.log.copy.disable=true is never copied again: what was staged for
+        # it would only wait for the orphan scrub
+        driven = {topic for topic in configs if self._cluster.broker_copies(topic)}
         # no topic is broker-driven (or none of this broker's): nothing to walk, every second,
         # over every partition dir
         scans = list(self._views().values()) if driven else []

@@ -624,13 +624,33 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
 ) -> None:
     """Eager upload: with the broker's next copy pass ten minutes away, every rolled segment's
     .log is in the bucket already, byte for byte, under its staged key, and the broker has not
-    copied (no COPY_SEGMENT_STARTED): the data does not wait on the broker's disk for it."""
+    copied (no COPY_SEGMENT_STARTED): the data does not wait on the broker's disk for it. A
+    topic with remote.log.copy.disable=true, which the broker never copies, is not staged."""
     async with plugged_broker(
         s3, s3_prefix, stack_root, tmp_path, copy_interval_ms=600_000
     ) as plugged:
         cluster = plugged.cluster
         bootstrap = cluster.bootstrap_servers
         await create_topic(bootstrap, topic_name, configs=TOPIC_CONFIGS)
+        no_copy = f"{topic_name}-nocopy"
+        await create_topic(
+            bootstrap,
+            no_copy,
+            configs={
+                "remote.storage.enable": "true",
+                "remote.log.copy.disable": "true",
+                "segment.bytes": str(1024 * 1024),
+                "retention.ms": "-1",
+            },
+        )
+
+        # both topics are known to the sidecar, as broker-driven, before anything rolls
+        async def both_counted() -> bool:
+            samples = await metric_samples(plugged.metrics_port)
+            return sample(samples, "kafka_tiered_sidecar_selected_partitions") == 2
+
+        await _poll(both_counted, timeout=60, what="both topics counted as tiered")
+        await _produce_values(bootstrap, no_copy, range(2000))  # about 4 segments
         await _produce_values(bootstrap, topic_name, range(3000))  # about 6 segments
         partition_dir = cluster.nodes[0].log_dir / f"{topic_name}-0"
         tip = topic_id_partition(cluster.nodes[0].log_dir, topic_name, 0)
@@ -641,12 +661,15 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         assert len(rolled) >= 4
         layout = KeyLayout(prefix=plugged.prefix)
 
-        def staged() -> dict[int, str] | None:
-            keys = {
+        def staged_of(topic: str) -> dict[int, str]:
+            return {
                 parsed.base_offset: key
                 for key in bucket_keys(s3, plugged.prefix)
-                if (parsed := layout.parse_staged(key)) is not None
+                if (parsed := layout.parse_staged(key)) is not None and parsed.topic == topic
             }
+
+        def staged() -> dict[int, str] | None:
+            keys = staged_of(topic_name)
             return keys if len(keys) >= len(rolled) else None
 
         found = await _poll(
@@ -654,6 +677,10 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
             timeout=120,
             what="every rolled segment staged",
         )
+        # the stager's passes that staged these also walked the other topic's rolled segments
+        no_copy_dir = cluster.nodes[0].log_dir / f"{no_copy}-0"
+        assert len(list(no_copy_dir.glob("*.log"))) >= 3
+        assert staged_of(no_copy) == {}
         client = s3.client()
         for path in rolled:
             key = found[int(path.name.split(".")[0])]

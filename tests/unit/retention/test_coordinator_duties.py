@@ -166,7 +166,7 @@ def _manager(
     return RetentionManager(
         config=RetentionConfig(enabled=False, scrub_interval_s=0.001),
         views=lambda: scans,
-        cluster=stub(view=view, selected=lambda topic: True, broker_driven=lambda topic: False),
+        cluster=stub(view=view, selected=lambda topic: True, tiered=lambda topic: True),
         kafka=stub(topic_ids=no_ids, aclose=aclose),
         store=stub(partitions=list, partition_deletes=dict),
         tailer=tailer,  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
 from sidecar.tiering import brokercopy, eager
 from sidecar.tiering.brokercopy import BrokerCopier
-from sidecar.tiering.cluster import ClusterView, TopicConfig
+from sidecar.tiering.cluster import ClusterView, TopicConfig, TopicSelector
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
 from sidecar.tiering.uploader import segment_keys
 from tests.unit.readserver._tiered import data_batches
@@ -327,8 +327,8 @@ class _Cluster:
         self.fetched = 0
         self._lso = lso
 
-    def broker_driven(self, topic: str) -> bool:
-        return topic == "orders"
+    def broker_copies(self, topic: str) -> bool:
+        return TopicSelector.broker_copies(self.view.configs.get(topic))
 
     async def fetch_lso(self, topic: str, partition: int) -> int | None:
         self.fetched += 1
@@ -383,14 +383,50 @@ async def test_nothing_broker_driven_walks_no_partition(tmp_path: Path, partitio
     stager._views = lambda: views
     try:
         cluster.view = dataclasses.replace(cluster.view, configs={"orders": TopicConfig()})
-        cluster.broker_driven = lambda topic: False  # type: ignore[method-assign]
         await stager._pass(asyncio.Event())
         assert _CountingViews.walks == 0
-        cluster.broker_driven = lambda topic: topic == "orders"  # type: ignore[method-assign]
+        driven = TopicConfig(remote_storage_enable=True)
+        cluster.view = dataclasses.replace(cluster.view, configs={"orders": driven})
         await stager._pass(asyncio.Event())
         assert _CountingViews.walks == 1
     finally:
         store.close()
+
+
+async def test_a_topic_with_copy_disabled_is_not_staged_until_copy_is_enabled(
+    tmp_path: Path, partition: Path
+):
+    """remote.log.copy.disable=true (KIP-950): the broker copies nothing of the topic, so a
+    staged .log would only wait for the orphan scrub. Enabled again, its segments are staged."""
+    objects = MemoryObjectStore()
+    stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=100)
+    try:
+        disabled = TopicConfig(remote_storage_enable=True, remote_log_copy_disable=True)
+        cluster.view = dataclasses.replace(cluster.view, configs={"orders": disabled})
+        await stager._pass(asyncio.Event())
+        assert objects.calls["put_file"] == 0
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) is None
+        enabled = dataclasses.replace(disabled, remote_log_copy_disable=False)
+        cluster.view = dataclasses.replace(cluster.view, configs={"orders": enabled})
+        await stager._pass(asyncio.Event())
+        assert objects.calls["put_file"] == 2
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) == _staged_key(partition, 0)
+    finally:
+        store.close()
+
+
+def test_copy_disable_is_read_from_the_topic_configs() -> None:
+    """Kafka answers DescribeConfigs with strings; a broker before 3.9 leaves the key out."""
+    base = {"remote.storage.enable": "true"}
+    assert not TopicConfig.from_entries(base).remote_log_copy_disable
+    on = TopicConfig.from_entries({**base, "remote.log.copy.disable": "TRUE"})
+    assert on.remote_log_copy_disable
+    assert TopicSelector.broker_driven(on)  # the broker still owns its remote data
+    assert not TopicSelector.broker_copies(on)
+    assert TopicSelector.broker_copies(TopicConfig.from_entries(base))
+    off = TopicConfig.from_entries({"remote.log.copy.disable": "true"})
+    assert not TopicSelector.broker_copies(off)
+    assert not TopicSelector.broker_copies(None)
 
 
 async def test_the_stager_uploads_rolled_segments_below_the_lso(tmp_path: Path, partition: Path):
