@@ -493,7 +493,7 @@ class Daemon:
                 views=dict(self.detector.views),
                 cluster=cluster.view,
                 store=store,
-                selected=cluster.selected,
+                mode=cluster.tiering_mode,
                 last_errors=dict(engine.last_errors),
                 quarantined=quarantine.entries,
             )

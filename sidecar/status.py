@@ -1,6 +1,8 @@
 """The daemon's status document (``GET /v1/status`` on the metrics port, ``sidecar status``).
 
-Per partition in the broker's log dirs: local segments, tiered segments (COPY_SEGMENT_FINISHED in
+Per partition in the broker's log dirs: how it is tiered (``mode``: ``standalone``,
+``broker-driven``, ``copy-disabled``, or None; ``selected`` when it is tiered at all), local
+segments, tiered segments (COPY_SEGMENT_FINISHED in
 the metadata store) with their bytes (``tiered_bytes``, the remote bytes that remote retention
 counts) and offset range (``remote_start_offset`` is the remote log start offset: remote
 retention deletes from the oldest segment on, so it moves up as segments are deleted), copy lag
@@ -43,7 +45,7 @@ def partition_status(
     views: Mapping[Path, PartitionScan],
     cluster: ClusterView,
     store: RemoteSegmentStore,
-    selected: Any,
+    mode: Callable[[str], str | None],
     last_errors: Mapping[tuple[str, int], tuple[float, str]],
     quarantined: Callable[[uuid.UUID, int], Sequence[QuarantineEntry]],
     now_ms: int | None = None,
@@ -53,11 +55,13 @@ def partition_status(
     rows = []
     for scan in sorted(views.values(), key=lambda s: (s.topic, s.partition)):
         key = (scan.topic, scan.partition)
+        tiering = mode(scan.topic)
         row: dict[str, Any] = {
             "topic": scan.topic,
             "partition": scan.partition,
             "topic_id": scan.topic_id,
-            "selected": bool(selected(scan.topic)),
+            "selected": tiering is not None,
+            "mode": tiering,
             "leader": cluster.leads(scan.topic, scan.partition),
             "local_segments": len(scan.segments),
             "local_bytes": sum(s.size for s in scan.segments),
@@ -115,8 +119,9 @@ def partition_status(
 def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -> str:
     """A table for people: selected partitions (or all of them with ``all_partitions``)."""
     header = (
-        f"{'PARTITION':<40} {'LEADER':<6} {'LOCAL':>5} {'TIERED':>6} {'REMOTE BYTES':>12} "
-        f"{'REMOTE RANGE':>21} {'LAG SEG':>7} {'LAG BYTES':>10} {'LAG S':>7}  LAST ERROR"
+        f"{'PARTITION':<40} {'MODE':<13} {'LEADER':<6} {'LOCAL':>5} {'TIERED':>6} "
+        f"{'REMOTE BYTES':>12} {'REMOTE RANGE':>21} {'LAG SEG':>7} {'LAG BYTES':>10} "
+        f"{'LAG S':>7}  LAST ERROR"
     )
     lines = [header]
     for row in rows:
@@ -132,7 +137,8 @@ def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -
             error = f"quarantined {row['quarantined']} " + error
         name = f"{row['topic']}-{row['partition']}"
         lines.append(
-            f"{name:<40} {'yes' if row['leader'] else 'no':<6} {row['local_segments']:>5} "
+            f"{name:<40} {row.get('mode') or '-':<13} {'yes' if row['leader'] else 'no':<6} "
+            f"{row['local_segments']:>5} "
             f"{row['tiered_segments']:>6} {row.get('tiered_bytes', 0):>12} {remote:>21} "
             f"{row['lag_segments']:>7} "
             f"{row['lag_bytes']:>10} {row['lag_seconds']:>7.1f}  {error}"

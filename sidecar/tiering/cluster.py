@@ -339,8 +339,21 @@ class ClusterWatcher:
 
     def tiered(self, topic: str) -> bool:
         """``topic`` is tiered: by the sidecar (selected) or by the broker (broker-driven)."""
+        return self.tiering_mode(topic) is not None
+
+    def tiering_mode(self, topic: str) -> str | None:
+        """How ``topic`` is tiered: ``standalone`` (the sidecar copies it), ``broker-driven``
+        (the broker copies it through the plugin), ``copy-disabled`` (broker-driven with
+        ``remote.log.copy.disable=true``: its remote data is read and expired, nothing more is
+        copied), or None (not tiered)."""
         config = self.view.configs.get(topic)
-        return self._selector.selected(topic, config) or self._selector.broker_driven(config)
+        if self._selector.selected(topic, config):
+            return "standalone"
+        if self._selector.broker_copies(config):
+            return "broker-driven"
+        if self._selector.broker_driven(config):
+            return "copy-disabled"
+        return None
 
     def broker_copies(self, topic: str) -> bool:
         """The broker copies ``topic``'s segments through the plugin (broker-driven, copy not

@@ -681,6 +681,19 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         no_copy_dir = cluster.nodes[0].log_dir / f"{no_copy}-0"
         assert len(list(no_copy_dir.glob("*.log"))) >= 3
         assert staged_of(no_copy) == {}
+        # `sidecar status` lists both as tiered, each with how
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", "status", "--json", "--config", str(plugged.config),
+            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        modes = {
+            row["topic"]: (row["mode"], row["selected"])
+            for row in json.loads(out)["partitions"]
+            if row["topic"] in (topic_name, no_copy)
+        }
+        assert modes == {topic_name: ("broker-driven", True), no_copy: ("copy-disabled", True)}
         client = s3.client()
         for path in rolled:
             key = found[int(path.name.split(".")[0])]

@@ -49,6 +49,7 @@ class TestRenderStatus:
             "topic": "orders",
             "partition": 3,
             "selected": True,
+            "mode": "broker-driven",
             "leader": True,
             "local_segments": 5,
             "tiered_segments": 3,
@@ -60,8 +61,10 @@ class TestRenderStatus:
             "quarantined": [],
             "last_error": {"at": 0, "message": "StorageError: boom"},
         }
-        text = render_status([row, {**row, "partition": 4, "selected": False}])
+        text = render_status([row, {**row, "partition": 4, "selected": False, "mode": None}])
+        assert "MODE" in text.splitlines()[0]
         assert "orders-3" in text
+        assert text.splitlines()[1].split()[:3] == ["orders-3", "broker-driven", "yes"]
         assert "0..299" in text
         assert "StorageError: boom" in text
         assert "orders-4" not in text
