@@ -66,7 +66,7 @@ from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.eager import EagerStager, StagingLedger
 from sidecar.tiering.quarantine import Quarantine
-from sidecar.tiering.selection import SelectionMonitor
+from sidecar.tiering.selection import SelectionMonitor, count_led
 from sidecar.tiering.uploader import SegmentUploader
 from sidecar.tiering.workers import EngineSettings, MetadataSync, TieringEngine
 
@@ -645,6 +645,7 @@ class Daemon:
             set_detail=self.readiness.set_detail,
         )
         counted: tuple[object, int] | None = None  # the topic configs and partitions counted
+        led_counted: tuple[object, object] | None = None  # the configs and leaders counted
         was_ready = False
         s3_error: str | None = None
         next_s3_probe = 0.0
@@ -675,6 +676,16 @@ class Daemon:
                 counted = (view.configs, self._gauges.topics_changed)
                 # broker-driven topics count: the broker tiers them through this sidecar
                 selection.update(self._gauges.per_topic, cluster.tiered)
+            # a refresh keeps the leaders' object while leadership stays the same
+            if view.fresh and (
+                led_counted is None
+                or led_counted[0] is not view.configs
+                or led_counted[1] is not view.leaders
+            ):
+                led_counted = (view.configs, view.leaders)
+                self.metrics.partitions_led.set(
+                    count_led(view.leaders, view.broker_id, cluster.tiered)
+                )
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

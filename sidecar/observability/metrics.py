@@ -285,7 +285,7 @@ class Metrics:
         )
         self.partitions_led = Gauge(
             "partitions_led",
-            "Partitions selected for tiering that this broker leads.",
+            "Partitions of tiered topics (standalone or broker-driven) that this broker leads.",
             namespace=NAMESPACE,
             registry=r,
         )

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 
-__all__ = ["SelectionMonitor"]
+__all__ = ["SelectionMonitor", "count_led"]
 
 log = structlog.get_logger(__name__)
 
@@ -75,3 +75,22 @@ class SelectionMonitor:
                 ),
             )
         return count
+
+
+def count_led(
+    leaders: Mapping[tuple[str, int], int], broker_id: int | None, tiered: Callable[[str], bool]
+) -> int:
+    """The partitions ``broker_id`` leads whose topic is tiered (standalone or broker-driven):
+    the ``partitions_led`` gauge. ``tiered`` is asked once per topic."""
+    if broker_id is None:
+        return 0
+    topics: dict[str, bool] = {}
+    count = 0
+    for (topic, _partition), leader in leaders.items():
+        if leader != broker_id:
+            continue
+        is_tiered = topics.get(topic)
+        if is_tiered is None:
+            is_tiered = topics[topic] = tiered(topic)
+        count += is_tiered
+    return count

@@ -644,10 +644,14 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
             },
         )
 
-        # both topics are known to the sidecar, as broker-driven, before anything rolls
+        # both topics are known to the sidecar, as broker-driven, before anything rolls; this
+        # broker leads both partitions
         async def both_counted() -> bool:
             samples = await metric_samples(plugged.metrics_port)
-            return sample(samples, "kafka_tiered_sidecar_selected_partitions") == 2
+            return (
+                sample(samples, "kafka_tiered_sidecar_selected_partitions") == 2
+                and sample(samples, "kafka_tiered_sidecar_partitions_led") == 2
+            )
 
         await _poll(both_counted, timeout=60, what="both topics counted as tiered")
         await _produce_values(bootstrap, no_copy, range(2000))  # about 4 segments

@@ -176,6 +176,8 @@ async def test_metrics_move_with_tiering_and_reads_and_readyz_follows_s3(
             return (
                 total(now, "metadata_store_lag_records") == 0
                 and total(now, "copy_lag_segments", topic=topic_name) == 0
+                # the test's one-partition topic, which this one-node cluster leads
+                and total(now, "partitions_led") == 1
             )
 
         await until(caught_up, timeout=60, what="metadata and copy lag at 0", sidecar=sidecar)

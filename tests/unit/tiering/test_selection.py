@@ -1,10 +1,11 @@
-"""SelectionMonitor: a daemon that selects nothing says so at once and every hour."""
+"""SelectionMonitor: a daemon that selects nothing says so at once and every hour; the count of
+tiered partitions this broker leads."""
 
 from __future__ import annotations
 
 import structlog
 
-from sidecar.tiering.selection import SelectionMonitor
+from sidecar.tiering.selection import SelectionMonitor, count_led
 
 
 class FakeClock:
@@ -59,3 +60,24 @@ class TestSelectionMonitor:
         assert [e["event"] for e in logs] == ["no_partition_selected"]
         assert details == {"selected_partitions": 0}
         assert gauge == [2, 0]
+
+
+def test_led_partitions_of_tiered_topics_are_counted_asking_once_per_topic() -> None:
+    leaders = {
+        ("orders", 0): 1,
+        ("orders", 1): 2,
+        ("orders", 2): 1,
+        ("clicks", 0): 1,
+        ("__consumer_offsets", 0): 1,
+        ("nowhere", 0): -1,
+    }
+    asked: list[str] = []
+
+    def tiered(topic: str) -> bool:
+        asked.append(topic)
+        return topic in ("orders", "clicks")
+
+    assert count_led(leaders, 1, tiered) == 3
+    assert sorted(asked) == ["__consumer_offsets", "clicks", "orders"]
+    assert count_led(leaders, 2, tiered) == 1
+    assert count_led(leaders, None, tiered) == 0  # the broker's id is not known yet
