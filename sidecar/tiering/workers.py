@@ -428,7 +428,8 @@ class TieringEngine:
             {} if walk_all else self._identities
         )
         lagging: dict[_PartitionKey, Path] = {} if walk_all else self._lagging
-        choices: dict[str, tuple[bool, bool]] = {}  # topic → (selected, broker-driven)
+        #: topic → (selected, broker-driven, the broker copies it)
+        choices: dict[str, tuple[bool, bool, bool]] = {}
         me = view.broker_id
         leaders = view.leaders
         for path, scan in items:
@@ -442,9 +443,10 @@ class TieringEngine:
                 choice = (
                     self._cluster.selected(scan.topic),
                     self._cluster.broker_driven(scan.topic),
+                    self._cluster.broker_copies(scan.topic),
                 )
                 choices[scan.topic] = choice
-            selected, driven = choice
+            selected, driven, broker_copies = choice
             if not selected and not driven:
                 continue
             may_upload = (
@@ -470,6 +472,10 @@ class TieringEngine:
             if not selected:
                 # broker-driven: its metadata is tailed for reads, never copied here
                 self._handed_to_broker((scan.topic, scan.partition))
+                if may_upload and broker_copies and self._tailer.caught_up(mp):
+                    # the broker's copy lag, from its FINISHED events in the store: the same
+                    # gauges and alerts as a standalone topic's
+                    lagging[(scan.topic, scan.partition)] = path
                 continue
             key = (scan.topic, scan.partition)
             worker = self._workers.get(key)

@@ -754,6 +754,20 @@ async def test_broker_copies_adopt_the_segments_staged_on_roll(
             timeout=120,
             what="every rolled segment staged",
         )
+        # the broker has copied nothing: every rolled segment is its copy lag
+        lag = "kafka_tiered_sidecar_copy_lag_segments"
+
+        async def lag_of_rolled() -> bool:
+            samples = await metric_samples(plugged.metrics_port)
+            return sample(samples, lag, topic=topic_name) == len(rolled)
+
+        async def no_lag() -> bool:
+            samples = await metric_samples(plugged.metrics_port)
+            return (lag, (("topic", topic_name),)) in samples and sample(
+                samples, lag, topic=topic_name
+            ) == 0
+
+        await _poll(lag_of_rolled, timeout=60, what="the broker's copy lag in the metrics")
         before = await metric_samples(plugged.metrics_port)
         assert sample(before, "kafka_tiered_sidecar_eager_uploads_total", outcome="adopted") == 0
 
@@ -790,6 +804,7 @@ async def test_broker_copies_adopt_the_segments_staged_on_roll(
         calls = plugged.sidecar.matching("broker_copy_finished")
         assert sorted(e["base_offset"] for e in calls) == sorted(rolled)
         assert all(e["staged"] for e in calls)
+        await _poll(no_lag, timeout=60, what="no copy lag once the broker copied")
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:

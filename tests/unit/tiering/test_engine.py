@@ -49,6 +49,7 @@ class FakeCluster:
         self.lso = lso
         #: topics with remote.storage.enable=true: the broker tiers them through the plugin
         self.broker_driven_topics: set[str] = set()
+        self.copy_disabled_topics: set[str] = set()
         self.set_leader(leader)
 
     def set_leader(self, leader: int) -> None:
@@ -75,6 +76,9 @@ class FakeCluster:
 
     def broker_driven(self, topic: str) -> bool:
         return topic in self.broker_driven_topics
+
+    def broker_copies(self, topic: str) -> bool:
+        return topic in self.broker_driven_topics and topic not in self.copy_disabled_topics
 
 
 class FakeTailer:
@@ -341,6 +345,29 @@ class TestBrokerDriven:
         assert r.finished() == []
         assert r.objects.objects == {}
         assert r.metrics.preempted_copies.labels("broker_driven")._value.get() == 1
+
+    async def test_a_broker_driven_topics_copy_lag_is_the_brokers(self, rig):
+        """The broker copies the topic: its copy lag counts the rolled segments without a
+        FINISHED copy in the store and falls as the broker's copies finish, so the copy-lag
+        alerts cover broker-driven topics too. With remote.log.copy.disable nothing will be
+        copied: the topic has no copy lag."""
+        r = rig(lag_interval_s=0.01)
+        r.cluster.turn_broker_driven(TOPIC)
+        lag = "kafka_tiered_sidecar_copy_lag_segments"
+
+        def lag_of() -> float | None:
+            return r.metrics.registry.get_sample_value(lag, {"topic": TOPIC})
+
+        r.start()
+        await r.until(lambda: lag_of() == len(r.rolled))
+        r.update(r.copy_started(0, broker=ME), FINISHED, broker=ME)
+        await r.until(lambda: lag_of() == len(r.rolled) - 1)
+        r.cluster.copy_disabled_topics.add(TOPIC)
+        r.cluster.turn_broker_driven(TOPIC)  # a refresh: new configs
+        r.engine.poke()
+        await r.until(lambda: lag_of() is None)
+        await r.stop()
+        assert r.publisher.events == []  # the broker's copies: the sidecar published nothing
 
 
 class TestEngineRepair:
