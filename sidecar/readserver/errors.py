@@ -32,7 +32,8 @@ The client adds two of its own: ``ServerUnreachableError`` (``unreachable``: no 
 socket or URL) and ``TruncatedResponseError`` (``truncated_response``: the server closed the
 connection mid-body, its sign of a failure after the status line).
 
-Limits enforced before routing have their own codes (``sidecar.readserver.routes``): 404
+Limits enforced before routing have their own codes (``sidecar.readserver.routes``): 400
+``unsupported_protocol`` (a plugin request of a protocol version this server does not speak), 404
 ``not_found`` (no such path), 405 ``method_not_allowed``, 413 ``request_too_large``, 414
 ``uri_too_long``, 429 ``too_many_requests``, 431 ``headers_too_large``; 500 ``internal_error`` is
 the last resort. No I/O here.

@@ -122,6 +122,10 @@ _STATES: Final = {state.name: state for state in RemoteSegmentStore.LIVE_STATES}
 RSM_ROUTE_PREFIX: Final = "rsm_"
 #: the largest body of a plugin request (a copy's leader-epoch checkpoint is its largest part)
 RSM_MAX_BODY_BYTES: Final = 1024 * 1024
+#: the version of the plugin's requests this server speaks; the plugin sends its own in this
+#: header (the broker's jar and the sidecar are upgraded apart)
+RSM_PROTOCOL: Final = 1
+RSM_PROTOCOL_HEADER: Final = "X-Sidecar-Rsm-Protocol"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,10 +146,19 @@ class _InFlight:
     count = 0
 
 
+class _ProtocolsLogged:
+    """Plugin protocol versions already logged as unsupported: one line each, not one per
+    request of a broker that retries."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+
 SERVICE_KEY: Final = web.AppKey("read_service", ReadService)
 LIMITS_KEY: Final = web.AppKey("read_limits", ReadLimits)
 METRICS_KEY: Final = web.AppKey("read_metrics", Metrics)
 _IN_FLIGHT_KEY: Final = web.AppKey("read_in_flight", _InFlight)
+_PROTOCOLS_LOGGED_KEY: Final = web.AppKey("rsm_protocols_logged", _ProtocolsLogged)
 #: where a response keeps its error code (StreamResponse is a mapping for such state)
 _CODE: Final = web.ResponseKey("sidecar_error_code", str)
 
@@ -283,7 +296,8 @@ async def _admit_rsm(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """The broker plugin's routes (``sidecar.readserver.rsm``): POST with a JSON body of a
-    declared length, at most ``RSM_MAX_BODY_BYTES``."""
+    declared length, at most ``RSM_MAX_BODY_BYTES``, of a protocol version this server speaks
+    (a request without the header is taken as this version)."""
     if request.method != "POST":
         return _error(405, "method_not_allowed", f"{request.method} is not allowed; use POST")
     if request.headers.get("Transfer-Encoding") or request.content_length is None:
@@ -291,6 +305,26 @@ async def _admit_rsm(
     if request.content_length > RSM_MAX_BODY_BYTES:
         return _error(
             413, "request_too_large", f"the request body is larger than {RSM_MAX_BODY_BYTES} bytes"
+        )
+    protocol = request.headers.get(RSM_PROTOCOL_HEADER)
+    if protocol is not None and protocol.strip() != str(RSM_PROTOCOL):
+        shown = protocol.strip()[:16]
+        logged = request.app[_PROTOCOLS_LOGGED_KEY].seen
+        if shown not in logged and len(logged) < 16:
+            logged.add(shown)
+            log.error(
+                "rsm_protocol_unsupported",
+                protocol=shown,
+                supported=RSM_PROTOCOL,
+                sidecar_version=__version__,
+            )
+        return _error(
+            400,
+            "unsupported_protocol",
+            f"the broker plugin sends requests of protocol {shown!r}; this sidecar"
+            f" ({__version__}) speaks protocol {RSM_PROTOCOL}: give the broker the plugin jar"
+            " of this sidecar's release (the path `sidecar broker-config` prints)",
+            supported=RSM_PROTOCOL,
         )
     return await handler(request)
 
@@ -958,3 +992,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(segment + "/log", _segment_log, name="segment_log")
     app.router.add_get(segment + "/indexes/{index_type}", _segment_index, name="segment_index")
     app[_IN_FLIGHT_KEY] = _InFlight()
+    app[_PROTOCOLS_LOGGED_KEY] = _ProtocolsLogged()

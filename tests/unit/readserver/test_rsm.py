@@ -23,6 +23,7 @@ from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.logdir import FileKind, segment_file_name
 from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.observability.metrics import Metrics
 from sidecar.readserver import ChunkCache, ReadServer, ReadService
 from sidecar.storage.keys import ObjectSuffix
 from sidecar.storage.manifest import SegmentManifest
@@ -49,6 +50,7 @@ class Broker:
 class Rsm:
     session: aiohttp.ClientSession
     objects: MemoryObjectStore
+    metrics: Metrics
 
     async def post(self, route: str, body: dict[str, Any]) -> tuple[int, bytes]:
         async with self.session.post(BASE + "/v1/rsm/" + route, json=body) as response:
@@ -78,9 +80,11 @@ async def _serve(tmp_path: Path, broker: Broker, *, copier: bool = True) -> Asyn
     )
     store = RemoteSegmentStore(tmp_path / "state")
     service = ReadService(store=store, objects=objects, layout=LAYOUT, chunks=chunks)
+    metrics = Metrics()
     server = ReadServer(
         service=service,
         socket_path=tmp_path / "r.sock",
+        metrics=metrics,
         copier=BrokerCopier(
             objects=objects,
             layout=LAYOUT,
@@ -97,7 +101,7 @@ async def _serve(tmp_path: Path, broker: Broker, *, copier: bool = True) -> Asyn
     await server.started.wait()
     session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(server.socket_path)))
     try:
-        yield Rsm(session, objects)
+        yield Rsm(session, objects, metrics)
     finally:
         await session.close()
         stopping.set()
@@ -335,6 +339,35 @@ class TestRequests:
         ) as response:
             assert response.status == 413
             assert (await response.json())["code"] == "request_too_large"
+
+    async def test_a_plugin_of_another_protocol_is_refused_by_name(self, rsm, broker):
+        """The broker's jar and the sidecar are upgraded apart: a request of a protocol version
+        this sidecar does not speak is a 400 ``unsupported_protocol`` naming both versions
+        (counted, logged once per version), before anything is read or deleted; the version
+        this sidecar speaks, or no header, is served."""
+        body = _metadata(broker, 0, 30, uuid.uuid4())
+        with capture_logs() as logs:
+            for _ in range(3):
+                async with rsm.session.post(
+                    BASE + "/v1/rsm/delete", json=body, headers={"X-Sidecar-Rsm-Protocol": "2"}
+                ) as response:
+                    assert response.status == 400
+                    answer = await response.json()
+        assert answer["code"] == "unsupported_protocol"
+        assert "'2'" in answer["message"]
+        assert "protocol 1" in answer["message"]
+        assert answer["supported"] == 1
+        assert [e["protocol"] for e in logs if e["event"] == "rsm_protocol_unsupported"] == ["2"]
+        errors = rsm.metrics.registry.get_sample_value(
+            "kafka_tiered_sidecar_read_errors_total", {"code": "unsupported_protocol"}
+        )
+        assert errors == 3
+        assert rsm.objects.calls["delete"] == 0
+        for headers in ({"X-Sidecar-Rsm-Protocol": "1"}, {}):
+            async with rsm.session.post(
+                BASE + "/v1/rsm/delete", json=body, headers=headers
+            ) as response:
+                assert response.status == 200, await response.text()
 
     async def test_without_a_copier_copy_is_unavailable(self, tmp_path, broker):
         """A read server started without the copier answers 503 (retriable for the plugin)."""

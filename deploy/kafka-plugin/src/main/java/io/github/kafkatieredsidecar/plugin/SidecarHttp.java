@@ -36,6 +36,14 @@ import java.util.concurrent.ConcurrentLinkedDeque;
  */
 final class SidecarHttp {
 
+    /**
+     * The version of the plugin's requests to {@code /v1/rsm/...}, sent with each of them as
+     * {@code X-Sidecar-Rsm-Protocol}: the plugin (in the broker) and the sidecar are upgraded
+     * apart, and a sidecar that does not speak this version refuses the request by name
+     * (HTTP 400 {@code unsupported_protocol}) instead of misreading it.
+     */
+    static final int PROTOCOL = 1;
+
     /** Where the sidecar listens: a Unix domain socket (the default) or a loopback TCP port. */
     static final class Endpoint {
         final Path socketPath;
@@ -196,6 +204,7 @@ final class SidecarHttp {
             String head = "POST " + path + " HTTP/1.1\r\n"
                     + "Host: sidecar\r\n"
                     + "User-Agent: kafka-tiered-sidecar-plugin\r\n"
+                    + "X-Sidecar-Rsm-Protocol: " + PROTOCOL + "\r\n"
                     + "Content-Type: application/json\r\n"
                     + "Content-Length: " + body.length + "\r\n"
                     + (keepAlive ? "" : "Connection: close\r\n") + "\r\n";

@@ -90,6 +90,7 @@ class SidecarRemoteStorageManagerTest {
         assertEquals(Optional.empty(), rsm.copyLogSegmentData(metadata(), data));
         FakeSidecar.Request request = sidecar.requests.take();
         assertEquals("/v1/rsm/copy", request.path);
+        assertTrue(request.head.contains("\r\nX-Sidecar-Rsm-Protocol: 1\r\n"), request.head);
         String body = request.body;
         assertTrue(body.contains("\"topic\":\"orders\\\"x\""), body);
         assertTrue(body.contains("\"topic_id\":\"AAAAAAAAAAAAAAAAAAAAAQ\""), body);
@@ -122,7 +123,9 @@ class SidecarRemoteStorageManagerTest {
             assertArrayEquals(payload, in.readAllBytes());
             assertEquals(-1, in.read());
         }
-        String body = sidecar.requests.take().body;
+        FakeSidecar.Request request = sidecar.requests.take();
+        assertTrue(request.head.contains("\r\nX-Sidecar-Rsm-Protocol: 1\r\n"), request.head);
+        String body = request.body;
         assertTrue(body.contains("\"start\":10,\"end\":300009"), body);
     }
 
