@@ -508,6 +508,10 @@ class Daemon:
                     "coordinator": None if election is None else election.coordinator,
                     "is_coordinator": election is None or election.is_coordinator,
                 },
+                "broker_plugin": {
+                    # seconds since the epoch; None: the broker has not called since this start
+                    "last_request_at": read_server.plugin_activity.last_request_at,
+                },
                 "partitions": rows,
             }
 

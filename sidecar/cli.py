@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -642,7 +643,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def render_status_header(document: dict[str, object]) -> str:
-    """``broker 1  ready  kafka ok, metadata ok, s3 FAILING (reason)``: one line for people."""
+    """``broker 1  ready  kafka ok, metadata ok, s3 FAILING (reason)``: one line for people,
+    and a second one on the broker plugin when a partition is broker-driven."""
     checks = document.get("checks")
     failing = document.get("failing")
     reasons = failing if isinstance(failing, dict) else {}
@@ -652,4 +654,21 @@ def render_status_header(document: dict[str, object]) -> str:
             reason = f" ({reasons[name]})" if name in reasons else ""
             parts.append(f"{name} {'ok' if ok else 'FAILING'}{reason}")
     state = "ready" if document.get("ready") else "NOT READY"
-    return f"broker {document.get('broker_id')}  {state}  " + ", ".join(parts)
+    header = f"broker {document.get('broker_id')}  {state}  " + ", ".join(parts)
+    rows = document.get("partitions")
+    driven = isinstance(rows, list) and any(
+        isinstance(r, dict) and r.get("mode") in ("broker-driven", "copy-disabled") for r in rows
+    )
+    plugin = document.get("broker_plugin")
+    if driven and isinstance(plugin, dict):
+        last = plugin.get("last_request_at")
+        if isinstance(last, (int, float)):
+            ago = max(0.0, time.time() - last)
+            header += f"\nbroker plugin: last request {ago:.0f} s ago"
+        else:
+            header += (
+                "\nbroker plugin: no request since the sidecar started (a broker-driven topic's"
+                " broker copies and reads through it; does the broker have the properties"
+                " `sidecar broker-config` prints?)"
+            )
+    return header

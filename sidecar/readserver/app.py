@@ -34,7 +34,9 @@ from sidecar.readserver.cache import ChunkCache, MemoryCache
 from sidecar.readserver.routes import (
     LIMITS_KEY,
     METRICS_KEY,
+    PLUGIN_ACTIVITY_KEY,
     SERVICE_KEY,
+    PluginActivity,
     ReadLimits,
     add_routes,
     limits_middleware,
@@ -66,9 +68,11 @@ def build_app(
     limits: ReadLimits | None = None,
     metrics: Metrics | None = None,
     copier: SegmentCopier | None = None,
+    plugin_activity: PluginActivity | None = None,
 ) -> web.Application:
     """The v1 application: routes, limits and JSON errors, with its dependencies as app keys.
-    Without ``copier`` the plugin's copy and delete answer 503 ``copy_unavailable``."""
+    Without ``copier`` the plugin's copy and delete answer 503 ``copy_unavailable``; the
+    plugin's requests are noted in ``plugin_activity``."""
     app = web.Application(middlewares=[limits_middleware], client_max_size=1024)
     app[SERVICE_KEY] = service
     app[LIMITS_KEY] = limits if limits is not None else ReadLimits()
@@ -76,6 +80,8 @@ def build_app(
         app[METRICS_KEY] = metrics
     if copier is not None:
         app[COPIER_KEY] = copier
+    if plugin_activity is not None:
+        app[PLUGIN_ACTIVITY_KEY] = plugin_activity
     add_routes(app)
     add_rsm_routes(app)
     return app
@@ -134,6 +140,8 @@ class ReadServer:
         self.started = asyncio.Event()
         #: the TCP port bound (useful with port 0 in tests), or None
         self.bound_port: int | None = None
+        #: when the broker plugin last called
+        self.plugin_activity = PluginActivity()
 
     @classmethod
     def from_config(
@@ -200,7 +208,11 @@ class ReadServer:
 
     async def _serve(self, stopping: asyncio.Event) -> None:
         app = build_app(
-            self.service, limits=self._limits, metrics=self._metrics, copier=self.copier
+            self.service,
+            limits=self._limits,
+            metrics=self._metrics,
+            copier=self.copier,
+            plugin_activity=self.plugin_activity,
         )
         runner = web.AppRunner(
             app,

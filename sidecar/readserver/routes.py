@@ -146,6 +146,15 @@ class _InFlight:
     count = 0
 
 
+class PluginActivity:
+    """When the broker plugin last sent a request (wall-clock seconds), for ``sidecar status``:
+    a broker-driven topic whose broker never calls is a broker without the plugin's
+    properties."""
+
+    def __init__(self) -> None:
+        self.last_request_at: float | None = None
+
+
 class _ProtocolsLogged:
     """Plugin protocol versions already logged as unsupported: one line each, not one per
     request of a broker that retries."""
@@ -159,6 +168,7 @@ LIMITS_KEY: Final = web.AppKey("read_limits", ReadLimits)
 METRICS_KEY: Final = web.AppKey("read_metrics", Metrics)
 _IN_FLIGHT_KEY: Final = web.AppKey("read_in_flight", _InFlight)
 _PROTOCOLS_LOGGED_KEY: Final = web.AppKey("rsm_protocols_logged", _ProtocolsLogged)
+PLUGIN_ACTIVITY_KEY: Final = web.AppKey("rsm_plugin_activity", PluginActivity)
 #: where a response keeps its error code (StreamResponse is a mapping for such state)
 _CODE: Final = web.ResponseKey("sidecar_error_code", str)
 
@@ -326,6 +336,9 @@ async def _admit_rsm(
             " of this sidecar's release (the path `sidecar broker-config` prints)",
             supported=RSM_PROTOCOL,
         )
+    activity = request.app.get(PLUGIN_ACTIVITY_KEY)
+    if activity is not None:
+        activity.last_request_at = time.time()
     return await handler(request)
 
 

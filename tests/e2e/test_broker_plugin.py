@@ -692,12 +692,23 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         )  # fmt: skip
         out, err = await process.communicate()
         assert process.returncode == 0, err.decode()
+        document = json.loads(out)
         modes = {
             row["topic"]: (row["mode"], row["selected"])
-            for row in json.loads(out)["partitions"]
+            for row in document["partitions"]
             if row["topic"] in (topic_name, no_copy)
         }
         assert modes == {topic_name: ("broker-driven", True), no_copy: ("copy-disabled", True)}
+        # the broker has not called the plugin (its copy pass is ten minutes away), and the
+        # text header says so
+        assert document["broker_plugin"]["last_request_at"] is None
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", "status", "--config", str(plugged.config),
+            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        assert "broker plugin: no request since the sidecar started" in out.decode()
         client = s3.client()
         for path in rolled:
             key = found[int(path.name.split(".")[0])]
@@ -805,6 +816,13 @@ async def test_broker_copies_adopt_the_segments_staged_on_roll(
         assert sorted(e["base_offset"] for e in calls) == sorted(rolled)
         assert all(e["staged"] for e in calls)
         await _poll(no_lag, timeout=60, what="no copy lag once the broker copied")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", "status", "--config", str(plugged.config),
+            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        assert "broker plugin: last request " in out.decode()
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:

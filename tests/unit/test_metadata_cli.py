@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
-from sidecar.cli import main
+from sidecar.cli import main, render_status_header
 from sidecar.metadata_cli import decode_command
 from sidecar.status import render_status
 
@@ -71,3 +72,32 @@ class TestRenderStatus:
         assert "orders-4" in render_status(
             [{**row, "partition": 4, "selected": False}], all_partitions=True
         )
+
+
+class TestStatusHeader:
+    def _document(self, mode: str | None, last: float | None) -> dict[str, object]:
+        return {
+            "broker_id": 1,
+            "ready": True,
+            "checks": {"kafka": True},
+            "failing": {},
+            "broker_plugin": {"last_request_at": last},
+            "partitions": [{"topic": "orders", "partition": 0, "mode": mode}],
+        }
+
+    def test_a_broker_that_never_called_the_plugin_is_named(self):
+        """Broker-driven partitions and no plugin request yet: the second line says so and
+        what to check."""
+        header = render_status_header(self._document("broker-driven", None))
+        first, second = header.splitlines()
+        assert first == "broker 1  ready  kafka ok"
+        assert second.startswith("broker plugin: no request since the sidecar started")
+        assert "sidecar broker-config" in second
+
+    def test_the_plugins_last_request_is_shown_only_with_broker_driven_partitions(self):
+        header = render_status_header(self._document("copy-disabled", time.time() - 42))
+        second = header.splitlines()[1]
+        assert second.startswith("broker plugin: last request ")
+        assert second.endswith(" s ago")
+        assert int(second.split()[-3]) >= 42  # when the test asked, plus what passed since
+        assert "\n" not in render_status_header(self._document("standalone", None))

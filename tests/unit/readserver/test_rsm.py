@@ -9,6 +9,7 @@ import base64
 import contextlib
 import io
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class Rsm:
     session: aiohttp.ClientSession
     objects: MemoryObjectStore
     metrics: Metrics
+    server: ReadServer
 
     async def post(self, route: str, body: dict[str, Any]) -> tuple[int, bytes]:
         async with self.session.post(BASE + "/v1/rsm/" + route, json=body) as response:
@@ -101,7 +103,7 @@ async def _serve(tmp_path: Path, broker: Broker, *, copier: bool = True) -> Asyn
     await server.started.wait()
     session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(server.socket_path)))
     try:
-        yield Rsm(session, objects, metrics)
+        yield Rsm(session, objects, metrics, server)
     finally:
         await session.close()
         stopping.set()
@@ -363,11 +365,15 @@ class TestRequests:
         )
         assert errors == 3
         assert rsm.objects.calls["delete"] == 0
+        assert rsm.server.plugin_activity.last_request_at is None  # refused: not a plugin call
         for headers in ({"X-Sidecar-Rsm-Protocol": "1"}, {}):
             async with rsm.session.post(
                 BASE + "/v1/rsm/delete", json=body, headers=headers
             ) as response:
                 assert response.status == 200, await response.text()
+        last = rsm.server.plugin_activity.last_request_at
+        assert last is not None
+        assert abs(time.time() - last) < 60
 
     async def test_without_a_copier_copy_is_unavailable(self, tmp_path, broker):
         """A read server started without the copier answers 503 (retriable for the plugin)."""
