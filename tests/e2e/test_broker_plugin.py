@@ -230,6 +230,16 @@ class PluggedBroker:
     logs: Path
     metrics_port: int
 
+    async def cli(self, *args: str) -> str:
+        """Run ``sidecar <args> --config <this sidecar's config>``; its stdout (exit code 0)."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sidecar", *args, "--config", str(self.config),
+            env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await process.communicate()
+        assert process.returncode == 0, err.decode()
+        return out.decode()
+
     async def restart_sidecar(self) -> None:
         """Start the sidecar again (after the test stopped it) and wait for its socket."""
         self.sidecar = await Sidecar.start(self.config, self.env, self.logs / "sidecar-2.log")
@@ -686,13 +696,7 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         assert len(list(no_copy_dir.glob("*.log"))) >= 3
         assert staged_of(no_copy) == {}
         # `sidecar status` lists both as tiered, each with how
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sidecar", "status", "--json", "--config", str(plugged.config),
-            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await process.communicate()
-        assert process.returncode == 0, err.decode()
-        document = json.loads(out)
+        document = json.loads(await plugged.cli("status", "--json"))
         modes = {
             row["topic"]: (row["mode"], row["selected"])
             for row in document["partitions"]
@@ -702,13 +706,8 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         # the broker has not called the plugin (its copy pass is ten minutes away), and the
         # text header says so
         assert document["broker_plugin"]["last_request_at"] is None
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sidecar", "status", "--config", str(plugged.config),
-            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await process.communicate()
-        assert process.returncode == 0, err.decode()
-        assert "broker plugin: no request since the sidecar started" in out.decode()
+        text = await plugged.cli("status")
+        assert "broker plugin: no request since the sidecar started" in text
         client = s3.client()
         for path in rolled:
             key = found[int(path.name.split(".")[0])]
@@ -722,13 +721,9 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
         assert staged_count == len(found)
         # never adopted (the broker is not going to copy within this test): the orphan scrub
         # removes staged objects once they are older than its grace period
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sidecar", "scrub", "--execute", "--json",
-            "--config", str(plugged.config), "--set", "retention.orphan_grace_s=0.001",
-            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await process.communicate()
-        assert process.returncode == 0, err.decode()
+        out = await plugged.cli(
+            "scrub", "--execute", "--json", "--set", "retention.orphan_grace_s=0.001"
+        )
         assert sorted(json.loads(out)["orphan_keys"]) == sorted(found.values())
         assert not [k for k in bucket_keys(s3, plugged.prefix) if layout.parse_staged(k)]
 
@@ -816,13 +811,7 @@ async def test_broker_copies_adopt_the_segments_staged_on_roll(
         assert sorted(e["base_offset"] for e in calls) == sorted(rolled)
         assert all(e["staged"] for e in calls)
         await _poll(no_lag, timeout=60, what="no copy lag once the broker copied")
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sidecar", "status", "--config", str(plugged.config),
-            env=plugged.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await process.communicate()
-        assert process.returncode == 0, err.decode()
-        assert "broker plugin: last request " in out.decode()
+        assert "broker plugin: last request " in await plugged.cli("status")
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
