@@ -38,6 +38,7 @@ from typing import Any
 
 from sidecar import __version__
 from sidecar._aio import capture_signals, freeze_startup_heap, guard, wait_any
+from sidecar.broker_config import PLUGIN_CLASS
 from sidecar.config import SidecarConfig, kafka_client_options, secret_values
 from sidecar.errors import ConfigError, FormatError, SidecarError
 from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
@@ -358,6 +359,7 @@ class Daemon:
             selector=TopicSelector(
                 include=config.tiering.include_topics, exclude=config.tiering.exclude_topics
             ),
+            plugin_class=PLUGIN_CLASS,
             refresh_interval_s=config.kafka.metadata_refresh_interval_s,
             stale_after_s=config.kafka.metadata_stale_after_s,
             request_timeout_ms=config.kafka.request_timeout_ms,
@@ -511,6 +513,13 @@ class Daemon:
                 "broker_plugin": {
                     # seconds since the epoch; None: the broker has not called since this start
                     "last_request_at": read_server.plugin_activity.last_request_at,
+                    # the broker's own configs: None while unknown
+                    "loaded_by_broker": cluster.broker_runs_plugin,
+                    "broker_rsm_class": (
+                        None
+                        if cluster.view.broker_tiering is None
+                        else cluster.view.broker_tiering.rsm_class
+                    ),
                 },
                 "partitions": rows,
             }
@@ -690,6 +699,8 @@ class Daemon:
                 self.metrics.partitions_led.set(
                     count_led(view.leaders, view.broker_id, cluster.tiered)
                 )
+            runs_plugin = cluster.broker_runs_plugin
+            self.metrics.broker_runs_plugin.set(-1 if runs_plugin is None else int(runs_plugin))
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

@@ -662,7 +662,14 @@ def render_status_header(document: dict[str, object]) -> str:
     plugin = document.get("broker_plugin")
     if driven and isinstance(plugin, dict):
         last = plugin.get("last_request_at")
-        if isinstance(last, (int, float)):
+        if plugin.get("loaded_by_broker") is False:
+            rsm = plugin.get("broker_rsm_class")
+            runs = f"loads {rsm}" if rsm else "has no RemoteStorageManager"
+            header += (
+                f"\nbroker plugin: not loaded (the broker {runs}; add the properties `sidecar"
+                " broker-config` prints for it to tier through this sidecar)"
+            )
+        elif isinstance(last, (int, float)):
             ago = max(0.0, time.time() - last)
             header += f"\nbroker plugin: last request {ago:.0f} s ago"
         else:

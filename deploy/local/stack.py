@@ -169,6 +169,31 @@ def kafka_libs(version: str = KAFKA_VERSION) -> Path:
     return target
 
 
+#: Kafka's own reference RemoteStorageManager (remote segments are files in ``rsm.config.dir``),
+#: in the ``kafka-storage`` test jar
+LOCAL_TIERED_STORAGE_CLASS = "org.apache.kafka.server.log.remote.storage.LocalTieredStorage"
+
+
+def local_tiered_storage_jar(version: str = KAFKA_VERSION) -> Path:
+    """Kafka's ``kafka-storage`` test jar (:data:`LOCAL_TIERED_STORAGE_CLASS`), fetched into
+    ``~/.m2`` with Maven on first use. A broker loads it with
+    ``remote.log.storage.manager.class.path``."""
+    m2 = Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka" / "kafka-storage"
+    jar = m2 / version / f"kafka-storage-{version}-test.jar"
+    if jar.exists():
+        return jar
+    mvn = require_maven()
+    artifact = f"org.apache.kafka:kafka-storage:{version}:jar:test"
+    cmd = [mvn, "-B", "-q", "dependency:get", f"-Dartifact={artifact}", "-Dtransitive=false"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not jar.exists():
+        raise StackError(
+            f"fetching {artifact} with Maven failed (exit {result.returncode}):\n"
+            + (result.stdout + result.stderr)[-4000:]
+        )
+    return jar
+
+
 # Spark's Kafka source (spark-sql-kafka-0-10): the peer of the PySpark source
 
 #: connector (and its spark-token-provider-kafka dependency) versions tried, newest first, when the
@@ -1298,7 +1323,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="print the stack's state as JSON")
     sub.add_parser("env", help="print SIDECAR_* variables for the sidecar, as shell exports")
     sub.add_parser(
-        "fetch", help=f"download Kafka's jars (and {KAFKA_39}'s) into the home cache and exit"
+        "fetch",
+        help=f"download Kafka's jars (and {KAFKA_39}'s, and LocalTieredStorage's) into the home"
+        " caches and exit",
     )
     args = parser.parse_args(argv)
     root: Path = args.root.resolve()
@@ -1307,6 +1334,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "fetch":
             print(kafka_libs())
             print(kafka_libs(KAFKA_39))
+            print(local_tiered_storage_jar())  # the reference RemoteStorageManager of the tests
             if importlib.util.find_spec("pyspark") is not None:  # the `spark` extra
                 print(spark_kafka_jars()[0].parent)
             return 0

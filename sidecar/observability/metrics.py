@@ -269,6 +269,15 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.broker_runs_plugin = Gauge(
+            "broker_runs_plugin",
+            "1 when the broker beside the sidecar loads the sidecar's plugin as its"
+            " RemoteStorageManager (its remote.log.storage.* configs), 0 when it does not (its"
+            " broker-driven topics are then not uploaded ahead), -1 while unknown.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.broker_runs_plugin.set(-1)
         self.repairs = Counter(
             "crash_repairs",
             "Unfinished copies deleted and unfinished deletes finished (after a crash, or left by"

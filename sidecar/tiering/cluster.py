@@ -26,11 +26,13 @@ from sidecar.observability.logging import get_logger
 from sidecar.tiering._clients import AdminAndConsumer
 
 __all__ = [
+    "BrokerTiering",
     "ClusterUnavailableError",
     "ClusterView",
     "ClusterWatcher",
     "TopicConfig",
     "TopicSelector",
+    "describe_broker_tiering",
     "describe_topic_configs",
 ]
 
@@ -116,6 +118,51 @@ async def describe_topic_configs(admin: Any, topics: Iterable[str]) -> dict[str,
     return configs
 
 
+#: the broker's own tiered-storage configs (static, DescribeConfigs of the broker resource)
+_BROKER_KEYS = ("remote.log.storage.system.enable", "remote.log.storage.manager.class.name")
+
+
+#: how often the broker's own configs are asked again, and how long an answer may take
+_BROKER_CONFIGS_EVERY_S = 60.0
+_BROKER_CONFIGS_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerTiering:
+    """How the broker beside the sidecar tiers: its ``remote.log.storage.system.enable`` and
+    the RemoteStorageManager class it loads (``remote.log.storage.manager.class.name``; None
+    when unset)."""
+
+    system_enable: bool
+    rsm_class: str | None
+
+    def runs(self, plugin_class: str) -> bool:
+        """Whether the broker tiers through ``plugin_class``."""
+        return self.system_enable and self.rsm_class == plugin_class
+
+
+async def describe_broker_tiering(admin: Any, broker_id: int) -> BrokerTiering | None:
+    """DescribeConfigs of broker ``broker_id``'s tiered-storage configs, or None when the broker
+    refuses them (an authorizer without DESCRIBE_CONFIGS on the cluster). Kafka errors of the
+    request itself propagate to the caller."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    resource = ConfigResource(
+        ConfigResourceType.BROKER, str(broker_id), dict.fromkeys(_BROKER_KEYS)
+    )
+    for response in await admin.describe_configs([resource]):
+        for answer in response.to_object()["resources"]:
+            if answer["error_code"] != 0:
+                return None
+            entries = {e["config_names"]: e["config_value"] for e in answer["config_entries"]}
+            enable = (entries.get("remote.log.storage.system.enable") or "false").lower()
+            return BrokerTiering(
+                system_enable=enable == "true",
+                rsm_class=entries.get("remote.log.storage.manager.class.name") or None,
+            )
+    return None
+
+
 #: topic names whose selection by name is remembered, at most
 _MAX_REMEMBERED_TOPICS = 100_000
 
@@ -185,6 +232,8 @@ class ClusterView:
     """LSO of the partitions this broker leads (ListOffsets with read_committed)."""
     refreshed_at: float
     stale_after_s: float
+    #: the broker's tiered-storage configs; None while unknown (not asked yet, or refused)
+    broker_tiering: BrokerTiering | None = None
 
     @classmethod
     def empty(cls, broker_id: int | None, stale_after_s: float) -> ClusterView:
@@ -217,6 +266,7 @@ class ClusterWatcher:
         bootstrap_servers: Sequence[str],
         broker_id: int | None,
         selector: TopicSelector,
+        plugin_class: str | None = None,
         refresh_interval_s: float = 10.0,
         stale_after_s: float = 60.0,
         request_timeout_ms: int = 30_000,
@@ -227,6 +277,9 @@ class ClusterWatcher:
         self._on_refresh = on_refresh
         self._on_error = on_error
         self._selector = selector
+        self._plugin_class = plugin_class
+        #: when the broker's own configs are asked again (static: they change with a restart)
+        self._broker_tiering_due = 0.0
         self._interval = refresh_interval_s
         self.view = ClusterView.empty(broker_id, stale_after_s)
         self._stale_after = stale_after_s
@@ -286,6 +339,15 @@ class ClusterWatcher:
             if mine:
                 ends = await consumer.end_offsets(mine)
                 lsos = {(tp.topic, tp.partition): int(offset) for tp, offset in ends.items()}
+            broker_tiering = self.view.broker_tiering
+            live = {b["node_id"] for b in metadata["brokers"]}
+            if (
+                broker_id is not None
+                and broker_id in live
+                and self._plugin_class is not None
+                and time.monotonic() >= self._broker_tiering_due
+            ):
+                broker_tiering = await self._broker_tiering(admin, broker_id)
         except (KafkaError, OSError, TimeoutError) as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
             await self.aclose()  # reconnect from scratch next time
@@ -303,11 +365,37 @@ class ClusterWatcher:
             last_stable_offsets=lsos,
             refreshed_at=time.monotonic(),
             stale_after_s=self._stale_after,
+            broker_tiering=broker_tiering,
         )
         self.refreshed.set()
         if self._on_refresh is not None:
             self._on_refresh(self.view)
         return self.view
+
+    async def _broker_tiering(self, admin: Any, broker_id: int) -> BrokerTiering | None:
+        """This broker's tiered-storage configs, asked of the broker itself once a minute; the
+        last answer when it is down (its partitions are led elsewhere meanwhile) or refuses."""
+        from aiokafka.errors import KafkaError
+
+        try:
+            # bounded: a slow answer must not hold up the leadership picture
+            async with asyncio.timeout(_BROKER_CONFIGS_TIMEOUT_S):
+                answer = await describe_broker_tiering(admin, broker_id)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.debug("broker_configs_unavailable", broker_id=broker_id, error=str(exc))
+            return self.view.broker_tiering  # asked again at the next refresh
+        # answered or refused (an authorizer refuses again): asked again a minute on
+        self._broker_tiering_due = time.monotonic() + _BROKER_CONFIGS_EVERY_S
+        return self.view.broker_tiering if answer is None else answer
+
+    @property
+    def broker_runs_plugin(self) -> bool | None:
+        """Whether the broker beside this sidecar tiers through the sidecar's plugin (its
+        RemoteStorageManager class); None while unknown."""
+        tiering = self.view.broker_tiering
+        if tiering is None or self._plugin_class is None:
+            return None
+        return tiering.runs(self._plugin_class)
 
     async def fetch_lso(self, topic: str, partition: int) -> int | None:
         """One partition's LSO now (one ListOffsets, read_committed), merged into the view;

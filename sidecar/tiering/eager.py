@@ -13,7 +13,9 @@ computes the same name, and binds the staged bytes to the broker's segment id wi
 the store (CopyObject: no bytes through the sidecar), then writes the indexes and manifest and
 removes the staged object. A copy call that finds nothing staged uploads the ``.log`` itself.
 A topic with ``remote.log.copy.disable=true`` (KIP-950) is not staged: the broker copies none of
-its segments until copying is enabled again.
+its segments until copying is enabled again. Nothing is staged either when the broker loads
+another RemoteStorageManager than this sidecar's plugin (its own configs, DescribeConfigs): that
+class copies the segments, and a staged copy would never be adopted.
 
 The two meet in a :class:`StagingLedger`, in process: a copy call claims its segment, so the
 stager does not start it (or start it again before the broker's FINISHED reaches the store), and
@@ -51,7 +53,7 @@ from sidecar.storage import PartChecksums
 from sidecar.storage._crc import crc32c
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout
-from sidecar.tiering.cluster import ClusterWatcher
+from sidecar.tiering.cluster import BrokerTiering, ClusterWatcher
 from sidecar.tiering.planner import Plan, plan_partition
 from sidecar.tiering.workers import remote_coverage
 
@@ -188,6 +190,8 @@ class EagerStager:
         self._wake = asyncio.Event()
         #: a failed staging upload is not tried again before this time
         self._retry_at: dict[SegmentIdent, float] = {}
+        #: the broker's tiering configs last warned about (once per value)
+        self._warned_rsm: BrokerTiering | None = None
 
     def poke(self) -> None:
         """A hint (a roll, a cluster refresh): look again now."""
@@ -223,6 +227,11 @@ class EagerStager:
         # a topic with remote.log.copy.disable=true is never copied again: what was staged for
         # it would only wait for the orphan scrub
         driven = {topic for topic in configs if self._cluster.broker_copies(topic)}
+        if driven and self._cluster.broker_runs_plugin is False:
+            # the broker copies through another RemoteStorageManager: nothing staged here
+            # would ever be adopted
+            self._warn_other_rsm(len(driven))
+            driven = set()
         # no topic is broker-driven (or none of this broker's): nothing to walk, every second,
         # over every partition dir
         scans = list(self._views().values()) if driven else []
@@ -250,6 +259,22 @@ class EagerStager:
         self._ledger.forget_except(pending)
         for ident in [i for i in self._retry_at if i not in pending]:
             del self._retry_at[ident]
+
+    def _warn_other_rsm(self, topics: int) -> None:
+        tiering = self._cluster.view.broker_tiering
+        if tiering is None or tiering == self._warned_rsm:
+            return
+        self._warned_rsm = tiering
+        log.warning(
+            "broker_not_using_plugin",
+            broker_id=self._cluster.view.broker_id,
+            remote_storage_system_enable=tiering.system_enable,
+            rsm_class=tiering.rsm_class,
+            broker_driven_topics=topics,
+            detail="the broker does not tier through this sidecar's plugin, so its"
+            " broker-driven topics are not uploaded ahead; if it should, add the properties"
+            " `sidecar broker-config` prints to its server.properties and restart it",
+        )
 
     async def _candidates(self, scan: PartitionScan, tip: TopicIdPartition) -> tuple[Segment, ...]:
         """The segments the broker copies next, as the standalone engine would plan them."""

@@ -79,7 +79,6 @@ from tests.sidecar_runner import sidecar_env  # noqa: E402
 
 PLUGIN_JAR = REPO / "deploy" / "kafka-plugin" / "target" / "kafka-tiered-sidecar-plugin.jar"
 METADATA_TOPIC = "__remote_log_metadata"
-LTS_CLASS = "org.apache.kafka.server.log.remote.storage.LocalTieredStorage"
 RLMM_PROPS = {
     "remote.log.metadata.manager.listener.name": "PLAINTEXT",
     "rlmm.config.remote.log.metadata.topic.replication.factor": "1",
@@ -105,21 +104,6 @@ def plugin_jar() -> Path:
         pom = REPO / "deploy" / "kafka-plugin" / "pom.xml"
         subprocess.run(["mvn", "-B", "-q", "-f", str(pom), "-DskipTests", "package"], check=True)
     return PLUGIN_JAR
-
-
-def lts_jar(version: str) -> Path:
-    """Kafka's kafka-storage test jar (LocalTieredStorage), fetched into ~/.m2 when missing."""
-    m2 = Path.home() / ".m2" / "repository" / "org" / "apache" / "kafka" / "kafka-storage"
-    jar = m2 / version / f"kafka-storage-{version}-test.jar"
-    if not jar.exists():
-        subprocess.run(
-            [
-                *("mvn", "-B", "-q", "dependency:get"),
-                f"-Dartifact=org.apache.kafka:kafka-storage:{version}:jar:test",
-            ],
-            check=True,
-        )
-    return jar
 
 
 def cpu_seconds(pid: int) -> float:
@@ -419,11 +403,12 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         lts.heap = args.heap
         lts.production_jvm = not args.test_jvm
         clusters.append(lts)
+        lts_jar = stack.local_tiered_storage_jar(lts.version)
         lts.overrides.update(
             {
                 "remote.log.storage.system.enable": "true",
-                "remote.log.storage.manager.class.name": LTS_CLASS,
-                "remote.log.storage.manager.class.path": str(lts_jar(lts.version)),
+                "remote.log.storage.manager.class.name": stack.LOCAL_TIERED_STORAGE_CLASS,
+                "remote.log.storage.manager.class.path": str(lts_jar),
                 "rsm.config.dir": str(root / "lts-remote"),
                 **RLMM_PROPS,
             }

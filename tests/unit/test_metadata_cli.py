@@ -101,3 +101,23 @@ class TestStatusHeader:
         assert second.endswith(" s ago")
         assert int(second.split()[-3]) >= 42  # when the test asked, plus what passed since
         assert "\n" not in render_status_header(self._document("standalone", None))
+
+    def test_a_broker_with_another_remote_storage_manager_is_named(self):
+        """The broker's own configs name another class (or none): the second line says which,
+        rather than the time since the plugin's last request."""
+        document = self._document("broker-driven", None)
+        document["broker_plugin"] = {
+            "last_request_at": None,
+            "loaded_by_broker": False,
+            "broker_rsm_class": "org.example.OtherRsm",
+        }
+        second = render_status_header(document).splitlines()[1]
+        assert second.startswith(
+            "broker plugin: not loaded (the broker loads org.example.OtherRsm;"
+        )
+        document["broker_plugin"] = {**document["broker_plugin"], "broker_rsm_class": None}
+        second = render_status_header(document).splitlines()[1]
+        assert "the broker has no RemoteStorageManager" in second
+        document["broker_plugin"] = {"last_request_at": None, "loaded_by_broker": True}
+        second = render_status_header(document).splitlines()[1]
+        assert second.startswith("broker plugin: no request since the sidecar started")

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
+from aiokafka.admin.config_resource import ConfigResourceType
+from aiokafka.errors import KafkaConnectionError
 
-from sidecar.tiering.cluster import ClusterView, TopicConfig, TopicSelector
+from sidecar.tiering.cluster import (
+    BrokerTiering,
+    ClusterView,
+    ClusterWatcher,
+    TopicConfig,
+    TopicSelector,
+)
 
 
 class TestTopicSelector:
@@ -95,3 +104,127 @@ class TestClusterView:
     def test_unknown_broker_leads_nothing(self):
         """Without a broker id, nothing is led."""
         assert not ClusterView.empty(None, 5).leads("t", 0)
+
+
+class _Response:
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self._obj = obj
+
+    def to_object(self) -> dict[str, Any]:
+        return self._obj
+
+
+class _Admin:
+    """Answers Metadata (broker 1 leads ``orders-0``, broker 1 live unless ``down``) and
+    DescribeConfigs (the topic's configs; the broker's as ``broker`` says: a dict of entries,
+    an error code, or an exception to raise)."""
+
+    def __init__(self, broker: dict[str, str] | int | Exception) -> None:
+        self.broker = broker
+        self.down = False
+        self.broker_asks = 0
+
+    async def _get_cluster_metadata(self, topics: object) -> _Response:
+        brokers = [] if self.down else [{"node_id": 1}]
+        partitions = [{"partition": 0, "leader": 1}]
+        topic = {"topic": "orders", "error_code": 0, "partitions": partitions}
+        return _Response({"brokers": brokers, "topics": [topic]})
+
+    async def describe_configs(self, resources: list[Any]) -> list[_Response]:
+        (resource,) = resources
+        if resource.resource_type == ConfigResourceType.TOPIC:
+            entries = [{"config_names": "remote.storage.enable", "config_value": "true"}]
+            answer = {"error_code": 0, "resource_name": "orders", "config_entries": entries}
+            return [_Response({"resources": [answer]})]
+        self.broker_asks += 1
+        assert resource.name == "1"
+        assert sorted(resource.configs) == [
+            "remote.log.storage.manager.class.name",
+            "remote.log.storage.system.enable",
+        ]
+        if isinstance(self.broker, Exception):
+            raise self.broker
+        if isinstance(self.broker, int):
+            answer = {"error_code": self.broker, "resource_name": "1", "config_entries": []}
+        else:
+            entries = [{"config_names": k, "config_value": v} for k, v in self.broker.items()]
+            answer = {"error_code": 0, "resource_name": "1", "config_entries": entries}
+        return [_Response({"resources": [answer]})]
+
+
+def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> ClusterWatcher:
+    watcher = ClusterWatcher(
+        bootstrap_servers=["127.0.0.1:1"],
+        broker_id=1,
+        selector=TopicSelector(),
+        plugin_class="org.example.Plugin",
+    )
+
+    async def clients() -> tuple[Any, Any]:
+        return admin, None
+
+    monkeypatch.setattr(watcher, "_clients", clients)
+    return watcher
+
+
+class TestBrokerTiering:
+    async def test_the_brokers_rsm_class_says_whether_it_runs_the_plugin(self, monkeypatch):
+        """The broker's remote.log.storage.* configs, asked of the broker: the plugin's class
+        with the system enabled is the plugin; another class, or tiering off, is not."""
+        plugin = {
+            "remote.log.storage.system.enable": "true",
+            "remote.log.storage.manager.class.name": "org.example.Plugin",
+        }
+        admin = _Admin(plugin)
+        watcher = _watcher(admin, monkeypatch)
+        assert watcher.broker_runs_plugin is None  # not asked yet
+        view = await watcher.refresh()
+        assert view.broker_tiering == BrokerTiering(True, "org.example.Plugin")
+        assert watcher.broker_runs_plugin is True
+        for broker in (
+            {**plugin, "remote.log.storage.manager.class.name": "org.example.OtherRsm"},
+            {**plugin, "remote.log.storage.system.enable": "false"},
+            {"remote.log.storage.system.enable": "true"},
+        ):
+            admin.broker = broker
+            watcher._broker_tiering_due = 0.0  # the configs are asked once a minute
+            await watcher.refresh()
+            assert watcher.broker_runs_plugin is False, broker
+        assert watcher.view.broker_tiering == BrokerTiering(True, None)
+
+    async def test_a_broker_that_refuses_or_is_down_keeps_the_last_answer(self, monkeypatch):
+        """An authorizer's refusal, a failed request or a broker missing from the metadata
+        leave the last answer (unknown at first), and never fail the refresh: leadership and
+        LSOs do not wait on the broker's own configs."""
+        admin = _Admin(31)  # CLUSTER_AUTHORIZATION_FAILED
+        watcher = _watcher(admin, monkeypatch)
+        view = await watcher.refresh()
+        assert view.leads("orders", 0)
+        assert view.broker_tiering is None
+        assert watcher.broker_runs_plugin is None
+        admin.broker = {"remote.log.storage.system.enable": "true"}
+        await watcher.refresh()
+        assert admin.broker_asks == 1  # a refusal stands for a minute, as an answer does
+        watcher._broker_tiering_due = 0.0
+        await watcher.refresh()
+        assert watcher.broker_runs_plugin is False
+        asks = admin.broker_asks
+        watcher._broker_tiering_due = 0.0
+        admin.broker = KafkaConnectionError("broker 1 gone")
+        await watcher.refresh()
+        assert watcher.broker_runs_plugin is False
+        await watcher.refresh()  # a failed ask is repeated at the next refresh
+        assert admin.broker_asks == asks + 2
+        admin.down = True
+        admin.broker = {}
+        await watcher.refresh()
+        assert admin.broker_asks == asks + 2  # not asked while it is not in the metadata
+        assert watcher.view.broker_tiering == BrokerTiering(True, None)
+
+    async def test_without_a_plugin_class_the_broker_is_never_asked(self, monkeypatch):
+        admin = _Admin({})
+        watcher = _watcher(admin, monkeypatch)
+        watcher._plugin_class = None
+        await watcher.refresh()
+        assert admin.broker_asks == 0
+        assert watcher.broker_runs_plugin is None

@@ -35,7 +35,7 @@ from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
 from sidecar.tiering import brokercopy, eager
 from sidecar.tiering.brokercopy import BrokerCopier
-from sidecar.tiering.cluster import ClusterView, TopicConfig, TopicSelector
+from sidecar.tiering.cluster import BrokerTiering, ClusterView, TopicConfig, TopicSelector
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
 from sidecar.tiering.uploader import segment_keys
 from tests.unit.readserver._tiered import data_batches
@@ -326,6 +326,7 @@ class _Cluster:
         )
         self.fetched = 0
         self._lso = lso
+        self.broker_runs_plugin: bool | None = None
 
     def broker_copies(self, topic: str) -> bool:
         return TopicSelector.broker_copies(self.view.configs.get(topic))
@@ -408,6 +409,36 @@ async def test_a_topic_with_copy_disabled_is_not_staged_until_copy_is_enabled(
         assert ledger.staged_key((TOPIC_ID, 0, 0)) is None
         enabled = dataclasses.replace(disabled, remote_log_copy_disable=False)
         cluster.view = dataclasses.replace(cluster.view, configs={"orders": enabled})
+        await stager._pass(asyncio.Event())
+        assert objects.calls["put_file"] == 2
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) == _staged_key(partition, 0)
+    finally:
+        store.close()
+
+
+async def test_nothing_is_staged_while_the_broker_loads_another_rsm(
+    tmp_path: Path, partition: Path
+):
+    """A broker whose RemoteStorageManager is another class copies its broker-driven topics
+    through that class: a staged .log would only wait for the orphan scrub. The stager says so
+    once (per broker configs seen), and stages again once the broker loads the plugin."""
+    objects = MemoryObjectStore()
+    stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=100)
+    other = BrokerTiering(system_enable=True, rsm_class="org.example.OtherRsm")
+    try:
+        cluster.view = dataclasses.replace(cluster.view, broker_tiering=other)
+        cluster.broker_runs_plugin = False
+        with capture_logs() as logs:
+            await stager._pass(asyncio.Event())
+            await stager._pass(asyncio.Event())
+        assert objects.calls["put_file"] == 0
+        warned = [e for e in logs if e["event"] == "broker_not_using_plugin"]
+        assert len(warned) == 1
+        assert warned[0]["log_level"] == "warning"
+        assert warned[0]["rsm_class"] == "org.example.OtherRsm"
+        assert warned[0]["broker_driven_topics"] == 1
+        assert "sidecar broker-config" in warned[0]["detail"]
+        cluster.broker_runs_plugin = True
         await stager._pass(asyncio.Event())
         assert objects.calls["put_file"] == 2
         assert ledger.staged_key((TOPIC_ID, 0, 0)) == _staged_key(partition, 0)
