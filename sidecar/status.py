@@ -2,13 +2,13 @@
 
 Per partition in the broker's log dirs: how it is tiered (``mode``: ``standalone``,
 ``broker-driven``, ``copy-disabled``, or None; ``selected`` when it is tiered at all), local
-segments, tiered segments (COPY_SEGMENT_FINISHED in
-the metadata store) with their bytes (``tiered_bytes``, the remote bytes that remote retention
-counts) and offset range (``remote_start_offset`` is the remote log start offset: remote
-retention deletes from the oldest segment on, so it moves up as segments are deleted), copy lag
-(segments, bytes, seconds), leadership, quarantined segments and the last tiering error. Built
-on the event loop from in-memory views plus a few indexed store queries (run in a thread); it
-changes nothing.
+segments, tiered segments (COPY_SEGMENT_FINISHED in the metadata store) with their bytes
+(``tiered_bytes``, the remote bytes that remote retention counts) and offset range
+(``remote_start_offset`` is the remote log start offset: remote retention deletes from the
+oldest segment on, so it moves up as segments are deleted), copy lag (segments, bytes, seconds;
+null where nothing is copied: copy-disabled or untiered), leadership, quarantined segments and
+the last tiering error. Built on the event loop from in-memory views plus a few indexed store
+queries (run in a thread); it changes nothing.
 
 Quarantined segments (corrupt bytes, :mod:`sidecar.tiering.quarantine`) are listed by the
 partition's current topic id: ``quarantined`` holds their base offsets, ``quarantined_segments``
@@ -38,6 +38,8 @@ from sidecar.tiering.workers import remote_coverage
 __all__ = ["partition_status", "render_status"]
 
 _FINISHED = (RemoteLogSegmentState.COPY_SEGMENT_FINISHED,)
+#: the modes whose segments are copied: the sidecar's own, or the broker's through the plugin
+_COPIED = ("standalone", "broker-driven")
 
 
 def partition_status(
@@ -101,6 +103,12 @@ def partition_status(
             if finished:
                 row["remote_start_offset"] = min(m.start_offset for m in finished)
                 row["remote_end_offset"] = max(m.end_offset for m in finished)
+        # copy lag only where something copies: a copy-disabled or untiered partition's local
+        # segments are not waiting for anything (null in the document, "-" in the table)
+        if tiering not in _COPIED:
+            row["lag_segments"] = row["lag_bytes"] = row["lag_seconds"] = None
+        elif scan.topic_id is not None:
+            tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
             lso = cluster.lso(scan.topic, scan.partition)
             behind = segments_behind(
                 scan,
@@ -114,6 +122,10 @@ def partition_status(
             row["lag_seconds"] = 0.0 if oldest is None else max(0.0, (now - oldest) / 1000)
         rows.append(row)
     return rows
+
+
+def _or_dash(value: float | None, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -> str:
@@ -140,8 +152,8 @@ def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -
             f"{name:<40} {row.get('mode') or '-':<13} {'yes' if row['leader'] else 'no':<6} "
             f"{row['local_segments']:>5} "
             f"{row['tiered_segments']:>6} {row.get('tiered_bytes', 0):>12} {remote:>21} "
-            f"{row['lag_segments']:>7} "
-            f"{row['lag_bytes']:>10} {row['lag_seconds']:>7.1f}  {error}"
+            f"{_or_dash(row['lag_segments']):>7} {_or_dash(row['lag_bytes']):>10} "
+            f"{_or_dash(row['lag_seconds'], '.1f'):>7}  {error}"
         )
     if len(lines) == 1:
         lines.append("(no partition selected for tiering; --all shows every partition)")

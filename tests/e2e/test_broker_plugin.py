@@ -706,6 +706,9 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
             if row["topic"] in (topic_name, no_copy)
         }
         assert modes == {topic_name: ("broker-driven", True), no_copy: ("copy-disabled", True)}
+        lags = {row["topic"]: row["lag_segments"] for row in document["partitions"]}
+        assert lags[no_copy] is None  # nothing copies it: no copy lag
+        assert lags[topic_name] is not None
         # the broker has not called the plugin (its copy pass is ten minutes away), and the
         # text header says so
         assert document["broker_plugin"]["last_request_at"] is None

@@ -1,15 +1,21 @@
-"""`sidecar metadata decode --hex` and the status table renderer."""
+"""`sidecar metadata decode --hex`, the status document and its table renderer."""
 
 from __future__ import annotations
 
 import io
 import json
 import time
+import uuid
 from pathlib import Path
 
 from sidecar.cli import main, render_status_header
+from sidecar.kafka.logdir import scan_partition_dir
+from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata_cli import decode_command
-from sidecar.status import render_status
+from sidecar.status import partition_status, render_status
+from sidecar.testing import write_partition
+from sidecar.tiering.cluster import ClusterView
+from tests.unit.readserver._tiered import data_batches
 
 VECTORS = json.loads(
     (Path(__file__).resolve().parents[1] / "fixtures" / "metadata-vectors.json").read_text()
@@ -121,3 +127,45 @@ class TestStatusHeader:
         document["broker_plugin"] = {"last_request_at": None, "loaded_by_broker": True}
         second = render_status_header(document).splitlines()[1]
         assert second.startswith("broker plugin: no request since the sidecar started")
+
+
+class TestPartitionStatus:
+    def test_copy_lag_is_null_where_nothing_copies(self, tmp_path: Path):
+        """A standalone or broker-driven partition's rolled segments are its copy lag; a
+        copy-disabled or untiered one has none (null), and the table shows a dash."""
+        topic_id = uuid.uuid4()
+        segments = [data_batches(0, 2), data_batches(10, 2), data_batches(20, 2)]
+        views = {}
+        for topic in ("a", "b", "c", "d"):
+            path = write_partition(tmp_path / "logs", topic, 0, segments, topic_id=topic_id)
+            scan = scan_partition_dir(path)
+            assert scan is not None
+            views[path] = scan
+        modes = {"a": "standalone", "b": "broker-driven", "c": "copy-disabled", "d": None}
+        cluster = ClusterView(
+            broker_id=1,
+            leaders={(t, 0): 1 for t in modes},
+            configs={},
+            last_stable_offsets={(t, 0): 1_000 for t in modes},
+            refreshed_at=time.monotonic(),
+            stale_after_s=60,
+        )
+        store = RemoteSegmentStore(tmp_path / "state")
+        try:
+            rows = partition_status(
+                views=views,
+                cluster=cluster,
+                store=store,
+                mode=modes.get,
+                last_errors={},
+                quarantined=lambda _id, _p: [],
+            )
+        finally:
+            store.close()
+        lags = {r["topic"]: (r["lag_segments"], r["lag_bytes"] is None) for r in rows}
+        assert lags == {"a": (2, False), "b": (2, False), "c": (None, True), "d": (None, True)}
+        assert rows[2]["lag_seconds"] is None
+        lines = render_status(rows, all_partitions=True).splitlines()
+        assert lines[3].split()[:2] == ["c-0", "copy-disabled"]
+        assert lines[3].split()[-3:] == ["-", "-", "-"]
+        assert lines[1].split()[-3:-1] == ["2", str(rows[0]["lag_bytes"])]
