@@ -40,9 +40,9 @@ from sidecar import __version__
 from sidecar._aio import capture_signals, freeze_startup_heap, guard, wait_any
 from sidecar.broker_config import PLUGIN_CLASS
 from sidecar.config import SidecarConfig, kafka_client_options, secret_values
-from sidecar.errors import ConfigError, FormatError, SidecarError
-from sidecar.kafka.checkpoints import MetaProperties, read_meta_properties
-from sidecar.kafka.logdir import META_PROPERTIES, PartitionScan, scan_partition_dir
+from sidecar.errors import ConfigError, SidecarError
+from sidecar.kafka.checkpoints import MetaProperties
+from sidecar.kafka.logdir import PartitionScan, read_broker_identity, scan_partition_dir
 from sidecar.metadata.events import TopicIdPartition
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.publisher import MetadataPublisher
@@ -74,16 +74,6 @@ from sidecar.tiering.workers import EngineSettings, MetadataSync, TieringEngine
 __all__ = ["Daemon", "run_daemon", "upload_throttle"]
 
 log = get_logger(__name__)
-
-
-def read_broker_identity(log_dirs: list[Path]) -> MetaProperties | None:
-    """The first readable ``meta.properties`` of the broker's log dirs (node id, cluster id)."""
-    for log_dir in log_dirs:
-        try:
-            return read_meta_properties(log_dir / META_PROPERTIES)
-        except (FileNotFoundError, FormatError):
-            continue
-    return None
 
 
 def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | None:

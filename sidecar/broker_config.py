@@ -5,17 +5,35 @@
 The broker runs the plugin (``deploy/kafka-plugin``) as its RemoteStorageManager, pointed at this
 sidecar's read socket, and Kafka's own TopicBasedRemoteLogMetadataManager with the metadata topic
 settings the sidecar tails (same topic, same partition count, so both place a partition's events
-alike)."""
+alike).
+
+``sidecar broker-config --check`` asks the running broker (DescribeConfigs of itself) whether it
+has those properties. Kafka shows the values of the properties it defines; a plugin's
+``rsm.config.*`` and the metadata manager's ``rlmm.config.*`` come back only when set, their
+values hidden, so for those the check can only say that they are set."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Final, TextIO
+from typing import Final, Literal, TextIO
 
 from sidecar.config import SidecarConfig
-from sidecar.errors import ConfigError
+from sidecar.errors import CommandError, ConfigError
+from sidecar.tiering.cluster import BrokerConfigEntry
 
-__all__ = ["DEFAULT_PLUGIN_JAR", "PLUGIN_CLASS", "broker_config_command", "broker_properties"]
+__all__ = [
+    "DEFAULT_PLUGIN_JAR",
+    "PLUGIN_CLASS",
+    "PropertyCheck",
+    "broker_config_check_command",
+    "broker_config_command",
+    "broker_properties",
+    "check_properties",
+]
 
 PLUGIN_CLASS: Final = "io.github.kafkatieredsidecar.plugin.SidecarRemoteStorageManager"
 RLMM_CLASS: Final = (
@@ -77,3 +95,132 @@ def broker_config_command(
     for key, value in props.items():
         out.write(f"{key}={value}\n")
     return 0
+
+
+Verdict = Literal["ok", "set", "differs", "missing"]
+
+
+@dataclass(frozen=True, slots=True)
+class PropertyCheck:
+    """One broker property against the value ``sidecar broker-config`` prints for it."""
+
+    key: str
+    expected: str
+    #: the broker's value; None when unset or hidden
+    actual: str | None
+    #: ok (as printed), set (present, Kafka hides the value), differs, missing (not set, and
+    #: Kafka's default, if any, is not the value printed)
+    verdict: Verdict
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict in ("ok", "set")
+
+
+def check_properties(
+    expected: Mapping[str, str], found: Mapping[str, BrokerConfigEntry]
+) -> list[PropertyCheck]:
+    """Each expected property against the broker's."""
+    checks = []
+    for key, want in expected.items():
+        entry = found.get(key)
+        actual = None if entry is None or entry.hidden else entry.value
+        verdict: Verdict
+        if entry is None or (entry.default and actual != want):
+            verdict = "missing"
+        elif entry.hidden:
+            verdict = "set"
+        else:
+            verdict = "ok" if actual == want else "differs"
+        checks.append(PropertyCheck(key, want, actual, verdict))
+    return checks
+
+
+async def _describe(
+    config: SidecarConfig, broker_id: int, keys: list[str]
+) -> dict[str, BrokerConfigEntry]:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaError
+
+    from sidecar.config import kafka_client_options
+    from sidecar.tiering.cluster import BrokerConfigsRefusedError, describe_broker_configs
+
+    bootstrap = ",".join(config.kafka.bootstrap_servers)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=config.kafka.request_timeout_ms,
+        **kafka_client_options(config.kafka),
+    )
+    try:
+        await admin.start()
+        return await describe_broker_configs(admin, broker_id, keys)
+    except BrokerConfigsRefusedError as exc:
+        raise CommandError(str(exc)) from exc
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise CommandError(
+            f"cannot ask broker {broker_id} for its configs through Kafka at {bootstrap}:"
+            f" {exc or type(exc).__name__}; is the broker up, and is kafka.bootstrap_servers"
+            " (with its security settings) right?"
+        ) from exc
+    finally:
+        await admin.close()
+
+
+def _broker_id(config: SidecarConfig, broker_id: int | None) -> int:
+    from sidecar.kafka.logdir import read_broker_identity
+
+    if broker_id is not None:
+        return broker_id
+    if config.broker.broker_id is not None:
+        return config.broker.broker_id
+    identity = read_broker_identity(config.broker.log_dirs)
+    if identity is None or identity.node_id is None:
+        raise ConfigError(
+            "which broker to check? give --broker-id, or set broker.broker_id, or broker.log_dirs"
+            " with the broker's meta.properties"
+        )
+    return identity.node_id
+
+
+def broker_config_check_command(
+    config: SidecarConfig,
+    *,
+    plugin_jar: Path,
+    listener: str,
+    tcp: bool,
+    broker_id: int | None,
+    as_json: bool,
+    out: TextIO,
+) -> int:
+    """Compare the running broker's properties with those printed; 0 when all are there, 1
+    when one differs or is missing (each named, with the value printed)."""
+    props = broker_properties(config, plugin_jar=plugin_jar, listener=listener, tcp=tcp)
+    node = _broker_id(config, broker_id)
+    found = asyncio.run(_describe(config, node, list(props)))
+    checks = check_properties(props, found)
+    failed = [c for c in checks if not c.passed]
+    if as_json:
+        document = {"broker_id": node, "ok": not failed, "properties": [asdict(c) for c in checks]}
+        out.write(json.dumps(document, indent=2) + "\n")
+        return 1 if failed else 0
+    out.write(
+        f"broker {node}: {len(checks) - len(failed)} of {len(checks)} properties as `sidecar"
+        " broker-config` prints them\n"
+    )
+    for check in checks:
+        if check.verdict == "ok":
+            line = f"{check.key}={check.expected}"
+        elif check.verdict == "set":
+            line = f"{check.key} (Kafka does not show its value; printed: {check.expected})"
+        elif check.verdict == "differs":
+            line = f"{check.key}={check.actual} (printed: {check.expected})"
+        else:
+            line = f"{check.key} not set (printed: {check.expected})"
+        out.write(f"  {check.verdict.upper() if not check.passed else check.verdict:<8} {line}\n")
+    if failed:
+        out.write(
+            "The broker reads these at start: add the properties above to its server.properties"
+            " (or fix them) and restart it. A different plugin jar path is right when the jar is"
+            " mounted elsewhere: pass that path with --plugin-jar.\n"
+        )
+    return 1 if failed else 0

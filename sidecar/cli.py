@@ -216,6 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
     broker.add_argument(
         "--tcp", action="store_true", help="the plugin uses read_server.tcp_port, not the socket"
     )
+    broker.add_argument(
+        "--check",
+        action="store_true",
+        help="ask the running broker (DescribeConfigs) whether it has these properties; exit 1"
+        " when one is missing or differs",
+    )
+    broker.add_argument(
+        "--broker-id",
+        type=int,
+        default=None,
+        help="with --check: the broker to ask (default broker.broker_id, or the log dirs'"
+        " meta.properties)",
+    )
+    broker.add_argument("--json", action="store_true", help="with --check: a JSON document")
 
     metadata = sub.add_parser("metadata", help="remote log metadata tools")
     metadata_sub = metadata.add_subparsers(
@@ -488,6 +502,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sidecar.broker_config import DEFAULT_PLUGIN_JAR, broker_config_command
 
         config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        if args.check:
+            from sidecar.broker_config import broker_config_check_command
+
+            return broker_config_check_command(
+                config,
+                plugin_jar=args.plugin_jar or DEFAULT_PLUGIN_JAR,
+                listener=args.listener,
+                tcp=args.tcp,
+                broker_id=args.broker_id,
+                as_json=args.json,
+                out=sys.stdout,
+            )
         return broker_config_command(
             config,
             plugin_jar=args.plugin_jar or DEFAULT_PLUGIN_JAR,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -57,6 +58,7 @@ __all__ = [
     "classify_dir_name",
     "open_segment_file",
     "parse_segment_file_name",
+    "read_broker_identity",
     "scan_log_dir",
     "scan_partition_dir",
     "segment_file_name",
@@ -65,6 +67,18 @@ __all__ = [
 META_PROPERTIES = "meta.properties"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
+
+
+def read_broker_identity(log_dirs: Sequence[Path]) -> MetaProperties | None:
+    """The first readable ``meta.properties`` of the broker's log dirs (node id, cluster id)."""
+    for log_dir in log_dirs:
+        try:
+            return read_meta_properties(log_dir / META_PROPERTIES)
+        except (FileNotFoundError, FormatError):
+            continue
+    return None
+
+
 #: the KRaft metadata log lives in a partition-like dir; it is never tiered
 _METADATA_TOPIC = "__cluster_metadata"
 _MAX_TOPIC_LENGTH = 249  # Topic.MAX_NAME_LENGTH

@@ -26,12 +26,15 @@ from sidecar.observability.logging import get_logger
 from sidecar.tiering._clients import AdminAndConsumer
 
 __all__ = [
+    "BrokerConfigEntry",
+    "BrokerConfigsRefusedError",
     "BrokerTiering",
     "ClusterUnavailableError",
     "ClusterView",
     "ClusterWatcher",
     "TopicConfig",
     "TopicSelector",
+    "describe_broker_configs",
     "describe_broker_tiering",
     "describe_topic_configs",
 ]
@@ -141,26 +144,67 @@ class BrokerTiering:
         return self.system_enable and self.rsm_class == plugin_class
 
 
-async def describe_broker_tiering(admin: Any, broker_id: int) -> BrokerTiering | None:
-    """DescribeConfigs of broker ``broker_id``'s tiered-storage configs, or None when the broker
-    refuses them (an authorizer without DESCRIBE_CONFIGS on the cluster). Kafka errors of the
-    request itself propagate to the caller."""
+class BrokerConfigsRefusedError(ClusterUnavailableError):
+    """The broker answered DescribeConfigs of itself with an error (an authorizer without
+    DESCRIBE_CONFIGS on the cluster, or not this broker)."""
+
+    retriable = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfigEntry:
+    """One broker property as DescribeConfigs gives it."""
+
+    value: str | None
+    #: Kafka does not show the value: a password, or any property it does not define itself
+    #: (a plugin's ``rsm.config.*``, ``rlmm.config.*``), which it answers only when it is set
+    hidden: bool
+    #: Kafka's default: not set in the broker's properties (nor dynamically)
+    default: bool
+
+
+#: DescribeConfigs' config_source for a default value (DescribeConfigsResponse.ConfigSource)
+_DEFAULT_CONFIG_SOURCE = 5
+
+
+async def describe_broker_configs(
+    admin: Any, broker_id: int, keys: Iterable[str]
+) -> dict[str, BrokerConfigEntry]:
+    """DescribeConfigs of broker ``broker_id``'s ``keys``, asked of that broker; a property
+    Kafka does not define and the broker does not set is left out. Raises
+    :class:`BrokerConfigsRefusedError` when the broker answers with an error; Kafka errors of
+    the request itself propagate to the caller."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-    resource = ConfigResource(
-        ConfigResourceType.BROKER, str(broker_id), dict.fromkeys(_BROKER_KEYS)
-    )
+    resource = ConfigResource(ConfigResourceType.BROKER, str(broker_id), dict.fromkeys(keys))
+    found: dict[str, BrokerConfigEntry] = {}
     for response in await admin.describe_configs([resource]):
         for answer in response.to_object()["resources"]:
             if answer["error_code"] != 0:
-                return None
-            entries = {e["config_names"]: e["config_value"] for e in answer["config_entries"]}
-            enable = (entries.get("remote.log.storage.system.enable") or "false").lower()
-            return BrokerTiering(
-                system_enable=enable == "true",
-                rsm_class=entries.get("remote.log.storage.manager.class.name") or None,
-            )
-    return None
+                message = answer.get("error_message") or ""
+                raise BrokerConfigsRefusedError(
+                    f"broker {broker_id} refused DescribeConfigs of itself (error"
+                    f" {answer['error_code']}{': ' + message if message else ''}); under an"
+                    " authorizer the client needs DESCRIBE_CONFIGS on the cluster"
+                )
+            for entry in answer["config_entries"]:
+                found[entry["config_names"]] = BrokerConfigEntry(
+                    value=entry["config_value"],
+                    hidden=bool(entry.get("is_sensitive")),
+                    default=entry.get("config_source") == _DEFAULT_CONFIG_SOURCE,
+                )
+    return found
+
+
+async def describe_broker_tiering(admin: Any, broker_id: int) -> BrokerTiering:
+    """Broker ``broker_id``'s tiered-storage configs (:func:`describe_broker_configs`)."""
+    entries = await describe_broker_configs(admin, broker_id, _BROKER_KEYS)
+    enable = entries.get("remote.log.storage.system.enable")
+    rsm = entries.get("remote.log.storage.manager.class.name")
+    return BrokerTiering(
+        system_enable=enable is not None and (enable.value or "").lower() == "true",
+        rsm_class=None if rsm is None else rsm.value or None,
+    )
 
 
 #: topic names whose selection by name is remembered, at most
@@ -381,12 +425,16 @@ class ClusterWatcher:
             # bounded: a slow answer must not hold up the leadership picture
             async with asyncio.timeout(_BROKER_CONFIGS_TIMEOUT_S):
                 answer = await describe_broker_tiering(admin, broker_id)
+        except BrokerConfigsRefusedError as exc:
+            # an authorizer refuses again: asked again a minute on
+            self._broker_tiering_due = time.monotonic() + _BROKER_CONFIGS_EVERY_S
+            log.debug("broker_configs_refused", broker_id=broker_id, error=str(exc))
+            return self.view.broker_tiering
         except (KafkaError, OSError, TimeoutError) as exc:
             log.debug("broker_configs_unavailable", broker_id=broker_id, error=str(exc))
             return self.view.broker_tiering  # asked again at the next refresh
-        # answered or refused (an authorizer refuses again): asked again a minute on
         self._broker_tiering_due = time.monotonic() + _BROKER_CONFIGS_EVERY_S
-        return self.view.broker_tiering if answer is None else answer
+        return answer
 
     @property
     def broker_runs_plugin(self) -> bool | None:

@@ -230,14 +230,15 @@ class PluggedBroker:
     logs: Path
     metrics_port: int
 
-    async def cli(self, *args: str) -> str:
-        """Run ``sidecar <args> --config <this sidecar's config>``; its stdout (exit code 0)."""
+    async def cli(self, *args: str, exit_code: int = 0) -> str:
+        """Run ``sidecar <args> --config <this sidecar's config>``; its stdout (checked to end
+        with ``exit_code``)."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sidecar", *args, "--config", str(self.config),
             env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await process.communicate()
-        assert process.returncode == 0, err.decode()
+        assert process.returncode == exit_code, (out + err).decode()
         return out.decode()
 
     async def restart_sidecar(self) -> None:
@@ -719,6 +720,16 @@ async def test_segments_are_staged_on_roll_before_the_broker_copies(
             return status["broker_plugin"]["loaded_by_broker"] is True
 
         await _poll(loaded, timeout=60, what="the broker's configs naming the plugin")
+        # the broker was configured from `sidecar broker-config`: the check finds all of it
+        checked = json.loads(
+            await plugged.cli(
+                "broker-config", "--check", "--json", "--plugin-jar", str(plugin_jar())
+            )
+        )
+        assert checked["ok"] is True
+        verdicts = {p["key"]: p["verdict"] for p in checked["properties"]}
+        assert verdicts["remote.log.storage.manager.class.name"] == "ok"
+        assert verdicts["rsm.config.socket.path"] == "set"  # Kafka hides a plugin's values
         text = await plugged.cli("status")
         assert "broker plugin: no request since the sidecar started" in text
         client = s3.client()
@@ -881,6 +892,14 @@ async def test_a_broker_with_another_rsm_gets_nothing_staged_and_is_named(
             in text
         )
         assert len(broker.sidecar.matching("broker_not_using_plugin")) == 1
+        # the check names the property that differs, and fails
+        checked = await broker.cli(
+            "broker-config", "--check", "--plugin-jar", str(plugin_jar()), exit_code=1
+        )
+        assert (
+            "DIFFERS  remote.log.storage.manager.class.name="
+            f"{stack.LOCAL_TIERED_STORAGE_CLASS} (printed: " in checked
+        )
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
 
-from sidecar.broker_config import PLUGIN_CLASS, broker_config_command, broker_properties
+from sidecar import broker_config
+from sidecar.broker_config import (
+    PLUGIN_CLASS,
+    broker_config_command,
+    broker_properties,
+    check_properties,
+)
 from sidecar.cli import main
 from sidecar.config import load_config
 from sidecar.errors import ConfigError
+from sidecar.tiering.cluster import BrokerConfigEntry
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -64,3 +72,107 @@ class TestBrokerConfig:
         assert code == 0
         props = _properties(capsys.readouterr().out)
         assert props["remote.log.storage.manager.class.path"] == str(Path("/x.jar"))
+
+
+def _entry(value: str | None, *, hidden: bool = False, default: bool = False) -> BrokerConfigEntry:
+    return BrokerConfigEntry(value=value, hidden=hidden, default=default)
+
+
+class TestBrokerConfigCheck:
+    def test_each_property_gets_a_verdict(self):
+        """As printed: ok. Hidden by Kafka (a plugin's own keys): set. Another value set in the
+        broker's properties: differs. Unset, or Kafka's default and not the value printed:
+        missing; Kafka's default that is the value printed: ok."""
+        expected = {
+            "a": "1",
+            "b": "2",
+            "c": "3",
+            "d": "4",
+            "e": "5",
+            "f": "6",
+            "rsm.config.socket.path": "/s",
+        }
+        found = {
+            "a": _entry("1"),
+            "b": _entry("9"),
+            "c": _entry("false", default=True),
+            "d": _entry(None, default=True),
+            "f": _entry("6", default=True),
+            "rsm.config.socket.path": _entry(None, hidden=True),
+        }
+        checks = check_properties(expected, found)
+        assert [(c.key, c.verdict, c.actual) for c in checks] == [
+            ("a", "ok", "1"),
+            ("b", "differs", "9"),
+            ("c", "missing", "false"),
+            ("d", "missing", None),
+            ("e", "missing", None),
+            ("f", "ok", "6"),
+            ("rsm.config.socket.path", "set", None),
+        ]
+        assert [c.passed for c in checks] == [True, False, False, False, False, True, True]
+
+    def test_the_report_names_what_to_fix_and_exits_1(self, tmp_path, monkeypatch, capsys):
+        config = load_config(None, environ={}, overrides={"state_dir": str(tmp_path)})
+        props = broker_properties(config, plugin_jar=Path("/p.jar"))
+        answers = {key: _entry(value) for key, value in props.items()}
+        answers["remote.log.storage.manager.class.name"] = _entry("org.example.Other")
+        del answers["rsm.config.socket.path"]
+        asked: list[tuple[int, list[str]]] = []
+
+        async def describe(_config, broker_id, keys):
+            asked.append((broker_id, keys))
+            return answers
+
+        monkeypatch.setattr(broker_config, "_describe", describe)
+        argv = ["broker-config", "--check", "--set", f"state_dir={tmp_path}"]
+        code = main([*argv, "--plugin-jar", "/p.jar", "--broker-id", "7"])
+        out = capsys.readouterr().out
+        assert code == 1
+        assert asked == [(7, list(props))]
+        assert f"broker 7: {len(props) - 2} of {len(props)} properties" in out
+        differs = "DIFFERS  remote.log.storage.manager.class.name=org.example.Other"
+        assert f"{differs} (printed: {PLUGIN_CLASS})" in out
+        assert "MISSING  rsm.config.socket.path not set (printed: " in out
+        assert "restart it" in out
+        # all there: exit 0, and the JSON document says so
+        answers = {key: _entry(value) for key, value in props.items()}
+        code = main([*argv, "--plugin-jar", "/p.jar", "--broker-id", "7", "--json"])
+        document = json.loads(capsys.readouterr().out)
+        assert code == 0
+        assert document["ok"] is True
+        assert {p["verdict"] for p in document["properties"]} == {"ok"}
+
+    def test_the_broker_id_comes_from_the_log_dirs(self, tmp_path, monkeypatch, capsys):
+        """Without --broker-id or broker.broker_id, the log dirs' meta.properties name the
+        broker; with none of them the command says what to give (exit 2)."""
+        log_dir = tmp_path / "logs"
+        log_dir.mkdir()
+        asked: list[int] = []
+
+        async def describe(_config, broker_id, keys):
+            asked.append(broker_id)
+            return {}
+
+        monkeypatch.setattr(broker_config, "_describe", describe)
+        argv = ["broker-config", "--check", "--set", f"state_dir={tmp_path}"]
+        argv += ["--set", f'broker.log_dirs=["{log_dir}"]']
+        assert main(argv) == 2
+        assert "--broker-id" in capsys.readouterr().err
+        (log_dir / "meta.properties").write_text("version=1\nnode.id=3\ncluster.id=abc\n")
+        assert main(argv) == 1  # nothing is set on that (fake) broker
+        assert asked == [3]
+
+    def test_an_unreachable_cluster_is_one_error_line(self, tmp_path, capsys):
+        code = main(
+            [
+                *("broker-config", "--check", "--broker-id", "1"),
+                *("--set", f"state_dir={tmp_path}"),
+                *("--set", 'kafka.bootstrap_servers=["127.0.0.1:1"]'),
+                *("--set", "kafka.request_timeout_ms=2000"),
+            ]
+        )
+        err = capsys.readouterr().err
+        assert code == 1
+        assert err.startswith("sidecar: error: cannot ask broker 1 for its configs through Kafka")
+        assert len(err.strip().splitlines()) == 1
