@@ -332,6 +332,15 @@ def main() -> int:
         f"stack up in {time.monotonic() - started:.1f} s: Kafka {local.kafka.bootstrap_servers}, "
         f"S3 {local.s3.endpoint} bucket {local.s3.bucket!r}"
     )
+    say("the broker has them: `sidecar broker-config --check` (DescribeConfigs of the broker)")
+    checked = subprocess.run(
+        [sys.executable, "-m", "sidecar", "broker-config", "--config", str(config), "--check",
+         "--plugin-jar", str(plugin_jar())],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    print(f"    {(checked.stdout.strip().splitlines() or [''])[0]}")
+    if checked.returncode != 0:
+        raise SystemExit(f"the broker lacks properties:\n{checked.stdout}{checked.stderr}")
     sidecar_proc: subprocess.Popen[bytes] | None = None
     try:
         say(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,8 @@ def test_demo_runs_and_exits_zero(tmp_path):
     assert "3 tiered records read back from S3 through the read socket" in out
     # broker-driven: the broker tiers through the plugin and reads back from offset 0
     assert "rsm.config.socket.path=" in out
+    # the broker started with them, as `sidecar broker-config --check` finds
+    assert re.search(r"broker \d+: (\d+) of \1 properties as `sidecar broker-config`", out)
     assert "Kafka's console consumer read all 4000 records of 'demo.tiered' from offset 0" in out
     assert "sidecar stopped cleanly (exit 0)" in out
     assert "stack stopped" in out
