@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -615,6 +616,14 @@ class TestBrokerPlugin:
         )
         for key, value in expected:
             assert f"\n{key}={value}\n" in notes
+        # and how to check the broker once it restarted with them, with the same jar and listener
+        jar = dict(expected)["remote.log.storage.manager.class.path"]
+        check = re.search(r"-c tiered-sidecar -- (sidecar broker-config .*)", notes)
+        assert check is not None
+        args = check.group(1).split()
+        assert args[args.index("--plugin-jar") + 1] == jar
+        assert args[args.index("--listener") + 1] == "INTERNAL"
+        assert "--check" in args
 
     @pytest.mark.parametrize("scenario", ["single-broker-kraft", "native", "default"])
     def test_off_by_default(self, scenario):

@@ -336,3 +336,9 @@ sidecar.toml (tests/deploy compares the two). Defaults are the sidecar's own.
     sizeLimit: 16Mi
 {{- end }}
 {{- end }}
+
+{{/* `sidecar broker-config --check` as the install notes print it: run in the sidecar container,
+with the jar path and listener of the broker properties above. */}}
+{{- define "kafka-tiered-sidecar.notesCheck" -}}
+sidecar broker-config -c /etc/kafka-tiered-sidecar/sidecar.toml --check --plugin-jar {{ trimSuffix "/" .Values.plugin.mountPath }}/kafka-tiered-sidecar-plugin.jar --listener {{ .Values.plugin.listenerName }}
+{{- end }}
