@@ -385,9 +385,11 @@ class ClusterWatcher:
                 lsos = {(tp.topic, tp.partition): int(offset) for tp, offset in ends.items()}
             broker_tiering = self.view.broker_tiering
             live = {b["node_id"] for b in metadata["brokers"]}
-            if (
+            if broker_id not in live:
+                # away (a restart, perhaps with new properties): asked as soon as it is back
+                self._broker_tiering_due = 0.0
+            elif (
                 broker_id is not None
-                and broker_id in live
                 and self._plugin_class is not None
                 and time.monotonic() >= self._broker_tiering_due
             ):

@@ -221,6 +221,25 @@ class TestBrokerTiering:
         assert admin.broker_asks == asks + 2  # not asked while it is not in the metadata
         assert watcher.view.broker_tiering == BrokerTiering(True, None)
 
+    async def test_a_broker_back_from_a_restart_is_asked_at_once(self, monkeypatch):
+        """A broker reads its properties at start: once it is back in the metadata after
+        leaving it, its configs are asked at the next refresh, not a minute later."""
+        plugin = {
+            "remote.log.storage.system.enable": "true",
+            "remote.log.storage.manager.class.name": "org.example.Plugin",
+        }
+        admin = _Admin({"remote.log.storage.system.enable": "true"})
+        watcher = _watcher(admin, monkeypatch)
+        await watcher.refresh()
+        assert watcher.broker_runs_plugin is False
+        admin.down = True
+        await watcher.refresh()
+        admin.down = False
+        admin.broker = plugin
+        await watcher.refresh()
+        assert admin.broker_asks == 2
+        assert watcher.broker_runs_plugin is True
+
     async def test_without_a_plugin_class_the_broker_is_never_asked(self, monkeypatch):
         admin = _Admin({})
         watcher = _watcher(admin, monkeypatch)
