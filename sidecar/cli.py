@@ -698,6 +698,11 @@ def render_status_header(document: dict[str, object]) -> str:
         elif isinstance(last, (int, float)):
             ago = max(0.0, time.time() - last)
             header += f"\nbroker plugin: last request {ago:.0f} s ago"
+        elif plugin.get("loaded_by_broker") is True:
+            header += (
+                "\nbroker plugin: no request since the sidecar started; the broker loads it and"
+                " calls on its next copy pass (remote.log.manager.task.interval.ms) or remote read"
+            )
         else:
             header += (
                 "\nbroker plugin: no request since the sidecar started (a broker-driven topic's"

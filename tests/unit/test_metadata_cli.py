@@ -126,7 +126,9 @@ class TestStatusHeader:
         assert "the broker has no RemoteStorageManager" in second
         document["broker_plugin"] = {"last_request_at": None, "loaded_by_broker": True}
         second = render_status_header(document).splitlines()[1]
-        assert second.startswith("broker plugin: no request since the sidecar started")
+        assert second.startswith("broker plugin: no request since the sidecar started;")
+        assert "the broker loads it" in second
+        assert "sidecar broker-config" not in second  # nothing to add to the broker
 
 
 class TestPartitionStatus:
