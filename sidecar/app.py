@@ -67,7 +67,7 @@ from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.eager import EagerStager, StagingLedger
 from sidecar.tiering.quarantine import Quarantine
-from sidecar.tiering.selection import SelectionMonitor, count_led
+from sidecar.tiering.selection import SelectionMonitor, broker_plugin_gauge, count_led
 from sidecar.tiering.uploader import SegmentUploader
 from sidecar.tiering.workers import EngineSettings, MetadataSync, TieringEngine
 
@@ -649,6 +649,8 @@ class Daemon:
         )
         counted: tuple[object, int] | None = None  # the topic configs and partitions counted
         led_counted: tuple[object, object] | None = None  # the configs and leaders counted
+        copied_for: object = None  # the configs that broker_copied was computed from
+        broker_copied = False  # a topic in the cluster is copied by the broker's RLM
         was_ready = False
         s3_error: str | None = None
         next_s3_probe = 0.0
@@ -689,8 +691,11 @@ class Daemon:
                 self.metrics.partitions_led.set(
                     count_led(view.leaders, view.broker_id, cluster.tiered)
                 )
+            if copied_for is not view.configs:
+                copied_for = view.configs
+                broker_copied = any(cluster.broker_copies(topic) for topic in view.configs)
             runs_plugin = cluster.broker_runs_plugin
-            self.metrics.broker_runs_plugin.set(-1 if runs_plugin is None else int(runs_plugin))
+            self.metrics.broker_runs_plugin.set(broker_plugin_gauge(runs_plugin, broker_copied))
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

@@ -272,8 +272,10 @@ class Metrics:
         self.broker_runs_plugin = Gauge(
             "broker_runs_plugin",
             "1 when the broker beside the sidecar loads the sidecar's plugin as its"
-            " RemoteStorageManager (its remote.log.storage.* configs), 0 when it does not (its"
-            " broker-driven topics are then not uploaded ahead), -1 while unknown.",
+            " RemoteStorageManager (its remote.log.storage.* configs); 0 when it does not while"
+            " the cluster has topics the broker copies (remote.storage.enable: another class"
+            " copies them, and nothing is uploaded ahead); -1 while unknown, or when no topic"
+            " is broker-driven.",
             namespace=NAMESPACE,
             registry=r,
         )

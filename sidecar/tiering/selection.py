@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 
-__all__ = ["SelectionMonitor", "count_led"]
+__all__ = ["SelectionMonitor", "broker_plugin_gauge", "count_led"]
 
 log = structlog.get_logger(__name__)
 
@@ -94,3 +94,14 @@ def count_led(
             is_tiered = topics[topic] = tiered(topic)
         count += is_tiered
     return count
+
+
+def broker_plugin_gauge(runs_plugin: bool | None, broker_copies_a_topic: bool) -> int:
+    """The ``broker_runs_plugin`` gauge: 1 the broker loads the plugin; 0 it does not while a
+    topic is copied by the broker's RLM (another class copies it: what an operator must see);
+    -1 unknown, or no topic the broker copies (a standalone-only sidecar, rightly without)."""
+    if runs_plugin is None:
+        return -1
+    if runs_plugin:
+        return 1
+    return 0 if broker_copies_a_topic else -1

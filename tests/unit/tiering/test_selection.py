@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import structlog
 
-from sidecar.tiering.selection import SelectionMonitor, count_led
+from sidecar.tiering.selection import SelectionMonitor, broker_plugin_gauge, count_led
 
 
 class FakeClock:
@@ -81,3 +81,12 @@ def test_led_partitions_of_tiered_topics_are_counted_asking_once_per_topic() -> 
     assert sorted(asked) == ["__consumer_offsets", "clicks", "orders"]
     assert count_led(leaders, 2, tiered) == 1
     assert count_led(leaders, None, tiered) == 0  # the broker's id is not known yet
+
+
+def test_the_plugin_gauge_is_0_only_where_a_topic_is_copied_by_another_class() -> None:
+    """A standalone-only sidecar beside a broker rightly without the plugin is not flagged."""
+    assert broker_plugin_gauge(True, True) == 1
+    assert broker_plugin_gauge(True, False) == 1
+    assert broker_plugin_gauge(False, True) == 0
+    assert broker_plugin_gauge(False, False) == -1
+    assert broker_plugin_gauge(None, True) == -1
