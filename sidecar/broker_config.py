@@ -153,6 +153,13 @@ async def _describe(
     )
     try:
         await admin.start()
+        live = sorted(b["node_id"] for b in (await admin.describe_cluster())["brokers"])
+        if broker_id not in live:
+            raise CommandError(
+                f"broker {broker_id} is not in the cluster at {bootstrap} (its brokers: "
+                f"{', '.join(map(str, live)) or 'none'}); give the broker's id with --broker-id,"
+                " or wait until it is back"
+            )
         return await describe_broker_configs(admin, broker_id, keys)
     except BrokerConfigsRefusedError as exc:
         raise CommandError(str(exc)) from exc

@@ -230,16 +230,21 @@ class PluggedBroker:
     logs: Path
     metrics_port: int
 
-    async def cli(self, *args: str, exit_code: int = 0) -> str:
-        """Run ``sidecar <args> --config <this sidecar's config>``; its stdout (checked to end
-        with ``exit_code``)."""
+    async def run_cli(self, *args: str) -> tuple[int, str, str]:
+        """Run ``sidecar <args> --config <this sidecar's config>``: exit code, stdout, stderr."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "sidecar", *args, "--config", str(self.config),
             env=self.env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await process.communicate()
-        assert process.returncode == exit_code, (out + err).decode()
-        return out.decode()
+        assert process.returncode is not None
+        return process.returncode, out.decode(), err.decode()
+
+    async def cli(self, *args: str, exit_code: int = 0) -> str:
+        """:meth:`run_cli`'s stdout, checked to end with ``exit_code``."""
+        code, out, err = await self.run_cli(*args)
+        assert code == exit_code, out + err
+        return out
 
     async def restart_sidecar(self) -> None:
         """Start the sidecar again (after the test stopped it) and wait for its socket."""
@@ -904,6 +909,10 @@ async def test_a_broker_with_another_rsm_gets_nothing_staged_and_is_named(
             "DIFFERS  remote.log.storage.manager.class.name="
             f"{stack.LOCAL_TIERED_STORAGE_CLASS} (printed: " in checked
         )
+        # a broker id the cluster does not have is named as such, not as an unreachable broker
+        code, _, err = await broker.run_cli("broker-config", "--check", "--broker-id", "99")
+        assert code == 1
+        assert "broker 99 is not in the cluster" in err
 
 
 async def _produce_values(bootstrap: str, topic: str, keys: range) -> list[tuple[bytes, bytes]]:
