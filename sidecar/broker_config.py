@@ -29,7 +29,6 @@ __all__ = [
     "DEFAULT_PLUGIN_JAR",
     "PLUGIN_CLASS",
     "PropertyCheck",
-    "broker_config_check_command",
     "broker_config_command",
     "broker_properties",
     "check_properties",
@@ -85,9 +84,21 @@ def broker_properties(
 
 
 def broker_config_command(
-    config: SidecarConfig, *, plugin_jar: Path, listener: str, tcp: bool, out: TextIO
+    config: SidecarConfig,
+    *,
+    plugin_jar: Path,
+    listener: str,
+    tcp: bool,
+    out: TextIO,
+    check: bool = False,
+    broker_id: int | None = None,
+    as_json: bool = False,
 ) -> int:
+    """Print the broker properties; with ``check``, compare the running broker's with them
+    instead (:func:`_check_command`)."""
     props = broker_properties(config, plugin_jar=plugin_jar, listener=listener, tcp=tcp)
+    if check:
+        return _check_command(config, props, broker_id=broker_id, as_json=as_json, out=out)
     out.write(
         "# Broker-driven tiered storage through kafka-tiered-sidecar; then, per topic:\n"
         "#   remote.storage.enable=true  local.retention.ms=...  local.retention.bytes=...\n"
@@ -153,7 +164,9 @@ async def _describe(
     )
     try:
         await admin.start()
-        live = sorted(b["node_id"] for b in (await admin.describe_cluster())["brokers"])
+        # the brokers only: an empty topic list asks for no topic's metadata
+        brokers = (await admin._get_cluster_metadata(topics=[])).to_object()["brokers"]
+        live = sorted(b["node_id"] for b in brokers)
         if broker_id not in live:
             raise CommandError(
                 f"broker {broker_id} is not in the cluster at {bootstrap} (its brokers: "
@@ -189,19 +202,16 @@ def _broker_id(config: SidecarConfig, broker_id: int | None) -> int:
     return identity.node_id
 
 
-def broker_config_check_command(
+def _check_command(
     config: SidecarConfig,
+    props: Mapping[str, str],
     *,
-    plugin_jar: Path,
-    listener: str,
-    tcp: bool,
     broker_id: int | None,
     as_json: bool,
     out: TextIO,
 ) -> int:
-    """Compare the running broker's properties with those printed; 0 when all are there, 1
-    when one differs or is missing (each named, with the value printed)."""
-    props = broker_properties(config, plugin_jar=plugin_jar, listener=listener, tcp=tcp)
+    """Compare the running broker's properties with ``props``; 0 when all are there, 1 when
+    one differs or is missing (each named, with the value printed)."""
     node = _broker_id(config, broker_id)
     found = asyncio.run(_describe(config, node, list(props)))
     checks = check_properties(props, found)

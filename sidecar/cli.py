@@ -502,24 +502,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from sidecar.broker_config import DEFAULT_PLUGIN_JAR, broker_config_command
 
         config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
-        if args.check:
-            from sidecar.broker_config import broker_config_check_command
-
-            return broker_config_check_command(
-                config,
-                plugin_jar=args.plugin_jar or DEFAULT_PLUGIN_JAR,
-                listener=args.listener,
-                tcp=args.tcp,
-                broker_id=args.broker_id,
-                as_json=args.json,
-                out=sys.stdout,
-            )
         return broker_config_command(
             config,
             plugin_jar=args.plugin_jar or DEFAULT_PLUGIN_JAR,
             listener=args.listener,
             tcp=args.tcp,
             out=sys.stdout,
+            check=args.check,
+            broker_id=args.broker_id,
+            as_json=args.json,
         )
     if args.command == "metadata":
         from sidecar.metadata_cli import decode_command
