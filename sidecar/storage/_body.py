@@ -139,6 +139,11 @@ class BufferPool:
 _POOL = BufferPool()
 
 
+def default_pool() -> BufferPool:
+    """The process's pool of large body buffers."""
+    return _POOL
+
+
 async def read_body(
     body: Any, content_length: object, *, pool: BufferPool | None = None
 ) -> bytes | memoryview:
@@ -188,4 +193,4 @@ async def _read_into(
     return view[:filled].toreadonly()
 
 
-__all__ = ["BufferPool", "read_body"]
+__all__ = ["BufferPool", "default_pool", "read_body"]
