@@ -246,6 +246,12 @@ class S3Config(_Section):
         " endpoints (never through TLS): no copy through the process; the store checks each"
         " body against its CRC-32C header. false = read and check each chunk in the process",
     )
+    raw_range_gets: bool = Field(
+        True,
+        description="ranged GETs (the read path) on http:// endpoints without a proxy (never"
+        " through TLS): presigned by botocore, sent by a minimal HTTP/1.1 client that receives"
+        " each body straight into its buffer. false = every GET through botocore",
+    )
 
     @field_validator("bucket")
     @classmethod

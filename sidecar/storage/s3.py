@@ -22,6 +22,10 @@
   bandwidth cap), every upload body is charged to it before it is read or sent: each part of a
   multipart upload, each single PUT. The wait is outside the per-attempt timeout, and a retried
   attempt is not charged again. Copies inside the store and reads are never charged.
+* Ranged GETs (the read path) on a plain ``http://`` endpoint without a proxy go through
+  :mod:`sidecar.storage._rawget` (``raw_range_gets``): presigned by botocore, each body received
+  straight into its buffer, without botocore's and aiohttp's per-request work and copies. A
+  response that client does not take sends this store back to botocore for good (logged once).
 * Every request attempt goes through :meth:`S3ObjectStore._call`, which also measures it: the
   ``s3_requests_total``, ``s3_request_errors_total`` and ``s3_request_seconds`` metrics by S3
   operation (a fixed set, ``S3_OPERATIONS``) and, for errors, a reason from a fixed set.
@@ -38,11 +42,13 @@ import enum
 import os
 import re
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -86,6 +92,7 @@ from sidecar.storage._parts import (
     open_parts,
     plan_parts,
 )
+from sidecar.storage._rawget import RangeGetter, RawResponse, UnsupportedResponseError
 from sidecar.storage._retry import RetryPolicy, retrying
 from sidecar.storage.base import (
     DEFAULT_CONCURRENCY,
@@ -128,6 +135,11 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+#: an S3 error body's code and message
+_ERROR_CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
+_ERROR_MESSAGE = re.compile(rb"<Message>([^<]{0,1024})</Message>")
+#: how long a presigned ranged GET stays valid (it is sent at once; retries presign anew)
+_PRESIGN_EXPIRES_S = 900
 #: our operation names (error messages) → the ``operation`` label (the S3 API's names)
 _OPERATION_LABELS: dict[str, str] = {
     "put": "put_object",
@@ -177,6 +189,8 @@ class S3Settings(Protocol):
     def checksum_echo(self) -> ChecksumEcho: ...
     @property
     def sendfile_uploads(self) -> bool: ...
+    @property
+    def raw_range_gets(self) -> bool: ...
 
 
 class _State(enum.Enum):
@@ -246,6 +260,36 @@ def _error_reason(exc: BaseException) -> str:
     if isinstance(cause, BotoConnectionError | HTTPClientError | aiohttp.ClientError | OSError):
         return "connection"
     return "other"
+
+
+def _plain_http_without_proxy(endpoint_url: str | None) -> bool:
+    """Whether requests to ``endpoint_url`` go over plain HTTP and not through a proxy
+    (botocore takes proxies from the environment: ``HTTP_PROXY``, ``NO_PROXY``)."""
+    if endpoint_url is None:
+        return False  # AWS: https
+    parts = urlsplit(endpoint_url)
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    proxies = urllib.request.getproxies_environment()
+    if not ("http" in proxies or "all" in proxies):
+        return True
+    return bool(urllib.request.proxy_bypass(parts.hostname))
+
+
+def _client_error(response: RawResponse, operation: str) -> ClientError:
+    """The ``ClientError`` botocore would raise for an error response of the raw client (its
+    code and message from the S3 error body; the HTTP status when the body has none)."""
+    body = bytes(response.body[:65536])
+    code = _ERROR_CODE.search(body)
+    message = _ERROR_MESSAGE.search(body)
+    error = {
+        "Code": code[1].decode("utf-8", "replace") if code else str(response.status),
+        "Message": message[1].decode("utf-8", "replace") if message else "",
+    }
+    return ClientError(
+        {"Error": error, "ResponseMetadata": {"HTTPStatusCode": response.status}},
+        operation,
+    )
 
 
 def _utc(value: object) -> datetime | None:
@@ -339,6 +383,7 @@ class S3ObjectStore:
         metrics: Metrics | None = None,
         upload_throttle: TokenBucket | None = None,
         sendfile_uploads: bool = True,
+        raw_range_gets: bool = True,
     ) -> None:
         if request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be positive")
@@ -347,6 +392,9 @@ class S3ObjectStore:
         self._checksum_echo = checksum_echo
         self._sign_payload = sign_payload
         self._sendfile_uploads = sendfile_uploads
+        self._range_getter = (
+            RangeGetter() if raw_range_gets and _plain_http_without_proxy(endpoint_url) else None
+        )
         self._bucket = bucket
         self._endpoint_url = endpoint_url
         self._timeout_s = request_timeout_s
@@ -409,6 +457,7 @@ class S3ObjectStore:
             "max_connections": max(32, 2 * config.max_concurrency),
             "checksum_echo": config.checksum_echo,
             "sendfile_uploads": config.sendfile_uploads,
+            "raw_range_gets": config.raw_range_gets,
         }
         arguments.update(overrides)
         return cls(**arguments)
@@ -436,6 +485,8 @@ class S3ObjectStore:
             return
         self._state = _State.CLOSED
         self._client = None
+        if self._range_getter is not None:
+            self._range_getter.close()
         await self._exit_stack.aclose()
 
     def _check_open(self) -> None:
@@ -833,28 +884,94 @@ class S3ObjectStore:
         check_range(key, start, end_inclusive)
 
         async def request(client: Any) -> bytes | memoryview:
+            if self._range_getter is not None:
+                found = await self._raw_range(self._range_getter, client, key, start, end_inclusive)
+                if found is not None:
+                    return self._ranged(key, start, end_inclusive, *found)
             response = await client.get_object(
                 Bucket=self._bucket, Key=key, Range=f"bytes={start}-{end_inclusive}"
             )
             async with response["Body"] as stream:
                 body = await read_body(stream, response.get("ContentLength"))
-            content_range = response.get("ContentRange")
-            if content_range is None:  # a store that ignored Range sent the whole object
-                if start >= len(body):
-                    raise InvalidRangeError(
-                        f"{self._where('get_range', key)}: range {start}-{end_inclusive} is "
-                        f"beyond the object's {len(body)} bytes"
-                    )
-                return body[start : end_inclusive + 1]
-            match = _CONTENT_RANGE.fullmatch(content_range)
-            if match is None or int(match[1]) != start or int(match[2]) - start + 1 != len(body):
-                raise StorageError(
-                    f"{self._where('get_range', key)}: asked for {start}-{end_inclusive}, "
-                    f"got {content_range!r} with {len(body)} bytes"
-                )
-            return body
+            return self._ranged(key, start, end_inclusive, body, response.get("ContentRange"))
 
         return await self._call("get_range", key, request)
+
+    @property
+    def raw_range_gets(self) -> bool:
+        """Whether ranged GETs go through the raw HTTP/1.1 client (module docstring)."""
+        return self._range_getter is not None
+
+    async def _raw_range(
+        self, getter: RangeGetter, client: Any, key: str, start: int, end_inclusive: int
+    ) -> tuple[memoryview, str | None] | None:
+        """A ranged GET through the raw client: the body and its ``Content-Range``; None when
+        this store has gone back to botocore (the caller then asks botocore). An error
+        response is raised as botocore would raise it (``ClientError``)."""
+        url = await client.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self._bucket, "Key": key},
+            ExpiresIn=_PRESIGN_EXPIRES_S,
+        )
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            self._raw_range_gets_off(f"the presigned URL's scheme is {parts.scheme!r}")
+            return None
+        target = f"{parts.path or '/'}?{parts.query}" if parts.query else parts.path or "/"
+        try:
+            response = await getter.get(
+                parts.hostname,
+                parts.port or 80,
+                target,
+                netloc=parts.netloc,
+                start=start,
+                end_inclusive=end_inclusive,
+            )
+        except UnsupportedResponseError as exc:
+            self._raw_range_gets_off(str(exc))
+            return None
+        if response.status not in (200, 206):
+            raise _client_error(response, "GetObject")
+        return response.body, response.headers.get("content-range")
+
+    def _raw_range_gets_off(self, reason: str) -> None:
+        """Send this store's ranged GETs through botocore from now on."""
+        if self._range_getter is None:
+            return
+        self._range_getter.close()
+        self._range_getter = None
+        log.warning(
+            "s3_raw_range_gets_off",
+            endpoint=self._endpoint_url,
+            reason=reason,
+            hint="ranged GETs go through botocore from now on; set s3.raw_range_gets=false to"
+            " skip the raw client",
+        )
+
+    def _ranged(
+        self,
+        key: str,
+        start: int,
+        end_inclusive: int,
+        body: bytes | memoryview,
+        content_range: str | None,
+    ) -> bytes | memoryview:
+        """The bytes asked for, from a GET's body and its ``Content-Range``; a store that
+        ignored ``Range`` sent the whole object, cut here."""
+        if content_range is None:  # a store that ignored Range sent the whole object
+            if start >= len(body):
+                raise InvalidRangeError(
+                    f"{self._where('get_range', key)}: range {start}-{end_inclusive} is "
+                    f"beyond the object's {len(body)} bytes"
+                )
+            return body[start : end_inclusive + 1]
+        match = _CONTENT_RANGE.fullmatch(content_range)
+        if match is None or int(match[1]) != start or int(match[2]) - start + 1 != len(body):
+            raise StorageError(
+                f"{self._where('get_range', key)}: asked for {start}-{end_inclusive}, "
+                f"got {content_range!r} with {len(body)} bytes"
+            )
+        return body
 
     async def copy(self, source_key: str, key: str) -> ObjectInfo:
         """CopyObject: the store copies the bytes (no data through this process). The size

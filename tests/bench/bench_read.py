@@ -6,10 +6,12 @@
    (warmed up on another partition first: S3 connections, imports; with ``--full-cache-mib``,
    a cache of that budget filled with other data first, a long-running server's steady state in
    which every chunk written evicts one), vs direct ranged GETs of
-   the same ``.log`` objects from this process (the sidecar's own S3 client, one GET of
-   ``chunk_size`` at a time, in order: what a client reading the bucket itself would do), and
-   whole-object GETs. Interleaved runs, medians; the ratio per run, and the CPU seconds per GiB
-   read of this process, the read server and SeaweedFS for each contender (from ``/proc``).
+   the same ``.log`` objects from this process (one GET of ``chunk_size`` at a time, in order:
+   what a client reading the bucket itself would do) through botocore (an SDK's client: the
+   goal's baseline) and through the sidecar's raw HTTP client (``s3.raw_range_gets``, what the
+   read server's own GETs use), and whole-object GETs. Interleaved runs, medians; the ratio
+   per run, and the CPU seconds per GiB read of this process, the read server and SeaweedFS
+   for each contender (from ``/proc``).
 2. Warm read: the same read again with every chunk in the disk cache (records, and raw
    ``segments/{id}/log`` ranges), in GiB/s, and one 64 MiB records response read by ``curl``
    (when installed: the server without this script's Python client); and the time to first
@@ -436,13 +438,15 @@ async def main_async(args: argparse.Namespace) -> None:
             say(f"kept {root}")
 
 
-async def s3_store(s3: Any, endpoint: str) -> S3ObjectStore:
-    """The sidecar's S3 client for SeaweedFS at ``endpoint`` (the caller closes it)."""
+async def s3_store(s3: Any, endpoint: str, *, raw: bool = True) -> S3ObjectStore:
+    """The sidecar's S3 client for SeaweedFS at ``endpoint``, its ranged GETs through the raw
+    client or (``raw=False``) botocore (the caller closes it)."""
     objects = S3ObjectStore(
         bucket=s3.bucket,
         endpoint_url=endpoint,
         access_key_id=s3.access_key,
         secret_access_key=s3.secret_key,
+        raw_range_gets=raw,
     )
     await objects.__aenter__()
     return objects
@@ -516,15 +520,15 @@ async def bench(args: argparse.Namespace, root: Path, s3: Any) -> None:
             "SIDECAR_S3__ACCESS_KEY_ID": s3.access_key,
             "SIDECAR_S3__SECRET_ACCESS_KEY": s3.secret_key,
         }
-        reading = objects
-        if args.read_endpoint != s3.endpoint:  # the direct GETs go through the proxy too
-            reading = await s3_store(s3, args.read_endpoint)
+        # the direct GETs go through the proxy too, when there is one
+        reading = await s3_store(s3, args.read_endpoint)
+        sdk = await s3_store(s3, args.read_endpoint, raw=False)
         try:
             if not args.json_only:
-                await run_bench(args, root, config, env, reading, keys, size)
+                await run_bench(args, root, config, env, {"raw": reading, "sdk": sdk}, keys, size)
         finally:
-            if reading is not objects:
-                await reading.aclose()
+            await reading.aclose()
+            await sdk.aclose()
         if not args.cold_only:
             await json_readers(args, root, config, env)
     finally:
@@ -537,20 +541,27 @@ async def run_bench(
     root: Path,
     config: Path,
     env: dict[str, str],
-    objects: S3ObjectStore,
+    stores: dict[str, S3ObjectStore],
     keys: list[tuple[str, int]],
     size: int,
 ) -> None:
+    objects = stores["raw"]
     cold: list[float] = []
     direct: list[float] = []
+    raw: list[float] = []
     whole: list[float] = []
     weed = stack.read_pid(args.weed_pid_file)
     #: CPU seconds per contender: (this process, the read server, SeaweedFS)
-    cpu: dict[str, list[tuple[float, float, float]]] = {"socket": [], "direct": [], "whole": []}
+    cpu: dict[str, list[tuple[float, float, float]]] = {
+        "socket": [],
+        "direct": [],
+        "raw": [],
+        "whole": [],
+    }
     orders: list[str] = []
     for run in range(args.runs):
-        order = ["socket", "direct", "whole"]
-        order = order[run % 3 :] + order[: run % 3]
+        order = ["socket", "direct", "raw", "whole"]
+        order = order[run % 4 :] + order[: run % 4]
         orders.append(" ".join(order))
         for contender in order:
             t0 = time.perf_counter()
@@ -573,9 +584,10 @@ async def run_bench(
                     got = await read_partition(http, "bench", 0)
                     cold.append(time.perf_counter() - t0)
                     c1 = (time.process_time(), cpu_seconds(pid), cpu_seconds(weed))
-            elif contender == "direct":
-                got = await direct_gets(objects, keys, CHUNK, args.direct_in_flight)
-                direct.append(time.perf_counter() - t0)
+            elif contender in ("direct", "raw"):
+                client = stores["sdk" if contender == "direct" else "raw"]
+                got = await direct_gets(client, keys, CHUNK, args.direct_in_flight)
+                (direct if contender == "direct" else raw).append(time.perf_counter() - t0)
                 c1 = (time.process_time(), 0.0, cpu_seconds(weed))
             else:
                 got = sum([len(await objects.get(key)) for key, _ in keys])
@@ -589,20 +601,30 @@ async def run_bench(
     say(f"    socket records ({cache})             {mib_s(size, statistics.median(cold))}")
     flight = "in order" if args.direct_in_flight == 1 else f"{args.direct_in_flight} ahead"
     say(f"    direct ranged GETs of {CHUNK // MiB} MiB, {flight:<9}  {mib_s(size, ranged)}")
+    say(f"      the same, the raw HTTP client            {mib_s(size, statistics.median(raw))}")
     say(f"    direct whole-object GETs, in order       {mib_s(size, statistics.median(whole))}")
     ratio = ranged / statistics.median(cold)
     say(f"    ratio socket / ranged GETs               {ratio:7.2f} x   (goal >= 0.8)")
     say(f"    ratios per run                           {ratios(direct, cold)}")
+    raws = statistics.median(raw) / statistics.median(cold)
+    say(f"    ratio socket / raw-client ranged GETs    {raws:7.2f} x")
+    say(f"    ratios per run                           {ratios(raw, cold)}")
     per_run = " / ".join(
-        f"{size / MiB / c:.0f} {size / MiB / d:.0f}" for c, d in zip(cold, direct, strict=True)
+        f"{size / MiB / c:.0f} {size / MiB / d:.0f} {size / MiB / r:.0f}"
+        for c, d, r in zip(cold, direct, raw, strict=True)
     )
-    say(f"    MiB/s per run (socket direct)            {per_run}")
+    say(f"    MiB/s per run (socket direct raw)        {per_run}")
     say(f"    order of the contenders per run          {' / '.join(orders)}")
     wholes = statistics.median(whole) / statistics.median(cold)
     say(f"    ratio socket / whole-object GETs         {wholes:7.2f} x   (the server's GETs of a")
     say("        sequential reader are groups of 4 chunks: 16 MiB, here whole segments)")
     say("    CPU seconds per GiB (client, read server, SeaweedFS), medians:")
-    for contender, label in (("socket", "socket"), ("direct", "ranged GETs"), ("whole", "whole")):
+    for contender, label in (
+        ("socket", "socket"),
+        ("direct", "ranged GETs"),
+        ("raw", "raw client"),
+        ("whole", "whole"),
+    ):
         per = [statistics.median(c[i] for c in cpu[contender]) * GiB / size for i in range(3)]
         say(f"        {label:<12} {per[0]:5.2f}  {per[1]:5.2f}  {per[2]:5.2f}")
     if args.cold_only:

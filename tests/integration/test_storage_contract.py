@@ -317,6 +317,33 @@ class TestLifecycle:
             await store.get(f"{backend.prefix}x")
 
 
+class TestS3RangedGets:
+    async def test_raw_and_botocore_gets_read_the_same_bytes(
+        self, s3: Any, s3_store: S3ObjectStore, s3_prefix: str, tmp_path: Path
+    ) -> None:
+        """Ranged GETs of a multipart object through the raw client (this endpoint is plain
+        HTTP) equal those through botocore, at part edges and across many reads; a missing
+        key and a range past the end are the same errors both ways."""
+        data = _payload(21 * MiB, seed=-1)
+        key = f"{s3_prefix}ranged.log"
+        await s3_store.put_file(key, _write(tmp_path / "f", data), part_size=5 * MiB)
+        ranges = [(0, 0), (5 * MiB - 3, 5 * MiB + 2), (1, 16 * MiB), (20 * MiB, 30 * MiB)]
+        async with _s3_store(s3, raw_range_gets=False) as botocore_store:
+            assert s3_store.raw_range_gets
+            assert not botocore_store.raw_range_gets
+            for start, end in ranges:
+                raw = await s3_store.get_range(key, start, end)
+                assert bytes(raw) == data[start : end + 1]
+                assert bytes(raw) == bytes(await botocore_store.get_range(key, start, end))
+            for store in (s3_store, botocore_store):
+                with pytest.raises(KeyNotFoundError):
+                    await store.get_range(f"{s3_prefix}absent", 0, 9)
+                with pytest.raises(InvalidRangeError):
+                    await store.get_range(key, len(data), len(data) + 9)
+        assert s3_store.raw_range_gets  # nothing sent it back to botocore
+        await s3_store.delete([key])
+
+
 class TestS3Checksums:
     async def test_wrong_crc32c_is_rejected(self, s3_store: S3ObjectStore, s3_prefix: str) -> None:
         """SeaweedFS refuses a body whose CRC-32C is wrong; that is ChecksumMismatchError."""
@@ -530,6 +557,7 @@ class TestS3Failures:
             for call in (
                 lambda: store.put(f"{s3_prefix}denied", b"x"),
                 lambda: store.get(f"{s3_prefix}denied"),
+                lambda: store.get_range(f"{s3_prefix}denied", 0, 9),
             ):
                 with pytest.raises(StorageError) as info:
                     await call()

@@ -18,6 +18,7 @@ from botocore.exceptions import (
     ParamValidationError,
     ReadTimeoutError,
 )
+from structlog.testing import capture_logs
 
 from sidecar.config import S3Config
 from sidecar.errors import (
@@ -644,3 +645,194 @@ class TestChecksumEcho:
         assert S3Config(checksum_echo="refuse").checksum_echo == "refuse"
         with pytest.raises(ValueError, match="checksum_echo"):
             S3Config(checksum_echo="ignore")
+
+
+class _RangeServer:
+    """A loopback S3 stand-in for GETs of one object: a presigned request (``X-Amz-Signature``
+    in its query, as the raw client sends) is answered by ``raw_reply`` (a status and an S3
+    error code, ``"chunked"``, or the ranged bytes when None); a request signed in its
+    ``Authorization`` header (botocore's) always gets the ranged bytes. Each request's line and
+    headers are recorded."""
+
+    def __init__(self, data: bytes, raw_reply: tuple[int, str] | str | None = None) -> None:
+        self.data = data
+        self.raw_reply = raw_reply
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _RangeServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    def _ranged(self, headers: dict[str, str]) -> bytes:
+        first, _, last = headers["range"].removeprefix("bytes=").partition("-")
+        start, end = int(first), min(int(last), len(self.data) - 1)
+        body = self.data[start : end + 1]
+        return (
+            b"HTTP/1.1 206 Partial Content\r\n"
+            + f"Content-Range: bytes {start}-{end}/{len(self.data)}\r\n".encode()
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                line, *fields = head.decode("latin-1").split("\r\n")
+                headers = {
+                    name.strip().lower(): value.strip()
+                    for name, _, value in (f.partition(":") for f in fields if f)
+                }
+                self.requests.append((line, headers))
+                presigned = "X-Amz-Signature=" in line
+                if not presigned or self.raw_reply is None:
+                    writer.write(self._ranged(headers))
+                elif self.raw_reply == "chunked":
+                    writer.write(
+                        b"HTTP/1.1 206 Partial Content\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        b"0\r\n\r\n"
+                    )
+                else:
+                    status, code = self.raw_reply
+                    error = f"<Error><Code>{code}</Code><Message>{code} here</Message></Error>"
+                    writer.write(
+                        f"HTTP/1.1 {status} {code}\r\nContent-Type: application/xml\r\n"
+                        f"Content-Length: {len(error)}\r\n\r\n{error}".encode()
+                    )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+class TestRawRangeGets:
+    """Ranged GETs on a plain-HTTP endpoint go through the raw client, presigned; what it
+    cannot read goes back to botocore; error responses map as botocore's do."""
+
+    async def test_a_ranged_get_is_presigned_and_counted(self) -> None:
+        data = bytes(range(256)) * 64
+        metrics = Metrics()
+        async with (
+            _RangeServer(data) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", metrics=metrics) as store,
+        ):
+            assert store.raw_range_gets
+            assert bytes(await store.get_range("t/0.log", 100, 5000)) == data[100:5001]
+            assert bytes(await store.get_range("t/0.log", 16_000, 99_999)) == data[16_000:]
+        (line, headers), _ = server.requests
+        assert line.startswith("GET /unit/t/0.log?")
+        assert "X-Amz-Signature=" in line
+        assert "authorization" not in headers
+        assert headers["range"] == "bytes=100-5000"
+        assert ACCESS_KEY not in repr(store)
+        count = metrics.registry.get_sample_value(
+            "kafka_tiered_sidecar_s3_requests_total", {"operation": "get_object"}
+        )
+        assert count == 2
+
+    @pytest.mark.parametrize(
+        ("reply", "error"),
+        [
+            ((404, "NoSuchKey"), KeyNotFoundError),
+            ((416, "InvalidRange"), InvalidRangeError),
+            ((403, "SignatureDoesNotMatch"), StorageAccessError),
+        ],
+        ids=["missing", "bad-range", "refused"],
+    )
+    async def test_error_responses_map_as_botocores_do(
+        self, reply: tuple[int, str], error: type[StorageError]
+    ) -> None:
+        sleep = FakeSleep()
+        async with (
+            _RangeServer(b"0123456789", raw_reply=reply) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", sleep=sleep) as store,
+        ):
+            with pytest.raises(StorageError) as info:
+                await store.get_range("t/0.log", 0, 3)
+        assert type(info.value) is error
+        assert "get_range s3://unit/t/0.log" in str(info.value)
+        assert "X-Amz" not in str(info.value)
+        assert ACCESS_KEY not in str(info.value)
+        assert sleep.delays == []  # none of these is retried
+        assert len(server.requests) == 1
+
+    async def test_throttling_is_retried(self) -> None:
+        sleep = FakeSleep()
+        async with (
+            _RangeServer(b"0123456789", raw_reply=(503, "SlowDown")) as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}", sleep=sleep, max_attempts=3
+            ) as store,
+        ):
+            with pytest.raises(StorageError, match="SlowDown") as info:
+                await store.get_range("t/0.log", 0, 3)
+        assert type(info.value) is StorageError
+        assert _is_transient(info.value)
+        assert len(sleep.delays) == 2
+        assert len(server.requests) == 3
+
+    async def test_a_response_it_cannot_read_sends_the_store_back_to_botocore(self) -> None:
+        data = b"abcdefghij" * 10
+        async with (
+            _RangeServer(data, raw_reply="chunked") as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}") as store,
+        ):
+            with capture_logs() as logs:
+                assert bytes(await store.get_range("t/0.log", 5, 14)) == data[5:15]
+                assert bytes(await store.get_range("t/0.log", 20, 29)) == data[20:30]
+            assert not store.raw_range_gets
+        kinds = [
+            "presigned" if "X-Amz-Signature=" in line else h.get("authorization", "")[:4]
+            for line, h in server.requests
+        ]
+        assert kinds == ["presigned", "AWS4", "AWS4"]
+        off = [e for e in logs if e["event"] == "s3_raw_range_gets_off"]
+        assert len(off) == 1
+        assert "Transfer-Encoding" in off[0]["reason"]
+
+    @pytest.mark.parametrize(
+        ("endpoint", "env", "setting", "raw"),
+        [
+            ("http://127.0.0.1:9", {}, True, True),
+            ("http://127.0.0.1:9", {}, False, False),
+            ("https://127.0.0.1:9", {}, True, False),
+            (None, {}, True, False),
+            ("http://minio:9000", {"HTTP_PROXY": "http://proxy:3128"}, True, False),
+            (
+                "http://minio:9000",
+                {"HTTP_PROXY": "http://proxy:3128", "NO_PROXY": "minio"},
+                True,
+                True,
+            ),
+        ],
+        ids=["http", "off", "https", "aws", "proxy", "no-proxy-for-it"],
+    )
+    def test_only_plain_http_without_a_proxy(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        endpoint: str | None,
+        env: dict[str, str],
+        setting: bool,
+        raw: bool,
+    ) -> None:
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert _store(endpoint_url=endpoint, raw_range_gets=setting).raw_range_gets is raw
+
+    def test_the_setting_reaches_the_store(self) -> None:
+        config = S3Config.model_validate(
+            {"bucket": "tiered", "endpoint_url": "http://127.0.0.1:9", "raw_range_gets": False}
+        )
+        store = open_store(config)
+        assert isinstance(store, S3ObjectStore)
+        assert not store.raw_range_gets
