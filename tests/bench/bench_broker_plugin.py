@@ -15,8 +15,11 @@ SeaweedFS and real single-node Kafka brokers:
 
 Both brokers run side by side, and each run reads in the order above (cold, warm,
 LocalTieredStorage, local), so each ratio compares reads made within a minute of each other;
-the report gives each run's ratios besides those of the medians. Before the timed runs, one
-untimed read of a tiered topic through each broker compiles its JVM's remote-read path.
+the report gives each run's ratios besides those of the medians. Before the timed runs,
+``--warmup`` untimed reads (3) through each broker compile its JVM's read paths, the plugin's
+from a cold sidecar each time: with one, the JIT's optimising compiler (``C2 CompilerThread``,
+``--threads``) still took about a third of the broker's CPU in the timed remote reads, as it
+would not in a broker that has served for a while.
 
 Goals: warm >= 0.9 x LocalTieredStorage, cold >= 0.5 x local. Also the time to the first record
 at a cold remote offset (a new offset in another segment each time, sidecar cache empty; the
@@ -39,6 +42,7 @@ and pulls the ratios towards 1.
         --sidecar-set read_server.prefetch_chunks=8
     .venv/bin/python tests/bench/bench_broker_plugin.py --s3-latency-ms 20   # a far S3
     .venv/bin/python tests/bench/bench_broker_plugin.py --plugin-set fetch.cache.bytes=0
+    .venv/bin/python tests/bench/bench_broker_plugin.py --threads 8   # the broker's busiest threads
 
 ``--s3-latency-ms`` puts ``_latency_proxy`` between the sidecar and SeaweedFS: each of the
 sidecar's requests reaches SeaweedFS that much later (its uploads too), as with an object
@@ -110,6 +114,22 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (and its waited-for children: none here), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads, summed by thread name with its trailing digits
+    (and dashes) cut: ``data-plane-kafk`` for every request handler (Linux keeps 15
+    characters of a name)."""
+    found: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip().rstrip("0123456789-#") or "?"
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return found
 
 
 def poll(check: Any, *, timeout: float, what: str, every: float = 0.5) -> Any:
@@ -200,6 +220,7 @@ def consume(
 ) -> dict[str, float]:
     """One ConsumerPerformance read of ``messages`` records from offset 0 (a new group)."""
     counters = None if metrics_port is None else sidecar_counters(metrics_port)
+    threads_before = thread_cpu(pids["broker"]) if "broker" in pids else {}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     out = kafka_tool(
         cluster,
@@ -209,6 +230,7 @@ def consume(
         *("--timeout", "60000", "--hide-header"),
     )
     after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    threads_after = thread_cpu(pids["broker"]) if "broker" in pids else {}
     # start.time, end.time, MB, MB.sec, nMsg, nMsg.sec, rebalance.ms, fetch.ms, fetch.MB.sec, ...
     row = [x.strip() for x in out.strip().splitlines()[-1].split(",")]
     mb, n, fetch_mb_s = float(row[2]), int(row[4]), float(row[8])
@@ -218,6 +240,10 @@ def consume(
     result = {"mib": mb, "mib_s": fetch_mb_s, "records": n}
     for name in pids:
         result[f"cpu_s_per_gib_{name}"] = (after[name] - before[name]) / gib
+    for thread, seconds in threads_after.items():
+        spent = (seconds - threads_before.get(thread, 0.0)) / gib
+        if spent > 0:
+            result[f"broker_thread:{thread}"] = spent
     if metrics_port is not None and counters is not None:
         now = sidecar_counters(metrics_port)
         result["fetch_requests_per_mib"] = (now["requests"] - counters["requests"]) / mb
@@ -445,10 +471,16 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 probe_offsets(lts_start, records_per_segment, args.probes, seed=7),
             )
         )
-        # one read through each broker before any is timed: each JVM's remote-read path is
-        # compiled (a timed cold read comes first in each run, and would pay for it alone)
-        consume(cluster, "tiered", local_start, {})
-        consume(lts, "tiered", messages, {})
+        # reads through each broker before any is timed, the plugin's from a cold sidecar
+        # as a timed cold read is: each JVM's read paths are compiled (a broker that has
+        # served for a while). With one such read, the JIT's optimising compiler still took
+        # about a third of the broker's CPU in the timed remote reads.
+        for _ in range(args.warmup):  # the timed runs' sequence: cold, warm, LTS, local
+            sidecar.restart_cold()
+            consume(cluster, "tiered", local_start, {})
+            consume(cluster, "tiered", local_start, {})
+            consume(lts, "tiered", messages, {})
+            consume(cluster, "local", local_start, {})
         runs: dict[str, list[dict[str, float]]] = {
             "plugin_cold": [],
             "plugin_warm": [],
@@ -481,7 +513,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         s3.stop()
 
 
-def report(results: dict[str, Any]) -> str:
+def report(results: dict[str, Any], *, threads: int = 0) -> str:
+    """The report; with ``threads``, each read's busiest broker threads too."""
     runs = results["runs"]
 
     def med(name: str, key: str) -> float:
@@ -517,6 +550,16 @@ def report(results: dict[str, Any]) -> str:
             f"    {label:32s} {med(name, 'mib_s'):8.1f} MiB/s   broker"
             f" {med(name, 'cpu_s_per_gib_broker'):.1f} CPU s/GiB{extra}"
         )
+        if threads:
+            spent = {
+                key.split(":", 1)[1]: statistics.median(r.get(key, 0.0) for r in runs[name])
+                for key in {k for r in runs[name] for k in r if k.startswith("broker_thread:")}
+            }
+            top = sorted(spent.items(), key=lambda item: -item[1])[:threads]
+            lines.append(
+                "        broker threads, CPU s/GiB: "
+                + ", ".join(f"{thread} {value:.2f}" for thread, value in top)
+            )
     warm_lts = med("plugin_warm", "mib_s") / med("lts", "mib_s")
     cold_local = med("plugin_cold", "mib_s") / med("local", "mib_s")
     warm_local = med("plugin_warm", "mib_s") / med("local", "mib_s")
@@ -570,7 +613,22 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="cap each of the sidecar's S3 connections at this many MB/s (the proxy)",
     )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        metavar="N",
+        help="untimed reads through each broker first (the plugin's from a cold sidecar), so"
+        " the JVMs' read paths are compiled",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also report the N busiest broker threads of each read (CPU s/GiB, by name)",
+    )
     parser.add_argument(
         "--sidecar-set",
         action="append",
@@ -592,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(report(results))
+    print(report(results, threads=args.threads))
     return 0
 
 
