@@ -43,7 +43,10 @@ class Server:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 self.requests.append((number, head))
-                await self.replies[len(self.requests) - 1](writer)
+                try:
+                    await self.replies[len(self.requests) - 1](writer)
+                except ConnectionError:  # the client closed the connection mid-reply
+                    return
                 if writer.is_closing():
                     return
         finally:
