@@ -7,7 +7,7 @@ import asyncio
 import re
 import socket
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Self
 
 import pytest
 from botocore.exceptions import (
@@ -245,22 +245,17 @@ class TestConfiguration:
             _store(request_timeout_s=0)
 
 
-class _RecordingServer:
-    """A loopback HTTP/1.1 server that answers every request 200 with an ETag (and the echo of
-    the request's CRC-32C) and records each request's head (lower-cased header names) and body
-    size, and the body. With ``verify`` it checks a body against its CRC-32C header as S3 does
-    (400 BadDigest when they differ); the first ``damaged`` bodies are answered BadDigest as if
-    they had been damaged on the way."""
+class _LoopbackServer:
+    """A loopback HTTP/1.1 server (``async with``: started on a free port, ``port``); each
+    request's line and headers (lower-cased names) go to :meth:`_answer`, which writes the
+    reply (reading a body first if it wants one). A client that goes away ends the
+    connection quietly."""
 
-    def __init__(self, *, verify: bool = False, damaged: int = 0) -> None:
-        self.requests: list[tuple[str, dict[str, str], int]] = []
-        self.bodies: list[bytes] = []
-        self.verify = verify
-        self.damaged = damaged
+    def __init__(self) -> None:
         self.port = 0
         self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> _RecordingServer:
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -270,6 +265,15 @@ class _RecordingServer:
         self._server.close()
         await self._server.wait_closed()
 
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        raise NotImplementedError
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
@@ -278,35 +282,56 @@ class _RecordingServer:
                     name.strip().lower(): value.strip()
                     for name, _, value in (f.partition(":") for f in fields if f)
                 }
-                size = int(headers.get("content-length", "0"))
-                body = await reader.readexactly(size)
-                self.requests.append((line, headers, size))
-                self.bodies.append(body)
-                echo = headers.get("x-amz-checksum-crc32c")
-                if echo and (
-                    len(self.bodies) <= self.damaged
-                    or (self.verify and echo != encode_checksum(crc32c(body)))
-                ):
-                    refusal = (
-                        b"<Error><Code>BadDigest</Code><Message>The CRC32C you specified did not"
-                        b" match the calculated checksum.</Message></Error>"
-                    )
-                    writer.write(
-                        b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\n"
-                        + f"Content-Length: {len(refusal)}\r\n\r\n".encode()
-                        + refusal
-                    )
-                    await writer.drain()
-                    continue
-                extra = f"x-amz-checksum-crc32c: {echo}\r\n".encode() if echo else b""
-                writer.write(
-                    b'HTTP/1.1 200 OK\r\nETag: "e"\r\n' + extra + b"Content-Length: 0\r\n\r\n"
-                )
+                await self._answer(line, headers, reader, writer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
+
+
+class _RecordingServer(_LoopbackServer):
+    """A loopback HTTP/1.1 server that answers every request 200 with an ETag (and the echo of
+    the request's CRC-32C) and records each request's head (lower-cased header names) and body
+    size, and the body. With ``verify`` it checks a body against its CRC-32C header as S3 does
+    (400 BadDigest when they differ); the first ``damaged`` bodies are answered BadDigest as if
+    they had been damaged on the way."""
+
+    def __init__(self, *, verify: bool = False, damaged: int = 0) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, dict[str, str], int]] = []
+        self.bodies: list[bytes] = []
+        self.verify = verify
+        self.damaged = damaged
+
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        size = int(headers.get("content-length", "0"))
+        body = await reader.readexactly(size)
+        self.requests.append((line, headers, size))
+        self.bodies.append(body)
+        echo = headers.get("x-amz-checksum-crc32c")
+        if echo and (
+            len(self.bodies) <= self.damaged
+            or (self.verify and echo != encode_checksum(crc32c(body)))
+        ):
+            refusal = (
+                b"<Error><Code>BadDigest</Code><Message>The CRC32C you specified did not"
+                b" match the calculated checksum.</Message></Error>"
+            )
+            writer.write(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\n"
+                + f"Content-Length: {len(refusal)}\r\n\r\n".encode()
+                + refusal
+            )
+            return
+        extra = f"x-amz-checksum-crc32c: {echo}\r\n".encode() if echo else b""
+        writer.write(b'HTTP/1.1 200 OK\r\nETag: "e"\r\n' + extra + b"Content-Length: 0\r\n\r\n")
 
 
 class TestPerRequestWork:
@@ -647,7 +672,7 @@ class TestChecksumEcho:
             S3Config(checksum_echo="ignore")
 
 
-class _RangeServer:
+class _RangeServer(_LoopbackServer):
     """A loopback S3 stand-in for GETs of one object: a presigned request (``X-Amz-Signature``
     in its query, as the raw client sends) is answered by ``raw_reply`` (a status and an S3
     error code, ``"chunked"``, or the ranged bytes when None); a request signed in its
@@ -655,21 +680,10 @@ class _RangeServer:
     headers are recorded."""
 
     def __init__(self, data: bytes, raw_reply: tuple[int, str] | str | None = None) -> None:
+        super().__init__()
         self.data = data
         self.raw_reply = raw_reply
         self.requests: list[tuple[str, dict[str, str]]] = []
-        self.port = 0
-        self._server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> _RangeServer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
 
     def _ranged(self, headers: dict[str, str]) -> bytes:
         first, _, last = headers["range"].removeprefix("bytes=").partition("-")
@@ -682,35 +696,28 @@ class _RangeServer:
             + body
         )
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while head := await reader.readuntil(b"\r\n\r\n"):
-                line, *fields = head.decode("latin-1").split("\r\n")
-                headers = {
-                    name.strip().lower(): value.strip()
-                    for name, _, value in (f.partition(":") for f in fields if f)
-                }
-                self.requests.append((line, headers))
-                presigned = "X-Amz-Signature=" in line
-                if not presigned or self.raw_reply is None:
-                    writer.write(self._ranged(headers))
-                elif self.raw_reply == "chunked":
-                    writer.write(
-                        b"HTTP/1.1 206 Partial Content\r\nTransfer-Encoding: chunked\r\n\r\n"
-                        b"0\r\n\r\n"
-                    )
-                else:
-                    status, code = self.raw_reply
-                    error = f"<Error><Code>{code}</Code><Message>{code} here</Message></Error>"
-                    writer.write(
-                        f"HTTP/1.1 {status} {code}\r\nContent-Type: application/xml\r\n"
-                        f"Content-Length: {len(error)}\r\n\r\n{error}".encode()
-                    )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.requests.append((line, headers))
+        presigned = "X-Amz-Signature=" in line
+        if not presigned or self.raw_reply is None:
+            writer.write(self._ranged(headers))
+        elif self.raw_reply == "chunked":
+            writer.write(
+                b"HTTP/1.1 206 Partial Content\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+            )
+        else:
+            status, code = self.raw_reply
+            error = f"<Error><Code>{code}</Code><Message>{code} here</Message></Error>"
+            writer.write(
+                f"HTTP/1.1 {status} {code}\r\nContent-Type: application/xml\r\n"
+                f"Content-Length: {len(error)}\r\n\r\n{error}".encode()
+            )
 
 
 class TestRawRangeGets:
