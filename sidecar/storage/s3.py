@@ -913,6 +913,8 @@ class S3ObjectStore:
             Params={"Bucket": self._bucket, "Key": key},
             ExpiresIn=_PRESIGN_EXPIRES_S,
         )
+        if self._range_getter is not getter:
+            return None  # another GET sent this store back to botocore meanwhile
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             self._raw_range_gets_off(f"the presigned URL's scheme is {parts.scheme!r}")

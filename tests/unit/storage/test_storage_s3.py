@@ -805,6 +805,34 @@ class TestRawRangeGets:
         assert len(off) == 1
         assert "Transfer-Encoding" in off[0]["reason"]
 
+    async def test_a_get_presigned_before_the_fall_back_goes_through_botocore(self) -> None:
+        """One GET is presigning when another meets a response the raw client cannot read:
+        the first still gets its bytes, through botocore."""
+        data = b"0123456789" * 10
+        async with (
+            _RangeServer(data, raw_reply="chunked") as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}") as store,
+        ):
+            client = await store._ensure_client()
+            presign = client.generate_presigned_url
+            waiting = asyncio.Event()
+            resume = asyncio.Event()
+
+            async def held_presign(*args: Any, **kwargs: Any) -> str:
+                url: str = await presign(*args, **kwargs)
+                if not waiting.is_set():  # the first GET waits here
+                    waiting.set()
+                    await resume.wait()
+                return url
+
+            client.generate_presigned_url = held_presign
+            first = asyncio.create_task(store.get_range("t/0.log", 0, 9))
+            await waiting.wait()
+            assert bytes(await store.get_range("t/0.log", 10, 19)) == data[10:20]
+            assert not store.raw_range_gets
+            resume.set()
+            assert bytes(await first) == data[:10]
+
     @pytest.mark.parametrize(
         ("endpoint", "env", "setting", "raw"),
         [
