@@ -401,6 +401,21 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def settle(pid: int | None, *, idle_share: float = 0.05, timeout: float = 60.0) -> float:
+    """Flush the page cache's dirty pages and wait until ``pid`` (SeaweedFS) uses less than
+    ``idle_share`` of a core over half a second: the data just tiered is on disk and the
+    store done with it, so the first contender of the first run does not read while the
+    kernel writes back and the store compacts. Returns the seconds waited."""
+    started = time.monotonic()
+    await asyncio.to_thread(os.sync)
+    while time.monotonic() - started < timeout:
+        before = cpu_seconds(pid)
+        await asyncio.sleep(0.5)
+        if cpu_seconds(pid) - before < idle_share * 0.5:
+            break
+    return time.monotonic() - started
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -559,6 +574,8 @@ async def run_bench(
         "whole": [],
     }
     orders: list[str] = []
+    settled = await settle(weed)
+    say(f"settled in {settled:.1f} s (dirty pages written, SeaweedFS idle)")
     for run in range(args.runs):
         order = ["socket", "direct", "raw", "whole"]
         order = order[run % 4 :] + order[: run % 4]
