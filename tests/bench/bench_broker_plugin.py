@@ -196,11 +196,15 @@ def wait_tiered(cluster: Any, topic: str) -> int:
 
 
 def sidecar_counters(metrics_port: int) -> dict[str, float]:
-    """The sidecar's ``fetch-segment`` requests and the bytes it sent for them so far."""
+    """The sidecar's ``fetch-segment`` requests, the bytes it sent and the seconds it took for
+    them so far, and its chunk-cache lookups by result."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as reply:
         text = reply.read().decode()
-    found = {"requests": 0.0, "bytes": 0.0}
+    found = {"requests": 0.0, "bytes": 0.0, "seconds": 0.0}
     for line in text.splitlines():
+        if line.startswith("kafka_tiered_sidecar_read_cache_lookups_total"):
+            result = line.split('result="', 1)[1].split('"', 1)[0]
+            found[f"lookups_{result}"] = float(line.rsplit(" ", 1)[1])
         if 'endpoint="rsm_fetch_segment"' not in line or line.startswith("#"):
             continue
         value = float(line.rsplit(" ", 1)[1])
@@ -208,6 +212,8 @@ def sidecar_counters(metrics_port: int) -> dict[str, float]:
             found["requests"] += value
         elif line.startswith("kafka_tiered_sidecar_read_response_bytes_total"):
             found["bytes"] += value
+        elif line.startswith("kafka_tiered_sidecar_read_request_seconds_sum"):
+            found["seconds"] += value
     return found
 
 
@@ -248,6 +254,11 @@ def consume(
         now = sidecar_counters(metrics_port)
         result["fetch_requests_per_mib"] = (now["requests"] - counters["requests"]) / mb
         result["sent_per_read"] = (now["bytes"] - counters["bytes"]) / (mb * 1024 * 1024)
+        requests = max(now["requests"] - counters["requests"], 1.0)
+        result["ms_per_fetch_request"] = (now["seconds"] - counters["seconds"]) / requests * 1000
+        for key in now:
+            if key.startswith("lookups_"):
+                result[key] = now[key] - counters.get(key, 0.0)
     return result
 
 
@@ -544,8 +555,14 @@ def report(results: dict[str, Any], *, threads: int = 0) -> str:
         if "fetch_requests_per_mib" in runs[name][0]:
             extra += (
                 f"; {med(name, 'fetch_requests_per_mib'):.2f} fetch requests per MiB read,"
-                f" {med(name, 'sent_per_read'):.2f} bytes sent per byte read"
+                f" {med(name, 'sent_per_read'):.2f} bytes sent per byte read,"
+                f" {med(name, 'ms_per_fetch_request'):.2f} ms per request in the sidecar"
             )
+            lookups = sorted(k for k in runs[name][0] if k.startswith("lookups_"))
+            if lookups:
+                extra += "; chunk lookups " + ", ".join(
+                    f"{k.removeprefix('lookups_')} {med(name, k):.0f}" for k in lookups
+                )
         lines.append(
             f"    {label:32s} {med(name, 'mib_s'):8.1f} MiB/s   broker"
             f" {med(name, 'cpu_s_per_gib_broker'):.1f} CPU s/GiB{extra}"
