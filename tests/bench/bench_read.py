@@ -11,7 +11,8 @@
    goal's baseline) and through the sidecar's raw HTTP client (``s3.raw_range_gets``, what the
    read server's own GETs use), and whole-object GETs. Interleaved runs, medians; the ratio
    per run, and the CPU seconds per GiB read of this process, the read server and SeaweedFS
-   for each contender (from ``/proc``).
+   for each contender (from ``/proc``). The first run starts once the tiered data is written
+   back and SeaweedFS is idle (:func:`settle`).
 2. Warm read: the same read again with every chunk in the disk cache (records, and raw
    ``segments/{id}/log`` ranges), in GiB/s, and one 64 MiB records response read by ``curl``
    (when installed: the server without this script's Python client); and the time to first
