@@ -43,6 +43,7 @@ and pulls the ratios towards 1.
     .venv/bin/python tests/bench/bench_broker_plugin.py --s3-latency-ms 20   # a far S3
     .venv/bin/python tests/bench/bench_broker_plugin.py --plugin-set fetch.cache.bytes=0
     .venv/bin/python tests/bench/bench_broker_plugin.py --threads 8   # the broker's busiest threads
+    .venv/bin/python tests/bench/bench_broker_plugin.py --sidecar-nice 10   # the broker first
 
 ``--s3-latency-ms`` puts ``_latency_proxy`` between the sidecar and SeaweedFS: each of the
 sidecar's requests reaches SeaweedFS that much later (its uploads too), as with an object
@@ -332,10 +333,18 @@ class SidecarProcess:
     """``sidecar run`` as a subprocess with its output in a file; restartable on a fresh cache."""
 
     def __init__(
-        self, config: Path, env: dict[str, str], state: Path, log: Path, metrics_port: int
+        self,
+        config: Path,
+        env: dict[str, str],
+        state: Path,
+        log: Path,
+        metrics_port: int,
+        nice: int = 0,
     ) -> None:
         self.config, self.env, self.state, self.log = config, env, state, log
         self.metrics_port = metrics_port
+        #: the sidecar's niceness: above 0, the broker's threads win the CPU when both want it
+        self.nice = nice
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -345,7 +354,10 @@ class SidecarProcess:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run", "--config", str(self.config)],
+                [
+                    *(("nice", "-n", str(self.nice)) if self.nice else ()),
+                    *(sys.executable, "-m", "sidecar", "run", "--config", str(self.config)),
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -400,7 +412,11 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     records = args.mib * 1024 * 1024 // record_bytes
     segment_bytes = args.segment_mib * 1024 * 1024
     records_per_segment = segment_bytes // (record_bytes + 70)  # ~70 bytes of record overhead
-    results: dict[str, Any] = {"mib": args.mib, "segment_mib": args.segment_mib}
+    results: dict[str, Any] = {
+        "mib": args.mib,
+        "segment_mib": args.segment_mib,
+        "sidecar_nice": args.sidecar_nice,
+    }
     s3 = stack.SeaweedS3.create(root / "s3")
     clusters: list[Any] = []
     sidecar: SidecarProcess | None = None
@@ -453,7 +469,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             key, _, value = setting.partition("=")
             cluster.overrides[f"rsm.config.{key}"] = value
         cluster.start()
-        sidecar = SidecarProcess(config, sidecar_env(s3), state, root / "sidecar.log", metrics_port)
+        sidecar = SidecarProcess(
+            config, sidecar_env(s3), state, root / "sidecar.log", metrics_port, args.sidecar_nice
+        )
         sidecar.start()
         # --- the same broker with Kafka's LocalTieredStorage, running beside it: the reads
         # of the two alternate, so that both see the machine in the same state
@@ -561,7 +579,8 @@ def report(results: dict[str, Any], *, threads: int = 0) -> str:
         f" Python {platform.python_version()}",
         f"data: {results['mib']} MiB of 1 KiB records, {results['segment_mib']} MiB segments;"
         f" {results['remote_records']} records below the local log start are read",
-        f"runs: {len(runs['local'])} (medians)",
+        f"runs: {len(runs['local'])} (medians); the sidecar at niceness"
+        f" {results.get('sidecar_nice', 0)}",
         "consumer throughput (ConsumerPerformance fetch.MB.sec), broker CPU s/GiB:",
     ]
     for name, label in (
@@ -673,6 +692,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="SECTION.KEY=VALUE",
         help="a sidecar setting, e.g. read_server.chunk_size_bytes=1048576 (repeatable)",
+    )
+    parser.add_argument(
+        "--sidecar-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run the sidecar at this niceness (systemd's Nice=; a lower CPU weight than the"
+        " broker's in a pod), so the broker's threads come first on a busy host",
     )
     parser.add_argument(
         "--plugin-set",
