@@ -515,6 +515,44 @@ class ChunkCache:
                 return
             at += max(run, 1)
 
+    def read_ahead(
+        self, obj: ObjectRef, start: int, end_inclusive: int, *, limit: int | None = None
+    ) -> None:
+        """Bytes ``start..end_inclusive`` of ``obj`` were served from cached chunks without
+        :meth:`read` (a planned response): they count as reads of their chunks, and read-ahead
+        starts as :meth:`read` would start it after the last one. So a sequential reader whose
+        chunks arrive before it asks keeps its read-ahead in groups, as deep as it had it
+        (without this it would fall back to single-chunk GETs, ``readahead_chunks`` ahead).
+        ``limit`` is :meth:`read`'s ``readahead_limit``."""
+        self._check_open()
+        if self.readahead_chunks <= 0 or end_inclusive < start:
+            return
+        first, last = start // self.chunk_size, end_inclusive // self.chunk_size
+        sequential = False
+        for index in range(first, last + 1):
+            sequential = self._note_read(obj.key, index)
+        self._read_ahead(obj, last, (), limit, sequential)
+
+    def go_on_into(self, obj: ObjectRef, following: ObjectRef) -> None:
+        """The reader of ``obj`` is about to reach its end and go on into ``following`` (the
+        next segment): fetch the first chunks of ``following`` now. A reader that goes through
+        ``obj`` chunk after chunk is sequential in ``following`` from its first chunk, with
+        the read-ahead it has, and gets a group; any other reader ``readahead_chunks``."""
+        self._check_open()
+        last = self._last_read.get(obj.key)
+        count = self.readahead_chunks
+        if last is not None and last[1]:
+            count = max(count, self.group_chunks)
+            was, going_on, had = self._last_read.get(following.key, (-1, True, last[2]))
+            self._last_read[following.key] = (was, going_on, max(had, last[2]))
+            probe = self._probes.get(obj.key)
+            if probe is not None and following.key not in self._probes:
+                self._probes[following.key] = probe
+            while len(self._last_read) > _READERS_REMEMBERED:
+                gone, _ = self._last_read.popitem(last=False)
+                self._probes.pop(gone, None)
+        self.prefetch(following, 0, max(1, count))
+
     def _note_read(self, key: str, index: int) -> bool:
         """Record a read of chunk ``index`` of ``key``; True when the reads of that object go
         on chunk after chunk (this one follows the last one read, or is it again)."""

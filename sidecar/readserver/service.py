@@ -748,9 +748,10 @@ class ReadService:
         following = span.segment
         if following.segment_id == segment.segment_id or span.end_offset <= segment.end_offset:
             return
-        # as deep as the read-ahead within a segment: with segments of a few chunks, their
-        # first chunk alone leaves the reader one GET ahead at the start of each
-        self.chunks.prefetch(self.log_ref(following), 0, max(1, self.chunks.readahead_chunks))
+        # as deep as the read-ahead within a segment (a group for a sequential reader): with
+        # segments of a few chunks, their first chunk alone leaves the reader one GET ahead at
+        # the start of each
+        self.chunks.go_on_into(self.log_ref(segment), self.log_ref(following))
         self._indexes.warm(
             ("manifest", following.segment_id.id),
             self._manifest_loader(following, prefetch_indexes=True),
@@ -946,14 +947,12 @@ class ReadService:
             await self._prefetch_following(segment)
         planned = self._plan and end - start + 1 >= self._plan_min_bytes
         plan = await self._open_range(obj, start, end) if planned else None
-        if plan is not None:
-            # the reader goes on: fetch what follows while this is sent
-            after = end // chunk + 1
-            last = (size - 1 if ahead_to is None else ahead_to) // chunk
-            for index in range(after, min(after + self.chunks.readahead_chunks, last + 1)):
-                self.chunks.prefetch(obj, index)
-            return plan
         limit = None if ahead_to is None else ahead_to + 1
+        if plan is not None:
+            # the reader goes on: fetch what follows while this is sent, as a streamed read
+            # would (a sequential reader's read-ahead in groups)
+            self.chunks.read_ahead(obj, start, end, limit=limit)
+            return plan
         pieces = self.read_range(obj, start, end, readahead_limit=limit)
         return await ByteStream.prime(pieces, length=end - start + 1)
 

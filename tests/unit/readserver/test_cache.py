@@ -375,6 +375,61 @@ class TestChunkCacheReadAhead:
             await cache.idle()
             assert [cache.resident(obj, i) for i in range(2, 12)] == [True] * 9 + [False]
 
+    async def test_reads_served_from_cached_chunks_keep_the_group_read_ahead(self, tmp_path):
+        """Reads answered from chunks already cached, without ``read`` (planned responses),
+        count as reads through ``read_ahead``: the sequential reader's read-ahead goes on a
+        group per GET, not one chunk per GET as the plain read-ahead would."""
+        body = os.urandom(20 * CHUNK)
+        store = await _store(obj=body)
+        async with _cache(
+            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=32 * CHUNK
+        ) as cache:
+            obj = ObjectRef("obj", len(body))
+            await cache.read(obj, 0, 1)
+            await cache.read(obj, CHUNK, 1)  # sequential: 3-6 and 7-10 fetched
+            await cache.idle()
+            assert store.calls["get_range"] == 5
+            cache.read_ahead(obj, 2 * CHUNK, 4 * CHUNK - 1)  # chunks 2 and 3, from the cache
+            await cache.idle()
+            # two groups ahead of chunk 3 reach chunk 11: 11-14 with one GET
+            assert store.calls["get_range"] == 6
+            assert [cache.is_cached(obj, i) for i in range(16)] == [True] * 15 + [False]
+            for i in (4, 5, 6, 7):
+                cache.read_ahead(obj, i * CHUNK, i * CHUNK + 9)
+            await cache.idle()
+            assert store.calls["get_range"] == 7  # 15-18 at chunk 7
+            assert [cache.is_cached(obj, i) for i in range(15, 20)] == [True] * 4 + [False]
+            for i in range(19):
+                got = await cache.read(obj, i * CHUNK, CHUNK, readahead=False)
+                assert bytes(got) == body[i * CHUNK : (i + 1) * CHUNK]
+
+    async def test_a_sequential_reader_goes_on_into_the_next_object_with_a_group(self, tmp_path):
+        """``go_on_into``: a sequential reader of one object gets the first group of the next
+        one with one GET and is sequential there from its first chunk (group read-ahead at
+        once); a reader that jumped gets the plain ``readahead_chunks``."""
+        first, second, third = (os.urandom(12 * CHUNK) for _ in range(3))
+        store = await _store(a=first, b=second, c=third)
+        async with _cache(
+            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=64 * CHUNK
+        ) as cache:
+            a, b, c = (ObjectRef(key, 12 * CHUNK) for key in "abc")
+            await cache.read(a, 10 * CHUNK, 1)  # and chunk 11 read ahead
+            await cache.read(a, 11 * CHUNK, 1)  # sequential in a
+            cache.go_on_into(a, b)
+            await cache.idle()
+            assert store.calls["get_range"] == 3
+            assert [cache.is_cached(b, i) for i in range(5)] == [True] * 4 + [False]
+            assert bytes(await cache.read(b, 0, 5)) == second[:5]
+            await cache.idle()
+            # sequential at b's chunk 0: two groups ahead, 4-7 and 8-11, a GET each
+            assert store.calls["get_range"] == 5
+            assert all(cache.is_cached(b, i) for i in range(12))
+            await cache.read(b, 5 * CHUNK, 1)  # a jump in b (its read-ahead: all cached)
+            cache.go_on_into(b, c)
+            await cache.idle()
+            assert store.calls["get_range"] == 6
+            assert [cache.is_cached(c, i) for i in range(3)] == [True, True, False]
+
     @staticmethod
     async def _read_with_waits(
         directory: Path, speedup: dict[int, float], waits: int

@@ -403,6 +403,59 @@ class TestSegmentsAndIndexes:
         # the first segment's last chunk, the second's indexes object and its two chunks
         assert remote.objects.calls["get_range"] - before == 3
 
+    async def test_a_reader_of_windows_read_ahead_fetches_a_group_per_get(self, remote, tmp_path):
+        """The broker reads segments in windows, one after the other. Once the read-ahead is
+        ahead of it, each window is answered from cached chunks (a plan), and the read-ahead
+        still fetches a group of chunks per GET, on into the next segment (its first group with
+        one GET): a few GETs per segment, not one per chunk."""
+        first = await remote.upload(0, data_batches(0, 150, value_size=4000))
+        after = first.end_offset + 1
+        second = await remote.upload(after, data_batches(after, 150, value_size=4000))
+        async with ChunkCache(
+            objects=remote.objects,
+            directory=tmp_path / "cache",
+            max_bytes=16 * 1024 * 1024,  # room for the groups read ahead
+            chunk_size=64 * 1024,
+            readahead_chunks=2,
+            fetch_timeout_s=5.0,
+        ) as chunks:
+            service = ReadService(
+                store=remote.store,
+                objects=remote.objects,
+                layout=LAYOUT,
+                chunks=chunks,
+                indexes=MemoryCache(max_weight=1024 * 1024),
+                lineage_ttl_s=0.0,
+                plan_min_bytes=0,
+            )
+            try:
+                await self._read_in_windows(remote, service, first, second)
+            finally:
+                await service.aclose()
+
+    @staticmethod
+    async def _read_in_windows(remote, service, first, second) -> None:
+        chunks = service.chunks
+        step = chunks.chunk_size
+        before = remote.objects.calls["get_range"]
+        kinds = []
+        for segment in (first, second):
+            size = segment.segment_size_in_bytes
+            log = remote.logs[segment.segment_id.id]
+            for start in range(0, size, step):
+                end = min(start + step, size) - 1
+                window = await service.log_range(segment, start, end, readahead_end=size - 1)
+                kinds.append(type(window))
+                assert await _range_bytes(window) == log[start : end + 1]
+                await chunks.idle()  # the read-ahead's GETs end before the next window
+        count = sum(chunks.chunk_count(s.segment_size_in_bytes) for s in (first, second))
+        assert count >= 4 * chunks.group_chunks
+        assert kinds.count(Plan) >= len(kinds) - 2
+        # the first chunk on demand, its read-ahead, then a group per GET; the next segment's
+        # indexes object (two chunks) besides
+        gets = remote.objects.calls["get_range"] - before
+        assert gets <= count // chunks.group_chunks + 6, gets
+
     async def test_ranges_outside_the_segment_are_416(self, remote, service):
         """A start at or past the end, or an end before the start, is not satisfiable."""
         segment = await remote.upload(0, data_batches(0, 4))
