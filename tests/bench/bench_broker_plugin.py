@@ -24,7 +24,11 @@ would not in a broker that has served for a while.
 Goals: warm >= 0.9 x LocalTieredStorage, cold >= 0.5 x local. Also the time to the first record
 at a cold remote offset (a new offset in another segment each time, sidecar cache empty; the
 same probes against LocalTieredStorage), p50/p99, and the broker JVM's CPU seconds per GiB
-served (``/proc/<pid>/stat``) for each read, plus the sidecar's for the plugin's reads.
+served (``/proc/<pid>/stat``) for each read, plus the sidecar's for the plugin's reads. Over
+each read's fetch time alone (sampled every 50 ms, the consumer JVM's start left out): the CPU
+per GiB of the broker, the sidecar, SeaweedFS, the consumer and the whole machine, and the
+share of the cores busy; with the sidecar's S3 GETs per GiB, that says whose work a slower
+read is.
 
 Throughput is ConsumerPerformance's ``fetch.MB.sec`` (the rebalance excluded), one consumer,
 its default fetch sizes (``max.partition.fetch.bytes`` 1 MiB: a remote fetch serves one
@@ -65,6 +69,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 import urllib.request
@@ -82,6 +87,7 @@ from tests.conftest import stack  # noqa: E402
 from tests.e2e._support import write_config  # noqa: E402
 from tests.sidecar_runner import sidecar_env  # noqa: E402
 
+CORES = os.cpu_count() or 1
 PLUGIN_JAR = REPO / "deploy" / "kafka-plugin" / "target" / "kafka-tiered-sidecar-plugin.jar"
 METADATA_TOPIC = "__remote_log_metadata"
 RLMM_PROPS = {
@@ -115,6 +121,68 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (and its waited-for children: none here), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from ``/proc/stat``."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(fields[:8])  # guest time is already counted in user time
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (total - idle) / os.sysconf("SC_CLK_TCK"), total / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids() -> list[int]:
+    """This process's live children (the consumer tool's JVM while it runs)."""
+    found: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            found += [int(x) for x in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+class Sampler(threading.Thread):
+    """Samples, every 50 ms, the machine's CPU and that of named processes and of this
+    process's children, so that a read's CPU can be taken over its fetch time alone (a
+    tool's JVM start excluded)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.older = set(child_pids())  # the servers this process started
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        busy, total = machine_cpu()
+        point = {"machine": busy, "machine_total": total}
+        for name, pid in self.pids.items():
+            try:
+                point[name] = cpu_seconds(pid)
+            except OSError:
+                continue
+        consumer = 0.0
+        for pid in set(child_pids()) - self.older:
+            try:
+                consumer += cpu_seconds(pid)
+            except OSError:
+                continue
+        point["consumer"] = consumer
+        self.samples.append((time.time(), point))
+
+    def run(self) -> None:
+        while not self.done.wait(0.05):
+            self.sample()
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds spent by each sampled name from ``start`` to ``end`` (wall clock),
+        between the samples nearest inside those times."""
+        inside = [(t, p) for t, p in self.samples if start <= t <= end]
+        if len(inside) < 2:
+            return {}
+        first, last = inside[0][1], inside[-1][1]
+        return {k: last[k] - first[k] for k in last if k in first}
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -206,6 +274,8 @@ def sidecar_counters(metrics_port: int) -> dict[str, float]:
         if line.startswith("kafka_tiered_sidecar_read_cache_lookups_total"):
             result = line.split('result="', 1)[1].split('"', 1)[0]
             found[f"lookups_{result}"] = float(line.rsplit(" ", 1)[1])
+        if line.startswith('kafka_tiered_sidecar_s3_requests_total{operation="get_object"}'):
+            found["s3_gets"] = float(line.rsplit(" ", 1)[1])
         if 'endpoint="rsm_fetch_segment"' not in line or line.startswith("#"):
             continue
         value = float(line.rsplit(" ", 1)[1])
@@ -229,6 +299,8 @@ def consume(
     counters = None if metrics_port is None else sidecar_counters(metrics_port)
     threads_before = thread_cpu(pids["broker"]) if "broker" in pids else {}
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    sampler = Sampler(pids)
+    sampler.start()
     out = kafka_tool(
         cluster,
         "org.apache.kafka.tools.ConsumerPerformance",
@@ -237,6 +309,8 @@ def consume(
         *("--timeout", "60000", "--hide-header"),
     )
     after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    sampler.done.set()
+    sampler.join()
     threads_after = thread_cpu(pids["broker"]) if "broker" in pids else {}
     # start.time, end.time, MB, MB.sec, nMsg, nMsg.sec, rebalance.ms, fetch.ms, fetch.MB.sec, ...
     row = [x.strip() for x in out.strip().splitlines()[-1].split(",")]
@@ -247,6 +321,16 @@ def consume(
     result = {"mib": mb, "mib_s": fetch_mb_s, "records": n}
     for name in pids:
         result[f"cpu_s_per_gib_{name}"] = (after[name] - before[name]) / gib
+    # over the fetch time alone: ConsumerPerformance's end.time less its fetch.ms
+    end = time.mktime(time.strptime(row[1][:19], "%Y-%m-%d %H:%M:%S")) + int(row[1][20:]) / 1000
+    fetch_s = float(row[7]) / 1000
+    window = sampler.between(end - fetch_s, end)
+    if window:  # the samples span part of the fetch time: the GiB read over that part
+        fetch_gib = gib * window["machine_total"] / max(fetch_s * CORES, 1e-9)
+        result["machine_busy"] = window["machine"] / window["machine_total"]
+        for name in ("machine", "consumer", *pids):
+            if name in window:
+                result[f"fetch_cpu_s_per_gib_{name}"] = window[name] / fetch_gib
     for thread, seconds in threads_after.items():
         spent = (seconds - threads_before.get(thread, 0.0)) / gib
         if spent > 0:
@@ -257,6 +341,7 @@ def consume(
         result["sent_per_read"] = (now["bytes"] - counters["bytes"]) / (mb * 1024 * 1024)
         requests = max(now["requests"] - counters["requests"], 1.0)
         result["ms_per_fetch_request"] = (now["seconds"] - counters["seconds"]) / requests * 1000
+        result["s3_gets_per_gib"] = (now.get("s3_gets", 0) - counters.get("s3_gets", 0)) / gib
         for key in now:
             if key.startswith("lookups_"):
                 result[key] = now[key] - counters.get(key, 0.0)
@@ -504,6 +589,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         lts_start = wait_tiered(lts, "tiered")
         results["remote_records"] = local_start
         broker_pid = cluster.nodes[0].pid()
+        s3_pid = stack.read_pid(s3.pid_file)
+        assert s3_pid is not None
         lts_pid = lts.nodes[0].pid()
         messages = min(local_start, lts_start)
         print(f"plugin broker: {local_start} of {records} records remote", flush=True)
@@ -538,8 +625,9 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "local": [],
         }
         for run in range(args.runs):
-            sidecar.restart_cold()
-            pids = {"broker": broker_pid, "sidecar": sidecar.pid}
+            if not args.no_restart:
+                sidecar.restart_cold()
+            pids = {"broker": broker_pid, "sidecar": sidecar.pid, "seaweedfs": s3_pid}
             topic = f"tiered-run{run}"
             runs["plugin_cold"].append(consume(cluster, topic, local_start, pids, metrics_port))
             runs["plugin_warm"].append(consume(cluster, topic, local_start, pids, metrics_port))
@@ -596,13 +684,24 @@ def report(results: dict[str, Any], *, threads: int = 0) -> str:
             extra += (
                 f"; {med(name, 'fetch_requests_per_mib'):.2f} fetch requests per MiB read,"
                 f" {med(name, 'sent_per_read'):.2f} bytes sent per byte read,"
-                f" {med(name, 'ms_per_fetch_request'):.2f} ms per request in the sidecar"
+                f" {med(name, 'ms_per_fetch_request'):.2f} ms per request in the sidecar,"
+                f" {med(name, 's3_gets_per_gib'):.0f} GETs per GiB"
             )
             lookups = sorted(k for k in runs[name][0] if k.startswith("lookups_"))
             if lookups:
                 extra += "; chunk lookups " + ", ".join(
                     f"{k.removeprefix('lookups_')} {med(name, k):.0f}" for k in lookups
                 )
+        if "machine_busy" in runs[name][0]:
+            extra += (
+                "; over the fetch time, CPU s/GiB: "
+                + ", ".join(
+                    f"{k.removeprefix('fetch_cpu_s_per_gib_')} {med(name, k):.1f}"
+                    for k in sorted(runs[name][0])
+                    if k.startswith("fetch_cpu_s_per_gib_")
+                )
+                + f", {med(name, 'machine_busy') * 100:.0f} % of the cores busy"
+            )
         lines.append(
             f"    {label:32s} {med(name, 'mib_s'):8.1f} MiB/s   broker"
             f" {med(name, 'cpu_s_per_gib_broker'):.1f} CPU s/GiB{extra}"
@@ -677,6 +776,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="untimed reads through each broker first (the plugin's from a cold sidecar), so"
         " the JVMs' read paths are compiled",
+    )
+    parser.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="timed cold reads without restarting the sidecar first (their topics were never"
+        " read, so none of them is cached)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     parser.add_argument(
