@@ -543,15 +543,18 @@ class ChunkCache:
         count = self.readahead_chunks
         if last is not None and last[1]:
             count = max(count, self.group_chunks)
-            was, going_on, had = self._last_read.get(following.key, (-1, True, last[2]))
-            self._last_read[following.key] = (was, going_on, max(had, last[2]))
-            probe = self._probes.get(obj.key)
-            if probe is not None and following.key not in self._probes:
-                self._probes[following.key] = probe
-            while len(self._last_read) > _READERS_REMEMBERED:
-                gone, _ = self._last_read.popitem(last=False)
-                self._probes.pop(gone, None)
+            self._goes_on(obj.key, following.key, last[2])
         self.prefetch(following, 0, max(1, count))
+
+    def _goes_on(self, key: str, following: str, groups: int) -> None:
+        """The sequential reader of ``key`` goes on into the object ``following``: it is
+        sequential there too, with (at least) the ``groups`` of read-ahead it has here, and its
+        depth measurement goes on with it. (The next read trims the readers remembered.)"""
+        last, going_on, had = self._last_read.get(following, (-1, True, groups))
+        self._last_read[following] = (last, going_on, max(had, groups))
+        probe = self._probes.get(key)
+        if probe is not None and following not in self._probes:
+            self._probes[following] = probe
 
     def _note_read(self, key: str, index: int) -> bool:
         """Record a read of chunk ``index`` of ``key``; True when the reads of that object go
@@ -639,13 +642,7 @@ class ChunkCache:
                 first += target_count
                 target, target_count = following, self.chunk_count(following.size)
                 if sequential:
-                    # the reader goes on into the next object: it is sequential there too,
-                    # with (at least) the read-ahead it has here
-                    last, going_on, had = self._last_read.get(target.key, (-1, True, groups))
-                    self._last_read[target.key] = (last, going_on, max(had, groups))
-                    probe = self._probes.get(obj.key)
-                    if probe is not None and target.key not in self._probes:
-                        self._probes[target.key] = probe
+                    self._goes_on(obj.key, target.key, groups)
             target_index = ahead - first
             # a run of up to ``group`` missing chunks, fetched with one GET
             run = self._missing_run(

@@ -29,6 +29,8 @@ from sidecar.metadata.events import (
     TopicIdPartition,
 )
 from sidecar.metadata.store import RemoteSegmentStore
+from sidecar.readserver.cache import ChunkCache, MemoryCache
+from sidecar.readserver.service import ReadService
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
 from sidecar.storage.memory import MemoryObjectStore
@@ -231,3 +233,17 @@ async def three_segments(remote: Remote) -> list[Record]:
     end = remote.segments[-1].end_offset + 1
     await remote.upload(end, data_batches(end, 12, codec=Compression.ZSTD))
     return [r for log in remote.logs.values() for r in records_of(log)]
+
+
+def read_service(remote: Remote, chunks: ChunkCache) -> ReadService:
+    """The read engine over ``remote`` and ``chunks`` (no broker log dirs: the lineage is
+    derived; responses of any size planned once verified, as the data here is small)."""
+    return ReadService(
+        store=remote.store,
+        objects=remote.objects,
+        layout=LAYOUT,
+        chunks=chunks,
+        indexes=MemoryCache(max_weight=1024 * 1024),
+        lineage_ttl_s=0.0,
+        plan_min_bytes=0,
+    )

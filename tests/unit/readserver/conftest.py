@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.metadata.store import RemoteSegmentStore
-from sidecar.readserver.cache import ChunkCache, MemoryCache
+from sidecar.readserver.cache import ChunkCache
 from sidecar.readserver.service import ReadService
 from sidecar.storage.memory import MemoryObjectStore
-from tests.unit.readserver._tiered import LAYOUT, Remote
+from tests.unit.readserver._tiered import Remote, read_service
 
 
 @pytest.fixture
@@ -40,17 +40,8 @@ async def chunks(remote: Remote, tmp_path: Path) -> AsyncIterator[ChunkCache]:
 
 @pytest.fixture
 async def service(remote: Remote, chunks: ChunkCache) -> AsyncIterator[ReadService]:
-    """The read engine over ``remote`` (no broker log dirs: the lineage is derived; responses
-    of any size planned once verified, as the data here is small)."""
-    read = ReadService(
-        store=remote.store,
-        objects=remote.objects,
-        layout=LAYOUT,
-        chunks=chunks,
-        indexes=MemoryCache(max_weight=1024 * 1024),
-        lineage_ttl_s=0.0,
-        plan_min_bytes=0,
-    )
+    """The read engine over ``remote`` (:func:`read_service`)."""
+    read = read_service(remote, chunks)
     try:
         yield read
     finally:

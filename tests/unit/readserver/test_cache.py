@@ -381,9 +381,7 @@ class TestChunkCacheReadAhead:
         group per GET, not one chunk per GET as the plain read-ahead would."""
         body = os.urandom(20 * CHUNK)
         store = await _store(obj=body)
-        async with _cache(
-            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=32 * CHUNK
-        ) as cache:
+        async with _cache(store, tmp_path, max_bytes=32 * CHUNK, **_GROUPS) as cache:
             obj = ObjectRef("obj", len(body))
             await cache.read(obj, 0, 1)
             await cache.read(obj, CHUNK, 1)  # sequential: 3-6 and 7-10 fetched
@@ -409,9 +407,7 @@ class TestChunkCacheReadAhead:
         once); a reader that jumped gets the plain ``readahead_chunks``."""
         first, second, third = (os.urandom(12 * CHUNK) for _ in range(3))
         store = await _store(a=first, b=second, c=third)
-        async with _cache(
-            store, tmp_path, readahead_chunks=2, group_chunks=4, max_bytes=64 * CHUNK
-        ) as cache:
+        async with _cache(store, tmp_path, max_bytes=64 * CHUNK, **_GROUPS) as cache:
             a, b, c = (ObjectRef(key, 12 * CHUNK) for key in "abc")
             await cache.read(a, 10 * CHUNK, 1)  # and chunk 11 read ahead
             await cache.read(a, 11 * CHUNK, 1)  # sequential in a

@@ -44,6 +44,7 @@ from tests.unit.readserver._tiered import (
     LAYOUT,
     TP,
     data_batches,
+    read_service,
     three_segments,
 )
 
@@ -419,15 +420,7 @@ class TestSegmentsAndIndexes:
             readahead_chunks=2,
             fetch_timeout_s=5.0,
         ) as chunks:
-            service = ReadService(
-                store=remote.store,
-                objects=remote.objects,
-                layout=LAYOUT,
-                chunks=chunks,
-                indexes=MemoryCache(max_weight=1024 * 1024),
-                lineage_ttl_s=0.0,
-                plan_min_bytes=0,
-            )
+            service = read_service(remote, chunks)
             try:
                 await self._read_in_windows(remote, service, first, second)
             finally:
