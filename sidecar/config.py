@@ -648,6 +648,18 @@ class ReadServerConfig(_Section):
         description="send warm responses (CRC-checked batches, ranges of cached chunks) from the"
         " chunk files with sendfile; false = read them through memory",
     )
+    offer_cache_files: bool = Field(
+        True,
+        description="answer the broker plugin's segment reads of cached data with where the"
+        " chunk files are, and let it read them itself (it needs read access to cache_dir: the"
+        " same host, or a volume shared in the pod); it falls back to the socket when it cannot"
+        " open them",
+    )
+    broker_cache_dir: Path | None = Field(
+        None,
+        description="cache_dir as the broker sees it, when the pod mounts the shared cache"
+        " volume elsewhere in the broker's container; unset = the same path",
+    )
 
 
 class MetricsConfig(_Section):

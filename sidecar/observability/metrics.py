@@ -405,6 +405,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.read_shared_file_bytes = Counter(
+            "read_shared_file_bytes",
+            "Bytes the broker plugin was pointed to in the chunk cache's files (it reads them"
+            " itself) instead of being sent them.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_requests_in_flight = Gauge(
             "read_requests_in_flight",
             "Read-socket requests being served.",

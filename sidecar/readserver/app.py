@@ -41,7 +41,7 @@ from sidecar.readserver.routes import (
     add_routes,
     limits_middleware,
 )
-from sidecar.readserver.rsm import COPIER_KEY, add_rsm_routes
+from sidecar.readserver.rsm import CACHE_FILES_KEY, COPIER_KEY, CacheFileOffer, add_rsm_routes
 from sidecar.readserver.service import ReadService
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout
@@ -69,10 +69,12 @@ def build_app(
     metrics: Metrics | None = None,
     copier: SegmentCopier | None = None,
     plugin_activity: PluginActivity | None = None,
+    cache_files: CacheFileOffer | None = None,
 ) -> web.Application:
     """The v1 application: routes, limits and JSON errors, with its dependencies as app keys.
     Without ``copier`` the plugin's copy and delete answer 503 ``copy_unavailable``; the
-    plugin's requests are noted in ``plugin_activity``."""
+    plugin's requests are noted in ``plugin_activity``; with ``cache_files`` the plugin's
+    segment reads of cached data may be answered with the chunk files' paths."""
     app = web.Application(middlewares=[limits_middleware], client_max_size=1024)
     app[SERVICE_KEY] = service
     app[LIMITS_KEY] = limits if limits is not None else ReadLimits()
@@ -82,6 +84,8 @@ def build_app(
         app[COPIER_KEY] = copier
     if plugin_activity is not None:
         app[PLUGIN_ACTIVITY_KEY] = plugin_activity
+    if cache_files is not None:
+        app[CACHE_FILES_KEY] = cache_files
     add_routes(app)
     add_rsm_routes(app)
     return app
@@ -128,9 +132,11 @@ class ReadServer:
         metrics: Metrics | None = None,
         shutdown_timeout_s: float = 5.0,
         copier: SegmentCopier | None = None,
+        cache_files: CacheFileOffer | None = None,
     ) -> None:
         self.service = service
         self.copier = copier
+        self.cache_files = cache_files
         self.socket_path = socket_path
         self.tcp_port = tcp_port
         self._limits = limits if limits is not None else ReadLimits()
@@ -194,6 +200,11 @@ class ReadServer:
             limits=limits,
             metrics=metrics,
             shutdown_timeout_s=read.shutdown_timeout_s,
+            cache_files=(
+                CacheFileOffer(chunks.directory, read.broker_cache_dir)
+                if read.offer_cache_files
+                else None
+            ),
         )
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -213,6 +224,7 @@ class ReadServer:
             metrics=self._metrics,
             copier=self.copier,
             plugin_activity=self.plugin_activity,
+            cache_files=self.cache_files,
         )
         runner = web.AppRunner(
             app,

@@ -117,11 +117,13 @@ def _members(file: str) -> tuple[str, ...]:
 
 
 class ChunkFile(NamedTuple):
-    """A cached chunk on disk: an open file descriptor (the caller closes it) and the chunk's
-    first byte in that file."""
+    """A cached chunk on disk: an open file descriptor (the caller closes it), the chunk's
+    first byte in that file, and the file's path (complete under that name, never rewritten in
+    place: a file fetched again replaces it by a rename)."""
 
     fd: int
     offset: int
+    path: Path
 
 
 class ObjectRef(NamedTuple):
@@ -377,23 +379,27 @@ class ChunkCache:
         return found
 
     async def open_chunk(
-        self, obj: ObjectRef, index: int, copy: int
+        self, obj: ObjectRef, index: int, copy: int, *, prefer_file: bool = False
     ) -> bytes | memoryview | ChunkFile | None:
         """Copy ``copy`` of chunk ``index`` of ``obj`` without reading it: its bytes when they
         are in memory, else a file descriptor opened on its file and where the chunk starts
-        there (the caller closes it); None when that copy is no longer cached. Refreshes the
-        chunk's place in the LRU order."""
+        there (the caller closes it); None when that copy is no longer cached. With
+        ``prefer_file`` its file whenever it is written (a reader that opens the file itself).
+        Refreshes the chunk's place in the LRU order."""
         self._check_open()
         name = self._name(obj.key, index)
         if self.copy_id(obj, index) != copy:
             return None
         file, offset = self._file_of[name]
         self._lru.move_to_end(file)
-        memory = self._writing.get(name) or self._recent.get(name)
+        memory = self._writing.get(name)
+        if memory is None and not prefer_file:
+            memory = self._recent.get(name)
         if memory is not None:
             return memory
+        path = self._path(file)
         try:
-            fd = await self._open_file(self._path(file))
+            fd = await self._open_file(path)
         except FileNotFoundError:
             self._forget(name)
             return None
@@ -401,7 +407,7 @@ class ChunkCache:
             os.close(fd)  # evicted (and maybe fetched again) while it was being opened
             return None
         self._count("hit")
-        return ChunkFile(fd, offset)
+        return ChunkFile(fd, offset, path)
 
     async def _open_file(self, path: Path) -> int:
         """``os.open`` in a worker thread. The thread cannot be stopped: if the caller is

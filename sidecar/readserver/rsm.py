@@ -6,6 +6,12 @@ POST with a JSON body that carries the broker's ``RemoteLogSegmentMetadata``.
 * ``fetch-segment``: bytes ``start..end`` (inclusive; no end = to the end) of the ``.log``,
   streamed through the chunk cache with a Content-Length; read-ahead stays below
   ``readahead_end`` (inclusive; default ``end``), the end of the range the window belongs to.
+  With ``"files": true`` (a plugin on this host, or in this pod with the cache volume mounted)
+  a range whose chunks are all in written cache files is answered with where they are,
+  ``{"files": [{"path", "offset", "length"}, ...]}`` as JSON, and the plugin reads them itself:
+  no ``sendfile``, one copy less per byte. Paths are as the broker sees the cache directory
+  (:class:`CacheFileOffer`). A file may be evicted before the plugin opens it: the plugin
+  then asks again without ``files``.
 * ``fetch-index``: one index, byte-exact; a missing one is 404 (the plugin's
   ``RemoteResourceNotFoundException``).
 * ``delete``: every object of the segment; idempotent.
@@ -22,6 +28,7 @@ import base64
 import binascii
 import contextlib
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Final
@@ -55,20 +62,59 @@ from sidecar.readserver.errors import (
     SegmentNotCopyableError,
 )
 from sidecar.readserver.routes import (
+    METRICS_KEY,
     RSM_ROUTE_PREFIX,
     SERVICE_KEY,
     _pieces,
     _send,
     _send_plan,
 )
-from sidecar.readserver.service import Plan
+from sidecar.readserver.service import FileRange, Plan
 from sidecar.storage.manifest import IndexKind
 
-__all__ = ["COPIER_KEY", "add_rsm_routes", "segment_metadata"]
+__all__ = ["CACHE_FILES_KEY", "COPIER_KEY", "CacheFileOffer", "add_rsm_routes", "segment_metadata"]
 
 log = get_logger(__name__)
 
+
+class CacheFileOffer:
+    """Where the broker finds the chunk cache's files: ``directory`` (the cache, as this process
+    sees it) is ``broker_directory`` for the broker (default: the same path; a pod may mount the
+    shared volume elsewhere in the broker's container)."""
+
+    def __init__(self, directory: Path, broker_directory: Path | None = None) -> None:
+        self._directory = Path(directory).absolute()
+        self._broker_directory = (
+            self._directory if broker_directory is None else Path(broker_directory)
+        )
+
+    def broker_path(self, path: Path) -> str | None:
+        """The file ``path`` of the cache as the broker sees it; None for a file outside the
+        cache or a path that is not plain printable ASCII without ``"`` and a backslash (the
+        plugin's parser reads no JSON escapes)."""
+        try:
+            relative = Path(path).absolute().relative_to(self._directory)
+        except ValueError:
+            return None
+        text = str(self._broker_directory / relative)
+        return text if _PLAIN_PATH.fullmatch(text) else None
+
+    def answer(self, plan: Plan) -> bytes | None:
+        """The ``{"files": [...]}`` answer naming ``plan``'s bytes; None when a piece is only
+        in memory (a chunk being written) or a file cannot be named."""
+        files = []
+        for piece in plan.pieces:
+            path = self.broker_path(piece.path) if isinstance(piece, FileRange) else None
+            if path is None or not isinstance(piece, FileRange):
+                return None
+            files.append({"path": path, "offset": piece.offset, "length": piece.length})
+        return json.dumps({"files": files}, separators=(",", ":")).encode()
+
+
 COPIER_KEY: Final = web.AppKey("broker_copier", SegmentCopier)
+CACHE_FILES_KEY: Final = web.AppKey("cache_files", CacheFileOffer)
+#: what a path offered to the plugin may hold: printable ASCII but ``"`` and a backslash
+_PLAIN_PATH: Final = re.compile(r"[ !#-\[\]-~]+")
 _PREFIX: Final = RSM_ROUTE_PREFIX
 #: Kafka's RemoteStorageManager.IndexType → the manifest's index kinds
 _INDEX_TYPES: Final = {
@@ -275,9 +321,15 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
     # the plugin asks for one window of a longer range at a time: read ahead (the chunk
     # prefetch) into the rest of that range, so the next window's chunks are on their way
     readahead_end = _int(body, "readahead_end", 0, _MAX_INT32, optional=True)
+    wants_files = body.get("files", False)
+    if not isinstance(wants_files, bool):
+        raise BadRequestError("files must be true or false")
+    offer = request.app.get(CACHE_FILES_KEY) if wants_files else None
     service = request.app[SERVICE_KEY]
     try:
-        stream = await service.log_range(segment, start, end, readahead_end=readahead_end)
+        stream = await service.log_range(
+            segment, start, end, readahead_end=readahead_end, files=offer is not None
+        )
     except KeyNotFoundError as exc:
         raise RemoteObjectNotFoundError(
             f"the .log of segment {segment.segment_id.id} is not in the bucket"
@@ -285,6 +337,16 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
     )
+    if isinstance(stream, Plan) and offer is not None:
+        answer = offer.answer(stream)
+        if answer is not None:  # every chunk in a written file: the plugin reads them
+            stream.close()
+            metrics = request.app.get(METRICS_KEY)
+            if metrics is not None:
+                metrics.read_shared_file_bytes.inc(stream.length)
+            return web.Response(
+                body=answer, content_type="application/json", headers={"Cache-Control": "no-store"}
+            )
     response.content_length = stream.length
     if isinstance(stream, Plan):  # every chunk cached: sent from the chunk files
         return await _send_plan(request, response, stream, endpoint="rsm_fetch_segment")

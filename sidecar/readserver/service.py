@@ -339,11 +339,13 @@ class _ObjectReader:
 
 
 class FileRange(NamedTuple):
-    """Bytes of an open chunk file: sent with ``sendfile``, never read into memory."""
+    """Bytes of an open chunk file: sent with ``sendfile``, never read into memory (or named
+    by ``path`` to a reader on this host that opens the file itself)."""
 
     fd: int
     offset: int
     length: int
+    path: Path
 
 
 class Plan:
@@ -917,10 +919,13 @@ class ReadService:
         end_inclusive: int | None,
         *,
         readahead_end: int | None = None,
+        files: bool = False,
     ) -> ByteStream | Plan:
         """:meth:`segment_range` of ``segment`` as given (the broker plugin's metadata: the
         store need not have seen it). ``readahead_end`` (inclusive) is the end of a longer range
-        that this one is a window of: the chunk prefetch goes on into it."""
+        that this one is a window of: the chunk prefetch goes on into it. ``files``: a reader
+        that opens cached chunk files itself; a plan then names the chunks' files whenever
+        they are written, rather than their bytes in memory."""
         size = segment.segment_size_in_bytes
         if start < 0 or start >= size or (end_inclusive is not None and end_inclusive < start):
             raise RangeNotSatisfiableError(
@@ -945,8 +950,8 @@ class ReadService:
         if ahead_to == size - 1 and at_end:
             # the read-ahead has reached this segment's end: the reader goes on into the next
             await self._prefetch_following(segment)
-        planned = self._plan and end - start + 1 >= self._plan_min_bytes
-        plan = await self._open_range(obj, start, end) if planned else None
+        planned = (self._plan or files) and end - start + 1 >= self._plan_min_bytes
+        plan = await self._open_range(obj, start, end, files=files) if planned else None
         limit = None if ahead_to is None else ahead_to + 1
         if plan is not None:
             # the reader goes on: fetch what follows while this is sent, as a streamed read
@@ -1063,19 +1068,26 @@ class ReadService:
         self._maps.drop(opened.key)  # a chunk its map relies on was fetched again
         return None
 
-    async def _open_range(self, obj: ObjectRef, start: int, end_inclusive: int) -> Plan | None:
+    async def _open_range(
+        self, obj: ObjectRef, start: int, end_inclusive: int, *, files: bool = False
+    ) -> Plan | None:
         """Bytes ``start..end_inclusive`` of ``obj`` when every chunk of them is cached."""
         opened = await self._open_chunks(
-            [(obj, start, end_inclusive + 1, functools.partial(self.chunks.copy_id, obj))]
+            [(obj, start, end_inclusive + 1, functools.partial(self.chunks.copy_id, obj))],
+            prefer_files=files,
         )
         return opened if isinstance(opened, Plan) else None
 
     async def _open_chunks(
-        self, parts: Sequence[tuple[ObjectRef, int, int, Callable[[int], int | None]]]
+        self,
+        parts: Sequence[tuple[ObjectRef, int, int, Callable[[int], int | None]]],
+        *,
+        prefer_files: bool = False,
     ) -> Plan | ObjectRef:
         """Open the chunks holding bytes ``[start, end)`` of each part's object, in the copy
-        ``copy_of(index)`` names: a plan of file ranges and in-memory slices, or the object one
-        of whose chunks is missing or is no longer that copy."""
+        ``copy_of(index)`` names: a plan of file ranges and in-memory slices (file ranges
+        wherever the chunk is written, with ``prefer_files``), or the object one of whose chunks
+        is missing or is no longer that copy."""
         size = self.chunks.chunk_size
         pieces: list[memoryview | FileRange] = []
         fds: list[int] = []
@@ -1083,7 +1095,13 @@ class ReadService:
             for obj, start, end, copy_of in parts:
                 for index in range(start // size, (end - 1) // size + 1):
                     copy = copy_of(index)
-                    found = None if copy is None else await self.chunks.open_chunk(obj, index, copy)
+                    found = (
+                        None
+                        if copy is None
+                        else await self.chunks.open_chunk(
+                            obj, index, copy, prefer_file=prefer_files
+                        )
+                    )
                     if found is None:
                         for fd in fds:
                             os.close(fd)
@@ -1092,7 +1110,9 @@ class ReadService:
                     high = min(end, (index + 1) * size) - index * size
                     if isinstance(found, ChunkFile):
                         fds.append(found.fd)
-                        pieces.append(FileRange(found.fd, found.offset + low, high - low))
+                        pieces.append(
+                            FileRange(found.fd, found.offset + low, high - low, found.path)
+                        )
                     else:
                         pieces.append(memoryview(found)[low:high])
         except BaseException:

@@ -573,9 +573,10 @@ class TestBrokerPlugin:
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert "emptyDir" in volumes["tiered-sidecar-plugin"]
 
-    def test_broker_mounts_the_jar_and_the_socket(self):
+    def test_broker_mounts_the_jar_the_socket_and_the_cache(self):
         """Kafka's container mounts the plugin volume where remote.log.storage.manager.class.path
-        points and the sidecar's socket directory at the path the sidecar binds."""
+        points, the sidecar's socket directory at the path the sidecar binds, and its chunk cache
+        where the sidecar has it."""
         kafka = containers_by_name(pod_spec(self.SCENARIO))["kafka"]
         mounts = {m["name"]: m for m in kafka["volumeMounts"]}
         env = {e["name"]: e.get("value") for e in kafka["env"]}
@@ -589,6 +590,11 @@ class TestBrokerPlugin:
         assert {"name": "tiered-sidecar-run", "mountPath": str(Path(socket).parent)} in sidecar[
             "volumeMounts"
         ]
+        # the chunk cache, read-only at the sidecar's path: the plugin reads cached files itself
+        cache = tomllib.loads(sidecar_toml(self.SCENARIO))["read_server"]["cache_dir"]
+        assert mounts["tiered-sidecar-cache"]["mountPath"] == cache
+        assert mounts["tiered-sidecar-cache"]["readOnly"] is True
+        assert {"name": "tiered-sidecar-cache", "mountPath": cache} in sidecar["volumeMounts"]
 
     def test_broker_properties_are_sidecar_broker_configs(self, tmp_path):
         """The broker's KAFKA_* variables carry exactly what `sidecar broker-config` prints for

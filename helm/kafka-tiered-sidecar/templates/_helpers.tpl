@@ -256,7 +256,8 @@ numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML
 The broker plugin. The jar ships in the sidecar image; an init container copies it into the pod
 volume tiered-sidecar-plugin, which the broker mounts at plugin.mountPath. The broker also mounts
 the sidecar's socket directory (the socket is 0660, group fsGroup: the pod's fsGroup makes the
-emptyDir group-owned and setgid).
+emptyDir group-owned and setgid), and the chunk cache read-only at the sidecar's own path: the
+plugin reads cached chunk files itself (read_server.offer_cache_files) instead of being sent them.
 */}}
 {{- define "kafka-tiered-sidecar.pluginJarInImage" -}}
 /opt/kafka-tiered-sidecar/plugin/kafka-tiered-sidecar-plugin.jar
@@ -278,13 +279,17 @@ emptyDir group-owned and setgid).
       mountPath: /plugin
 {{- end }}
 
-{{/* What the broker container mounts for the plugin: the jar's volume and the socket's. */}}
+{{/* What the broker container mounts for the plugin: the jar's volume, the socket's and the
+chunk cache's. */}}
 {{- define "kafka-tiered-sidecar.pluginBrokerMounts" -}}
 - name: tiered-sidecar-plugin
   mountPath: {{ .Values.plugin.mountPath }}
   readOnly: true
 - name: tiered-sidecar-run
   mountPath: /run/kafka-tiered-sidecar
+  readOnly: true
+- name: tiered-sidecar-cache
+  mountPath: /var/cache/kafka-tiered-sidecar
   readOnly: true
 {{- end }}
 

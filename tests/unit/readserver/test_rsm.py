@@ -26,6 +26,8 @@ from sidecar.kafka.logdir import FileKind, segment_file_name
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import ChunkCache, ReadServer, ReadService
+from sidecar.readserver.rsm import CacheFileOffer
+from sidecar.readserver.service import FileRange, Plan
 from sidecar.storage.keys import ObjectSuffix
 from sidecar.storage.manifest import SegmentManifest
 from sidecar.storage.memory import MemoryObjectStore
@@ -75,18 +77,29 @@ def broker(tmp_path: Path) -> Broker:
     return Broker(Path("/broker/data"), mount, part)
 
 
-async def _serve(tmp_path: Path, broker: Broker, *, copier: bool = True) -> AsyncIterator[Rsm]:
+async def _serve(
+    tmp_path: Path,
+    broker: Broker,
+    *,
+    copier: bool = True,
+    files: bool = True,
+    broker_cache_dir: Path | None = None,
+    plan_min_bytes: int = 256 * 1024,
+) -> AsyncIterator[Rsm]:
     objects = MemoryObjectStore()
     chunks = ChunkCache(
         objects=objects, directory=tmp_path / "cache", max_bytes=1 << 20, chunk_size=16 * 1024
     )
     store = RemoteSegmentStore(tmp_path / "state")
-    service = ReadService(store=store, objects=objects, layout=LAYOUT, chunks=chunks)
+    service = ReadService(
+        store=store, objects=objects, layout=LAYOUT, chunks=chunks, plan_min_bytes=plan_min_bytes
+    )
     metrics = Metrics()
     server = ReadServer(
         service=service,
         socket_path=tmp_path / "r.sock",
         metrics=metrics,
+        cache_files=CacheFileOffer(chunks.directory, broker_cache_dir) if files else None,
         copier=BrokerCopier(
             objects=objects,
             layout=LAYOUT,
@@ -419,3 +432,113 @@ class TestFetchWindows:
             end = min(len(log), start + self.CHUNK) - 1
             status, body = await rsm.post("fetch-segment", {**meta, "start": start, "end": end})
             assert (status, body) == (200, log[start : end + 1])
+
+
+class TestCacheFiles:
+    """A plugin on the sidecar's host (or in its pod) is told where cached bytes are and reads
+    the chunk files itself; anything it could not read that way still comes as bytes."""
+
+    CHUNK = 16 * 1024  # the chunk size of the served cache
+
+    @pytest.fixture
+    def broker(self, tmp_path: Path) -> Broker:
+        """One segment of many chunks, plus the active one."""
+        mount = tmp_path / "mount"
+        part = write_partition(
+            mount,
+            "orders",
+            0,
+            [data_batches(0, 40, value_size=1000), data_batches(200, 1)],
+            topic_id=TOPIC_ID,
+        )
+        return Broker(Path("/broker/data"), mount, part)
+
+    async def _copied(self, rsm: Rsm, broker: Broker) -> tuple[dict[str, Any], bytes]:
+        sid = uuid.uuid4()
+        status, _ = await rsm.post("copy", _copy_body(broker, 0, 200, sid))
+        assert status == 200
+        log = (broker.partition / segment_file_name(0, FileKind.LOG)).read_bytes()
+        assert len(log) > 6 * self.CHUNK
+        return _metadata(broker, 0, 200, sid), log
+
+    @staticmethod
+    def _read(files: list[dict[str, Any]]) -> bytes:
+        """The bytes the plugin reads from the ranges it was given."""
+        out = bytearray()
+        for entry in files:
+            with Path(entry["path"]).open("rb") as file:
+                file.seek(entry["offset"])
+                out += file.read(entry["length"])
+        return bytes(out)
+
+    async def test_cached_ranges_are_answered_with_their_files(self, tmp_path, broker):
+        async for rsm in _serve(tmp_path, broker, plan_min_bytes=1):
+            meta, log = await self._copied(rsm, broker)
+            # cold: the bytes come from the store, streamed, even to a plugin that reads files
+            status, body = await rsm.post("fetch-segment", {**meta, "start": 0, "files": True})
+            assert (status, body) == (200, log)
+            await rsm.server.service.chunks.idle()  # every chunk written to its file
+            for start, end in [(0, len(log) - 1), (100, 3 * self.CHUNK + 17), (len(log) - 5, None)]:
+                last = len(log) - 1 if end is None else end
+                async with rsm.session.post(
+                    BASE + "/v1/rsm/fetch-segment",
+                    json={**meta, "start": start, "end": end, "files": True},
+                ) as response:
+                    assert response.status == 200
+                    assert response.content_type == "application/json"
+                    files = (await response.json())["files"]
+                assert all(Path(f["path"]).is_relative_to(tmp_path / "cache") for f in files)
+                assert self._read(files) == log[start : last + 1]
+            # a plugin that does not ask gets the bytes, from the same files
+            status, body = await rsm.post("fetch-segment", {**meta, "start": 100, "end": 999})
+            assert (status, body) == (200, log[100:1000])
+            shared = rsm.metrics.read_shared_file_bytes._value.get()
+            assert shared == len(log) + (3 * self.CHUNK + 17 - 100 + 1) + 5
+
+    async def test_paths_are_as_the_broker_mounts_the_cache(self, tmp_path, broker):
+        pod = Path("/pod/broker/sidecar-cache")
+        async for rsm in _serve(tmp_path, broker, broker_cache_dir=pod, plan_min_bytes=1):
+            meta, log = await self._copied(rsm, broker)
+            assert (await rsm.post("fetch-segment", {**meta, "start": 0}))[1] == log
+            await rsm.server.service.chunks.idle()
+            status, body = await rsm.post("fetch-segment", {**meta, "start": 0, "files": True})
+            assert status == 200
+            files = json.loads(body)["files"]
+            assert files
+            assert all(f["path"].startswith(f"{pod}/") for f in files)
+            here = [
+                {**f, "path": str(tmp_path / "cache" / Path(f["path"]).relative_to(pod))}
+                for f in files
+            ]
+            assert self._read(here) == log
+
+    async def test_a_sidecar_that_offers_no_files_sends_the_bytes(self, tmp_path, broker):
+        async for rsm in _serve(tmp_path, broker, files=False, plan_min_bytes=1):
+            meta, log = await self._copied(rsm, broker)
+            assert (await rsm.post("fetch-segment", {**meta, "start": 0}))[1] == log
+            await rsm.server.service.chunks.idle()
+            status, body = await rsm.post("fetch-segment", {**meta, "start": 0, "files": True})
+            assert (status, body) == (200, log)
+            assert rsm.metrics.read_shared_file_bytes._value.get() == 0
+
+    async def test_files_must_be_a_boolean(self, rsm, broker):
+        meta, _ = await self._copied(rsm, broker)
+        status, body = await rsm.post("fetch-segment", {**meta, "start": 0, "files": "yes"})
+        assert status == 400
+        assert "files must be true or false" in json.loads(body)["message"]
+
+    def test_pieces_in_memory_or_unnamable_paths_are_not_offered(self, tmp_path):
+        cache = tmp_path / "cache"
+        offer = CacheFileOffer(cache)
+        inside = cache / "ab" / "x.chunk"
+        assert offer.broker_path(inside) == str(inside)
+        assert offer.broker_path(tmp_path / "elsewhere.chunk") is None
+        assert offer.broker_path(cache / "ab" / 'a"b.chunk') is None
+        assert offer.broker_path(cache / "ab" / "a\\b.chunk") is None
+        assert offer.broker_path(cache / "ab" / "\u00e9.chunk") is None
+        files = Plan([FileRange(-1, 5, 10, inside)], [])
+        assert json.loads(offer.answer(files) or b"") == {
+            "files": [{"path": str(inside), "offset": 5, "length": 10}]
+        }
+        mixed = Plan([FileRange(-1, 5, 10, inside), memoryview(b"abc")], [])
+        assert offer.answer(mixed) is None
