@@ -375,6 +375,10 @@ async def test_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
     committed = await _consume(bootstrap, topic_name, "read_committed", len(produced.committed))
     assert len(committed) == len(produced.committed)
     assert committed == produced.committed
+    # the second read found the chunks cached: the plugin, on the sidecar's host, read their
+    # files itself instead of being sent the bytes
+    samples = await metric_samples(plugged.metrics_port)
+    assert sample(samples, "kafka_tiered_sidecar_read_shared_file_bytes_total") > 0
 
     # Kafka's own console consumer, read_committed from the beginning; Kafka 3.9's console
     # consumer names the formatter's settings --property

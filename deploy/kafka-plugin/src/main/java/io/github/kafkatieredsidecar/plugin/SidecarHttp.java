@@ -76,16 +76,29 @@ final class SidecarHttp {
         }
     }
 
-    /** The status line and the body of a response; the body is read on demand. */
+    /** The status line, the Content-Type and the body of a response; the body is read on demand. */
     static final class Response implements AutoCloseable {
         final int status;
         final long contentLength;
+        /** The {@code Content-Type} header's value; null when there is none. */
+        final String contentType;
         final BodyStream body;
 
-        Response(int status, long contentLength, BodyStream body) {
+        Response(int status, long contentLength, String contentType, BodyStream body) {
             this.status = status;
             this.contentLength = contentLength;
+            this.contentType = contentType;
             this.body = body;
+        }
+
+        /** Whether the body is JSON: {@code Content-Type: application/json}, with any parameters. */
+        boolean json() {
+            if (contentType == null) {
+                return false;
+            }
+            int semicolon = contentType.indexOf(';');
+            String type = semicolon < 0 ? contentType : contentType.substring(0, semicolon);
+            return type.trim().equalsIgnoreCase("application/json");
         }
 
         byte[] readAll() throws IOException {
@@ -360,6 +373,7 @@ final class SidecarHttp {
             throw new IOException("bad status line from the sidecar: " + lines[0], e);
         }
         long length = -1;
+        String contentType = null;
         boolean keepAlive = pool != null;
         for (int i = 1; i < lines.length; i++) {
             int colon = lines[i].indexOf(':');
@@ -374,6 +388,8 @@ final class SidecarHttp {
                 } catch (NumberFormatException e) {
                     throw new IOException("bad Content-Length from the sidecar: " + value, e);
                 }
+            } else if (name.equals("content-type")) {
+                contentType = value;
             } else if (name.equals("connection") && value.toLowerCase(Locale.ROOT).contains("close")) {
                 keepAlive = false;
             } else if (name.equals("transfer-encoding") && !value.equalsIgnoreCase("identity")) {
@@ -389,7 +405,7 @@ final class SidecarHttp {
         if (buffer.remaining() > length) {
             keepAlive = false;  // bytes past the body: not a connection to send another request on
         }
-        return new Response(status, length,
+        return new Response(status, length, contentType,
                 new BodyStream(connection, buffer, length, idleTimeoutMs, keepAlive ? pool : null));
     }
 

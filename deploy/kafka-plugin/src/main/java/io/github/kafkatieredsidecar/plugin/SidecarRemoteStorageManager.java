@@ -1,5 +1,6 @@
 package io.github.kafkatieredsidecar.plugin;
 
+import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
@@ -16,6 +17,7 @@ import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
+import java.util.function.LongSupplier;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -47,6 +49,12 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
  *   <li>{@code fetch.readahead.windows} (1, 0: none): how many such windows past the one a
  *       sequential reader is in are fetched in the background (two threads of the plugin), so
  *       its next fetches rarely wait for the sidecar.</li>
+ *   <li>{@code fetch.files} ({@code true}): read the sidecar's cached chunk files directly when
+ *       it offers them ({@link CacheFiles}; the broker needs read access to the sidecar's cache
+ *       directory: the same host, or a volume shared in the pod); {@code false}: always the bytes
+ *       over the socket. Files that cannot be read cost their fetch a second request, for the
+ *       bytes; after a few in a row, fetches ask for the bytes only, for a while
+ *       ({@link CacheFileReads}).</li>
  * </ul>
  *
  * <p>Reads (segment windows, indexes) reuse idle connections ({@link SidecarHttp}); copies and
@@ -62,6 +70,7 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
 public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     static final String DEFAULT_SOCKET = "/var/run/kafka-tiered-sidecar/read.sock";
+    private static final String FETCH_SEGMENT = "/v1/rsm/fetch-segment";
     private static final Pattern CODE = Pattern.compile("\"code\"\\s*:\\s*\"([^\"]*)\"");
     private static final Pattern MESSAGE = Pattern.compile("\"message\"\\s*:\\s*\"((?:[^\"\\\\]|\\\\.)*)\"");
     private static final Pattern CUSTOM = Pattern.compile("\"custom_metadata\"\\s*:\\s*\"([A-Za-z0-9+/=]*)\"");
@@ -79,9 +88,22 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private ThreadPoolExecutor readAhead;
     /** The windows being fetched ahead, by segment and start. */
     private final ConcurrentHashMap<String, Pending> pending = new ConcurrentHashMap<>();
+    private final LongSupplier nanoClock;
+    private CacheFileReads fileReads;
 
     /** A window fetched in the background: bytes {@code start .. end} of {@code segment}. */
     private record Pending(String segment, long start, long end, CompletableFuture<SegmentWindows.Window> window) {
+    }
+
+    /** Kafka's: the settings come with {@link #configure}. */
+    public SidecarRemoteStorageManager() {
+        this(System::nanoTime);
+    }
+
+    /** With a clock of its own for the pause of file reads (tests). */
+    SidecarRemoteStorageManager(LongSupplier nanoClock) {
+        this.nanoClock = nanoClock;
+        this.fileReads = new CacheFileReads(true, nanoClock);
     }
 
     @Override
@@ -95,6 +117,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
         windows = new SegmentWindows(cacheBytes, fetchWindowBytes);
         readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
+        fileReads = new CacheFileReads(booleanSetting(configs, "fetch.files", true), nanoClock);
         if (readAhead != null) {
             readAhead.shutdownNow();
             readAhead = null;
@@ -131,6 +154,19 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + configs.get(name));
         }
         return (int) parsed;
+    }
+
+    /** {@code true} or {@code false}, in any case. */
+    private static boolean booleanSetting(Map<String, ?> configs, String name, boolean fallback) {
+        Object value = configs.get(name);
+        if (value == null || value.toString().isBlank()) {
+            return fallback;
+        }
+        String text = value.toString().trim();
+        if (text.equalsIgnoreCase("true") || text.equalsIgnoreCase("false")) {
+            return Boolean.parseBoolean(text);
+        }
+        throw new IllegalArgumentException("rsm.config." + name + " must be true or false, not " + value);
     }
 
     private static long setting(Map<String, ?> configs, String name, long fallback, long minimum) {
@@ -195,20 +231,58 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return new WindowedStream(metadata, start, Math.max(last, start));
     }
 
-    /** Bytes {@code start .. end} of a segment, read whole from the sidecar. */
+    /** Bytes {@code start .. end} of a segment, read whole from the sidecar (or its cache files). */
     private SegmentWindows.Window fetchWhole(RemoteLogSegmentMetadata metadata, String segment, long start, long end,
             long rangeEnd) throws RemoteStorageException {
         String what = "fetch of " + describe(metadata) + " from byte " + start;
-        Json body = metadataJson(metadata).field("start", start).field("end", end).field("readahead_end", rangeEnd);
-        try (SidecarHttp.Response response = send("/v1/rsm/fetch-segment", body, requestTimeoutMs, what, true)) {
-            byte[] bytes = response.body.readRest();
-            if (bytes.length != end - start + 1) {
-                throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
-                        + " bytes for a window of " + (end - start + 1));
+        byte[] bytes = fileReads.ask() ? readWhole(metadata, start, end, rangeEnd, true, what) : null;
+        if (bytes == null) {
+            bytes = readWhole(metadata, start, end, rangeEnd, false, what);
+        }
+        return new SegmentWindows.Window(segment, start, bytes);
+    }
+
+    /**
+     * Bytes {@code start .. end} read whole: the answer's body, or with {@code files} the cache
+     * files the sidecar may offer instead; null when it offered files that could not be read.
+     */
+    private byte[] readWhole(RemoteLogSegmentMetadata metadata, long start, long end, long rangeEnd, boolean files,
+            String what) throws RemoteStorageException {
+        int size = (int) (end - start + 1);
+        Json body = fetchBody(metadata, start, end, rangeEnd, files);
+        try (SidecarHttp.Response response = send(FETCH_SEGMENT, body, requestTimeoutMs, what, true)) {
+            if (files && response.json()) {
+                return readFiles(response, size, what);
             }
-            return new SegmentWindows.Window(segment, start, bytes);
+            byte[] bytes = response.body.readRest();
+            if (bytes.length != size) {
+                throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
+                        + " bytes for a window of " + size);
+            }
+            return bytes;
         } catch (IOException e) {
             throw unreachable(what, e);
+        }
+    }
+
+    /**
+     * The {@code size} bytes of a window out of the cache files the sidecar's JSON answer names;
+     * null when they cannot be read (the caller asks for the bytes). Reading the answer itself
+     * is the socket's: its failure is an {@link IOException}.
+     */
+    private byte[] readFiles(SidecarHttp.Response response, int size, String what)
+            throws IOException, RemoteStorageException {
+        String answer = new String(response.readAll(), StandardCharsets.UTF_8);
+        try {
+            byte[] bytes = CacheFiles.read(CacheFiles.parse(answer), size);
+            fileReads.succeeded();
+            return bytes;
+        } catch (IOException e) {
+            if (Thread.currentThread().isInterrupted()) {
+                throw new RemoteStorageException(what + " was interrupted", e); // not the files' fault
+            }
+            fileReads.failed(what, e);
+            return null;
         }
     }
 
@@ -280,8 +354,34 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
      */
     private InputStream fetchWindow(RemoteLogSegmentMetadata metadata, long start, long end, long rangeEnd)
             throws RemoteStorageException {
+        String what = "fetch of " + describe(metadata) + " from byte " + start;
+        if (fileReads.ask()) {
+            SidecarHttp.Response response = send(FETCH_SEGMENT, fetchBody(metadata, start, end, rangeEnd, true),
+                    requestTimeoutMs, what, true);
+            if (!response.json()) {
+                return response.body;
+            }
+            byte[] bytes;
+            try (response) {
+                bytes = readFiles(response, (int) (end - start + 1), what);
+            } catch (IOException e) {
+                throw unreachable(what, e);
+            }
+            if (bytes != null) {
+                return new ByteArrayInputStream(bytes);
+            }
+        }
+        return stream(FETCH_SEGMENT, fetchBody(metadata, start, end, rangeEnd, false), what);
+    }
+
+    /**
+     * The body of a fetch of bytes {@code start .. end} of a range that ends at {@code rangeEnd};
+     * with {@code files} the sidecar may answer with its cache files that hold them.
+     */
+    private static Json fetchBody(RemoteLogSegmentMetadata metadata, long start, long end, long rangeEnd,
+            boolean files) {
         Json body = metadataJson(metadata).field("start", start).field("end", end).field("readahead_end", rangeEnd);
-        return stream("/v1/rsm/fetch-segment", body, "fetch of " + describe(metadata) + " from byte " + start);
+        return files ? body.field("files", true) : body;
     }
 
     /**
@@ -438,6 +538,16 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (http != null) {
             http.close();
         }
+    }
+
+    /** Windows read from the sidecar's cache files (tests). */
+    long fileWindows() {
+        return fileReads.windows();
+    }
+
+    /** Cache files offered that could not be read, so the bytes were asked for (tests). */
+    long fileFallbacks() {
+        return fileReads.fallbacks();
     }
 
     /** Idle connections kept for the next read (tests). */

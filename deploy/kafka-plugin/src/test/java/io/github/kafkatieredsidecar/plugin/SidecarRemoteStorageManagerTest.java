@@ -72,7 +72,7 @@ class SidecarRemoteStorageManagerTest {
         sidecar.close();
     }
 
-    private static RemoteLogSegmentMetadata metadata() {
+    static RemoteLogSegmentMetadata metadata() {
         TopicIdPartition tip = new TopicIdPartition(Uuid.fromString("AAAAAAAAAAAAAAAAAAAAAQ"),
                 new TopicPartition("orders\"x", 3));
         return new RemoteLogSegmentMetadata(new RemoteLogSegmentId(tip, Uuid.fromString("AAAAAAAAAAAAAAAAAAAAAg")),
@@ -546,10 +546,19 @@ class SidecarRemoteStorageManagerTest {
             answerTruncated(status, body, body.length, false);
         }
 
+        /** Answer {@code body} as {@code contentType}. */
+        void answer(int status, String contentType, byte[] body) {
+            answer(status, contentType, body, body.length, false);
+        }
+
         /** Declare {@code declared} bytes, send {@code body}, then hang ({@code stall}) or close. */
         void answerTruncated(int status, byte[] body, int declared, boolean stall) {
+            answer(status, "application/octet-stream", body, declared, stall);
+        }
+
+        private void answer(int status, String contentType, byte[] body, int declared, boolean stall) {
             ByteArrayOutputStream out = new ByteArrayOutputStream();
-            String head = "HTTP/1.1 " + status + " X\r\nContent-Type: application/octet-stream\r\nContent-Length: "
+            String head = "HTTP/1.1 " + status + " X\r\nContent-Type: " + contentType + "\r\nContent-Length: "
                     + declared + "\r\n\r\n";
             out.writeBytes(head.getBytes(StandardCharsets.US_ASCII));
             out.writeBytes(body);

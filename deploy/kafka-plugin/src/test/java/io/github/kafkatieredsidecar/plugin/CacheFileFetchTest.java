@@ -1,0 +1,361 @@
+package io.github.kafkatieredsidecar.plugin;
+
+import static io.github.kafkatieredsidecar.plugin.SidecarRemoteStorageManagerTest.metadata;
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.logging.Handler;
+import java.util.logging.Level;
+import java.util.logging.LogRecord;
+import java.util.logging.Logger;
+
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+import org.junit.jupiter.api.io.TempDir;
+
+import io.github.kafkatieredsidecar.plugin.SidecarRemoteStorageManagerTest.FakeSidecar;
+
+/** Fetches answered with the sidecar's cache files, read by the plugin, and the way back to bytes. */
+@Timeout(value = 60, unit = TimeUnit.SECONDS)
+class CacheFileFetchTest {
+
+    private static final String JSON = "application/json; charset=utf-8";
+
+    @TempDir
+    Path dir;
+
+    private FakeSidecar sidecar;
+    private final AtomicLong now = new AtomicLong(1_000_000_000L);
+    private final List<SidecarRemoteStorageManager> plugins = new ArrayList<>();
+    private final byte[] segment = segmentBytes();
+    /** The plugin's logger (held: the logging framework keeps it weakly) and what it logged. */
+    private final Logger log = Logger.getLogger(SidecarRemoteStorageManager.class.getName());
+    private final List<LogRecord> logged = new CopyOnWriteArrayList<>();
+    private final Handler capture = new Handler() {
+        @Override
+        public void publish(LogRecord record) {
+            logged.add(record);
+        }
+
+        @Override
+        public void flush() {
+        }
+
+        @Override
+        public void close() {
+        }
+    };
+
+    @BeforeEach
+    void setUp() throws IOException {
+        sidecar = new FakeSidecar(dir.resolve("read.sock"));
+        log.addHandler(capture);
+        log.setUseParentHandlers(false);
+    }
+
+    @AfterEach
+    void tearDown() {
+        plugins.forEach(SidecarRemoteStorageManager::close);
+        sidecar.close();
+        log.removeHandler(capture);
+        log.setUseParentHandlers(true);
+    }
+
+    /** A plugin with plain windows of 100 bytes (and {@code settings} over that), on the test's clock. */
+    private SidecarRemoteStorageManager plugin(String... settings) {
+        Map<String, String> configs = new HashMap<>(Map.of(
+                "socket.path", sidecar.path.toString(),
+                "request.timeout.ms", "2000",
+                "read.idle.timeout.ms", "2000",
+                "fetch.window.bytes", "100",
+                "fetch.cache.bytes", "0"));
+        for (int i = 0; i < settings.length; i += 2) {
+            configs.put(settings[i], settings[i + 1]);
+        }
+        SidecarRemoteStorageManager plugin = new SidecarRemoteStorageManager(now::get);
+        plugin.configure(configs);
+        plugins.add(plugin);
+        return plugin;
+    }
+
+    /** Windows of 1000 bytes kept for sequential readers, none fetched in the background. */
+    private SidecarRemoteStorageManager sequentialPlugin(String... settings) {
+        List<String> all = new ArrayList<>(List.of("fetch.sequential.window.bytes", "1000",
+                "fetch.cache.bytes", "10000", "fetch.readahead.windows", "0"));
+        all.addAll(List.of(settings));
+        return plugin(all.toArray(new String[0]));
+    }
+
+    private static byte[] segmentBytes() {
+        byte[] segment = new byte[1_000_000];
+        for (int i = 0; i < segment.length; i++) {
+            segment[i] = (byte) (i * 7 + i / 251);
+        }
+        return segment;
+    }
+
+    private byte[] range(long from, long to) {
+        return Arrays.copyOfRange(segment, (int) from, (int) to);
+    }
+
+    /**
+     * A cache file at {@code name} holding the segment's bytes {@code from .. to - 1} after
+     * {@code offset} other bytes, and other bytes after them; its range in a files answer.
+     */
+    private String chunk(String name, long from, long to, int offset) throws IOException {
+        byte[] file = new byte[offset + (int) (to - from) + 50];
+        Arrays.fill(file, (byte) 0x5a);
+        System.arraycopy(segment, (int) from, file, offset, (int) (to - from));
+        Path path = dir.resolve(name);
+        Files.createDirectories(path.getParent());
+        Files.write(path, file);
+        return fileRange(path, offset, to - from);
+    }
+
+    private static String fileRange(Path path, long offset, long length) {
+        return "{\"path\":\"" + path + "\",\"offset\":" + offset + ",\"length\":" + length + "}";
+    }
+
+    private void answerFiles(String... ranges) {
+        answerJson("{\"files\":[" + String.join(",", ranges) + "]}");
+    }
+
+    private void answerJson(String json) {
+        sidecar.answer(200, JSON, json.getBytes(StandardCharsets.UTF_8));
+    }
+
+    private String nextRequest() throws InterruptedException {
+        return sidecar.requests.take().body();
+    }
+
+    /** A first read of the segment from 0 (a plain window), answered with bytes; it asked for files. */
+    private void firstPlainRead(SidecarRemoteStorageManager plugin) throws Exception {
+        sidecar.answer(200, range(0, 100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 0)) {
+            assertArrayEquals(range(0, 100), in.readNBytes(100));
+        }
+        assertTrue(nextRequest().contains("\"files\":true"));
+    }
+
+    @Test
+    void aSequentialWindowIsReadFromTheFilesOffered() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin();
+        firstPlainRead(plugin);
+        answerFiles(chunk("ab/first.chunk", 100, 600, 7), chunk("cd/second.chunk", 600, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            assertArrayEquals(range(100, 1100), in.readNBytes(1000));
+        }
+        String body = nextRequest();
+        assertTrue(body.contains("\"start\":100,\"end\":1099,\"readahead_end\":999999,\"files\":true"), body);
+        assertEquals(1000, plugin.windows().bytes());
+        assertEquals(1, plugin.fileWindows());
+        assertEquals(0, plugin.fileFallbacks());
+    }
+
+    @Test
+    void aPlainWindowIsReadFromTheFilesOfferedAndBytesAreTakenToo() throws Exception {
+        SidecarRemoteStorageManager plugin = plugin();
+        // three windows: files, then bytes (a chunk only in the sidecar's memory), then files
+        answerFiles(chunk("a.chunk", 1000, 1100, 13));
+        sidecar.answer(200, range(1100, 1200));
+        answerFiles(chunk("b.chunk", 1200, 1230, 0), chunk("c.chunk", 1230, 1250, 4096));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1249)) {
+            assertArrayEquals(range(1000, 1250), in.readAllBytes());
+        }
+        for (String start : new String[] {"1000", "1100", "1200"}) {
+            String body = nextRequest();
+            assertTrue(body.contains("\"start\":" + start + ","), body);
+            assertTrue(body.contains("\"files\":true"), body);
+        }
+        assertEquals(2, plugin.fileWindows());
+        assertEquals(0, plugin.fileFallbacks());
+    }
+
+    /** A plain window answered with {@code answer}: the plugin asks again without files, gets bytes. */
+    private void assertAsksAgainForTheBytes(SidecarRemoteStorageManager plugin, String answer) throws Exception {
+        long fallbacks = plugin.fileFallbacks();
+        answerJson(answer);
+        sidecar.answer(200, range(1000, 1100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1099)) {
+            assertArrayEquals(range(1000, 1100), in.readAllBytes());
+        }
+        String first = nextRequest();
+        assertTrue(first.contains("\"start\":1000,\"end\":1099,") && first.contains("\"files\":true"), first);
+        String again = nextRequest();
+        assertTrue(again.contains("\"start\":1000,\"end\":1099,"), again);
+        assertFalse(again.contains("\"files\""), again);
+        assertEquals(fallbacks + 1, plugin.fileFallbacks());
+    }
+
+    @Test
+    void aMissingFileIsAskedForAgainAsBytes() throws Exception {
+        SidecarRemoteStorageManager plugin = plugin();
+        assertAsksAgainForTheBytes(plugin, "{\"files\":[" + fileRange(dir.resolve("evicted.chunk"), 0, 100) + "]}");
+        assertEquals(0, plugin.fileWindows());
+    }
+
+    @Test
+    void aShortFileIsAskedForAgainAsBytes() throws Exception {
+        Path file = Files.write(dir.resolve("short.chunk"), range(1000, 1060));
+        assertAsksAgainForTheBytes(plugin(), "{\"files\":[" + fileRange(file, 0, 100) + "]}");
+    }
+
+    @Test
+    void aSequentialWindowWithAMissingFileIsAskedForAgainAsBytes() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin();
+        firstPlainRead(plugin);
+        answerFiles(chunk("here.chunk", 100, 600, 0), fileRange(dir.resolve("gone.chunk"), 0, 500));
+        sidecar.answer(200, range(100, 1100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            assertArrayEquals(range(100, 1100), in.readNBytes(1000));
+        }
+        assertTrue(nextRequest().contains("\"start\":100,\"end\":1099,\"readahead_end\":999999,\"files\":true"));
+        String again = nextRequest();
+        assertTrue(again.contains("\"start\":100,\"end\":1099,"), again);
+        assertFalse(again.contains("\"files\""), again);
+        assertEquals(1000, plugin.windows().bytes());
+        assertEquals(1, plugin.fileFallbacks());
+    }
+
+    @Test
+    void anAnswerThatIsNotAListOfFilesIsAskedForAgainAsBytes() throws Exception {
+        String file = chunk("a.chunk", 1000, 1100, 0);
+        String path = dir.resolve("a.chunk").toString();
+        for (String answer : new String[] {
+            "not json",
+            "{\"files\":[]}",
+            "{\"files\":[" + file + "],\"more\":1}",
+            "{\"files\":[{\"path\":\"" + path + "\",\"offset\":0}]}",
+            "{\"files\":[{\"path\":\"a.chunk\",\"offset\":0,\"length\":100}]}",
+            "{\"files\":[{\"path\":\"" + path + "\",\"offset\":-1,\"length\":100}]}",
+            "{\"files\":[" + file + "," + "]}",
+        }) {
+            assertAsksAgainForTheBytes(plugin(), answer);
+        }
+    }
+
+    @Test
+    void rangesThatDoNotAddUpToTheWindowAreAskedForAgainAsBytes() throws Exception {
+        String path = chunk("a.chunk", 1000, 1100, 0);
+        assertAsksAgainForTheBytes(plugin(), "{\"files\":[" + path.replace("\"length\":100", "\"length\":90") + "]}");
+        assertAsksAgainForTheBytes(plugin(), "{\"files\":[" + path + "," + path + "]}");
+    }
+
+    @Test
+    void threeFallbacksInARowPauseFileReadsUntilTheClockSaysSo() throws Exception {
+        SidecarRemoteStorageManager plugin = plugin();
+        Path gone = dir.resolve("gone.chunk");
+        String missing = "{\"files\":[" + fileRange(gone, 0, 100) + "]}";
+        // two failures, a window read from files (which resets the count), two failures
+        assertAsksAgainForTheBytes(plugin, missing);
+        assertAsksAgainForTheBytes(plugin, missing);
+        answerFiles(chunk("a.chunk", 1000, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1099)) {
+            assertArrayEquals(range(1000, 1100), in.readAllBytes());
+        }
+        nextRequest();
+        assertAsksAgainForTheBytes(plugin, missing);
+        assertAsksAgainForTheBytes(plugin, missing);
+        assertTrue(logged.isEmpty(), "no warning before three in a row");
+        // the third in a row: one warning, and no fetch asks for files for a while
+        assertAsksAgainForTheBytes(plugin, missing);
+        assertEquals(1, logged.size());
+        LogRecord warning = logged.get(0);
+        assertEquals(Level.WARNING, warning.getLevel());
+        assertTrue(warning.getMessage().contains(gone.toString()), warning.getMessage());
+        assertTrue(warning.getMessage().contains("NoSuchFileException"), warning.getMessage());
+        assertTrue(warning.getMessage().contains("over the sidecar's socket until"), warning.getMessage());
+        assertBytesWithoutFiles(plugin);
+        now.addAndGet(CacheFileReads.OFF_NANOS - 1);
+        assertBytesWithoutFiles(plugin);
+        // the pause is over: files again, and three more failures in a row pause them again
+        now.addAndGet(1);
+        for (int i = 0; i < CacheFileReads.FAILURES_IN_A_ROW; i++) {
+            assertAsksAgainForTheBytes(plugin, missing);
+        }
+        assertEquals(2, logged.size(), "one warning per pause");
+        assertBytesWithoutFiles(plugin);
+        assertEquals(8, plugin.fileFallbacks());
+        assertEquals(1, plugin.fileWindows());
+    }
+
+    @Test
+    void failuresOfFetchesThatAskedBeforeThePauseNeitherWarnNorExtendIt() {
+        CacheFileReads reads = new CacheFileReads(true, now::get);
+        IOException gone = new IOException("cannot open the sidecar's cache file /c/x.chunk");
+        for (int i = 0; i < CacheFileReads.FAILURES_IN_A_ROW; i++) {
+            assertTrue(reads.ask());
+            reads.failed("fetch", gone);
+        }
+        assertFalse(reads.ask());
+        now.addAndGet(CacheFileReads.OFF_NANOS / 2);
+        for (int i = 0; i < 2 * CacheFileReads.FAILURES_IN_A_ROW; i++) {
+            reads.failed("fetch", gone); // those in flight when the pause began
+        }
+        assertEquals(1, logged.size());
+        now.addAndGet(CacheFileReads.OFF_NANOS - CacheFileReads.OFF_NANOS / 2);
+        assertTrue(reads.ask(), "the pause counts from the failure that began it");
+        assertEquals(3 * CacheFileReads.FAILURES_IN_A_ROW, reads.fallbacks());
+    }
+
+    /** A plain window that does not ask for files. */
+    private void assertBytesWithoutFiles(SidecarRemoteStorageManager plugin) throws Exception {
+        sidecar.answer(200, range(1000, 1100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1099)) {
+            assertArrayEquals(range(1000, 1100), in.readAllBytes());
+        }
+        String body = nextRequest();
+        assertFalse(body.contains("\"files\""), body);
+    }
+
+    @Test
+    void withFetchFilesFalseNoFetchAsksForFiles() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin("fetch.files", "False");
+        sidecar.answer(200, range(0, 100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 0)) {
+            assertArrayEquals(range(0, 100), in.readNBytes(100));
+        }
+        sidecar.answer(200, range(100, 1100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            assertArrayEquals(range(100, 1100), in.readNBytes(1000));
+        }
+        for (int i = 0; i < 2; i++) {
+            String body = nextRequest();
+            assertFalse(body.contains("\"files\""), body);
+        }
+        assertEquals(1000, plugin.windows().bytes());
+    }
+
+    @Test
+    void fetchFilesMustBeTrueOrFalse() throws Exception {
+        SidecarRemoteStorageManager other = new SidecarRemoteStorageManager();
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> other.configure(Map.of("fetch.files", "yes")));
+        assertTrue(e.getMessage().contains("rsm.config.fetch.files must be true or false, not yes"), e.getMessage());
+        // any case is fine
+        SidecarRemoteStorageManager plugin = plugin("fetch.files", "TRUE");
+        answerFiles(chunk("a.chunk", 1000, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1099)) {
+            assertArrayEquals(range(1000, 1100), in.readAllBytes());
+        }
+        assertTrue(nextRequest().contains("\"files\":true"));
+    }
+}
