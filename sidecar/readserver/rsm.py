@@ -101,13 +101,18 @@ class CacheFileOffer:
 
     def answer(self, plan: Plan) -> bytes | None:
         """The ``{"files": [...]}`` answer naming ``plan``'s bytes; None when a piece is only
-        in memory (a chunk being written) or a file cannot be named."""
-        files = []
+        in memory (a chunk being written) or a file cannot be named. Consecutive chunks of one
+        group file are one range."""
+        files: list[dict[str, Any]] = []
         for piece in plan.pieces:
             path = self.broker_path(piece.path) if isinstance(piece, FileRange) else None
             if path is None or not isinstance(piece, FileRange):
                 return None
-            files.append({"path": path, "offset": piece.offset, "length": piece.length})
+            last = files[-1] if files else None
+            if last and last["path"] == path and last["offset"] + last["length"] == piece.offset:
+                last["length"] += piece.length
+            else:
+                files.append({"path": path, "offset": piece.offset, "length": piece.length})
         return json.dumps({"files": files}, separators=(",", ":")).encode()
 
 

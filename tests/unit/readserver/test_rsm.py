@@ -540,5 +540,18 @@ class TestCacheFiles:
         assert json.loads(offer.answer(files) or b"") == {
             "files": [{"path": str(inside), "offset": 5, "length": 10}]
         }
+        other = cache / "cd" / "y.chunk"
+        grouped = Plan(
+            [
+                FileRange(-1, 5, 10, inside),
+                FileRange(-1, 15, 4, inside),
+                FileRange(-1, 0, 3, other),
+            ],
+            [],
+        )
+        assert json.loads(offer.answer(grouped) or b"")["files"] == [
+            {"path": str(inside), "offset": 5, "length": 14},
+            {"path": str(other), "offset": 0, "length": 3},
+        ]
         mixed = Plan([FileRange(-1, 5, 10, inside), memoryview(b"abc")], [])
         assert offer.answer(mixed) is None
