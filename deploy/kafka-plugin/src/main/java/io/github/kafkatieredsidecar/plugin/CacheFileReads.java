@@ -14,12 +14,13 @@ import java.util.function.LongSupplier;
  * Whether fetches ask the sidecar for its cache files ({@link CacheFiles}): the
  * {@code fetch.files} setting, and a pause after the files offered could not be read.
  *
- * <p>A file that cannot be read costs its fetch a second request, for the bytes. Now and then
- * that is the sidecar's cache evicting a file before the plugin opened it;
+ * <p>A file that cannot be opened, or is shorter than its range, when its window is built
+ * ({@link FileWindow}) costs its fetch a second request, for the bytes. Now and then that is
+ * the sidecar's cache evicting a file before the plugin opened it;
  * {@value #FAILURES_IN_A_ROW} times in a row means the files are out of the broker's reach (a
  * cache directory the broker may not read, a volume not shared with it), so fetches then stop
  * asking for files for {@link #OFF_NANOS} (5 minutes), with one warning, and try them again
- * after that. A window read from files resets the count.
+ * after that. A window served from files resets the count.
  *
  * <p>Thread-safe: Kafka's remote reader threads and the plugin's read-ahead threads share one
  * instance.
@@ -65,7 +66,7 @@ final class CacheFileReads {
         return true;
     }
 
-    /** A window was read from the files offered. */
+    /** A window is served from the files offered. */
     void succeeded() {
         windows.incrementAndGet();
         failuresInARow.set(0);
@@ -87,7 +88,7 @@ final class CacheFileReads {
         }
     }
 
-    /** Windows read from files. */
+    /** Windows served from files. */
     long windows() {
         return windows.get();
     }

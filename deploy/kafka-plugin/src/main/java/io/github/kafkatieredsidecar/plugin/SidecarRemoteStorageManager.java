@@ -1,6 +1,5 @@
 package io.github.kafkatieredsidecar.plugin;
 
-import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.InputStream;
 import java.nio.ByteBuffer;
@@ -17,6 +16,7 @@ import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.LongSupplier;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
@@ -42,19 +42,22 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
  *       {@code read.idle.timeout.ms} (30000: each wait for body bytes of a fetch);</li>
  *   <li>{@code fetch.window.bytes} (1 MiB): a fetch asks the sidecar for this much at a time;</li>
  *   <li>{@code fetch.sequential.window.bytes} (4 MiB): a fetch that continues a recent read of
- *       the same segment (a consumer's next fetch) asks for this much at once and keeps it in
- *       memory for the fetches after it ({@link SegmentWindows});</li>
- *   <li>{@code fetch.cache.bytes} (64 MiB, 0: none): the memory those windows take at most, in
- *       the broker's heap;</li>
+ *       the same segment (a consumer's next fetch) asks for this much at once and keeps it
+ *       (its bytes, or its open cache files) for the fetches after it ({@link SegmentWindows});</li>
+ *   <li>{@code fetch.cache.bytes} (64 MiB, 0: none): the bytes those windows hold at most: the
+ *       broker's heap for windows sent as bytes, open cache files for windows served from files
+ *       (so a few dozen files open at most);</li>
  *   <li>{@code fetch.readahead.windows} (1, 0: none): how many such windows past the one a
  *       sequential reader is in are fetched in the background (two threads of the plugin), so
- *       its next fetches rarely wait for the sidecar.</li>
- *   <li>{@code fetch.files} ({@code true}): read the sidecar's cached chunk files directly when
- *       it offers them ({@link CacheFiles}; the broker needs read access to the sidecar's cache
- *       directory: the same host, or a volume shared in the pod); {@code false}: always the bytes
- *       over the socket. Files that cannot be read cost their fetch a second request, for the
- *       bytes; after a few in a row, fetches ask for the bytes only, for a while
- *       ({@link CacheFileReads}).</li>
+ *       its next fetches rarely wait for the sidecar; none when {@code fetch.cache.bytes} cannot
+ *       keep a window.</li>
+ *   <li>{@code fetch.files} ({@code true}): serve windows straight from the sidecar's cached
+ *       chunk files when it offers them ({@link CacheFiles}, {@link FileWindow}: the broker's
+ *       reads go from the file into its own buffer, with no copy in the heap; the broker needs
+ *       read access to the sidecar's cache directory: the same host, or a volume shared in the
+ *       pod); {@code false}: always the bytes over the socket. Files that cannot be opened cost
+ *       their fetch a second request, for the bytes; after a few in a row, fetches ask for the
+ *       bytes only, for a while ({@link CacheFileReads}).</li>
  * </ul>
  *
  * <p>Reads (segment windows, indexes) reuse idle connections ({@link SidecarHttp}); copies and
@@ -90,8 +93,14 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private final ConcurrentHashMap<String, Pending> pending = new ConcurrentHashMap<>();
     private final LongSupplier nanoClock;
     private CacheFileReads fileReads;
+    /** The cache files open in file windows, kept or being read (tests). */
+    private final AtomicInteger openFiles = new AtomicInteger();
 
-    /** A window fetched in the background: bytes {@code start .. end} of {@code segment}. */
+    /**
+     * A window fetched in the background: bytes {@code start .. end} of {@code segment}. The
+     * window it completes with was kept, if it could be; a reader takes a reference to it only if
+     * it was not freed meanwhile ({@link SegmentWindows.Window#retain}).
+     */
     private record Pending(String segment, long start, long end, CompletableFuture<SegmentWindows.Window> window) {
     }
 
@@ -115,14 +124,16 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         fetchWindowBytes = intSetting(configs, "fetch.window.bytes", 1024 * 1024);
         sequentialWindowBytes = intSetting(configs, "fetch.sequential.window.bytes", 4 * 1024 * 1024);
         long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
-        windows = new SegmentWindows(cacheBytes, fetchWindowBytes);
         readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
         fileReads = new CacheFileReads(booleanSetting(configs, "fetch.files", true), nanoClock);
         if (readAhead != null) {
             readAhead.shutdownNow();
             readAhead = null;
         }
-        if (cacheBytes > 0 && readAheadWindows > 0) {
+        windows.close(); // the windows of the settings before, if any (their open files)
+        windows = new SegmentWindows(cacheBytes, fetchWindowBytes);
+        // a window fetched ahead is of use only kept: one the budget cannot keep is not fetched ahead
+        if (cacheBytes >= sequentialWindowBytes && readAheadWindows > 0) {
             readAhead = new ThreadPoolExecutor(2, 2, 0L, TimeUnit.MILLISECONDS, new ArrayBlockingQueue<>(8), task -> {
                 Thread thread = new Thread(task, "sidecar-rsm-readahead");
                 thread.setDaemon(true);
@@ -231,52 +242,57 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         return new WindowedStream(metadata, start, Math.max(last, start));
     }
 
-    /** Bytes {@code start .. end} of a segment, read whole from the sidecar (or its cache files). */
+    /**
+     * Bytes {@code start .. end} of a segment, read whole from the sidecar or served from its cache
+     * files; the caller holds the window's first reference.
+     */
     private SegmentWindows.Window fetchWhole(RemoteLogSegmentMetadata metadata, String segment, long start, long end,
             long rangeEnd) throws RemoteStorageException {
         String what = "fetch of " + describe(metadata) + " from byte " + start;
-        byte[] bytes = fileReads.ask() ? readWhole(metadata, start, end, rangeEnd, true, what) : null;
-        if (bytes == null) {
-            bytes = readWhole(metadata, start, end, rangeEnd, false, what);
+        SegmentWindows.Window window = fileReads.ask()
+                ? readWhole(metadata, segment, start, end, rangeEnd, true, what) : null;
+        if (window == null) {
+            window = readWhole(metadata, segment, start, end, rangeEnd, false, what);
         }
-        return new SegmentWindows.Window(segment, start, bytes);
+        return window;
     }
 
     /**
      * Bytes {@code start .. end} read whole: the answer's body, or with {@code files} the cache
-     * files the sidecar may offer instead; null when it offered files that could not be read.
+     * files the sidecar may offer instead; null when it offered files that could not be opened.
      */
-    private byte[] readWhole(RemoteLogSegmentMetadata metadata, long start, long end, long rangeEnd, boolean files,
-            String what) throws RemoteStorageException {
+    private SegmentWindows.Window readWhole(RemoteLogSegmentMetadata metadata, String segment, long start, long end,
+            long rangeEnd, boolean files, String what) throws RemoteStorageException {
         int size = (int) (end - start + 1);
         Json body = fetchBody(metadata, start, end, rangeEnd, files);
+        String answer;
         try (SidecarHttp.Response response = send(FETCH_SEGMENT, body, requestTimeoutMs, what, true)) {
-            if (files && response.json()) {
-                return readFiles(response, size, what);
+            if (!files || !response.json()) {
+                byte[] bytes = response.body.readRest();
+                if (bytes.length != size) {
+                    throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
+                            + " bytes for a window of " + size);
+                }
+                return new SegmentWindows.BytesWindow(segment, start, bytes);
             }
-            byte[] bytes = response.body.readRest();
-            if (bytes.length != size) {
-                throw new RemoteStorageException(what + " failed: the sidecar sent " + bytes.length
-                        + " bytes for a window of " + size);
-            }
-            return bytes;
+            answer = new String(response.readAll(), StandardCharsets.UTF_8);
         } catch (IOException e) {
             throw unreachable(what, e);
         }
+        return openFiles(answer, segment, start, size, what);
     }
 
     /**
-     * The {@code size} bytes of a window out of the cache files the sidecar's JSON answer names;
-     * null when they cannot be read (the caller asks for the bytes). Reading the answer itself
-     * is the socket's: its failure is an {@link IOException}.
+     * The window of {@code size} bytes from {@code start} served from the cache files the
+     * sidecar's JSON {@code answer} names, holding the caller's reference; null when they cannot
+     * be opened (the caller asks for the bytes).
      */
-    private byte[] readFiles(SidecarHttp.Response response, int size, String what)
-            throws IOException, RemoteStorageException {
-        String answer = new String(response.readAll(), StandardCharsets.UTF_8);
+    private FileWindow openFiles(String answer, String segment, long start, int size, String what)
+            throws RemoteStorageException {
         try {
-            byte[] bytes = CacheFiles.read(CacheFiles.parse(answer), size);
+            FileWindow window = FileWindow.open(segment, start, CacheFiles.parse(answer), size, openFiles);
             fileReads.succeeded();
-            return bytes;
+            return window;
         } catch (IOException e) {
             if (Thread.currentThread().isInterrupted()) {
                 throw new RemoteStorageException(what + " was interrupted", e); // not the files' fault
@@ -293,11 +309,12 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
      */
     private void readAheadFrom(RemoteLogSegmentMetadata metadata, String segment, long from, long last) {
         ThreadPoolExecutor executor = readAhead;
+        SegmentWindows kept = windows; // closed with the executor: a late window is then freed, not kept
         for (int i = 0; executor != null && i < readAheadWindows && from <= last; i++) {
             long end = Math.min(last, from + sequentialWindowBytes - 1);
-            SegmentWindows.Window kept = windows.find(segment, from);
-            if (kept != null) {
-                from = kept.end();
+            long keptEnd = kept.keptEnd(segment, from);
+            if (keptEnd >= 0) {
+                from = keptEnd;
                 continue;
             }
             String key = segment + ":" + from;
@@ -308,7 +325,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     executor.execute(() -> {
                         try {
                             SegmentWindows.Window window = fetchWhole(metadata, segment, start, end, last);
-                            windows.put(window);
+                            try {
+                                kept.put(window);
+                            } finally {
+                                window.release(); // kept, it lives on in the windows; else it is freed
+                            }
                             fetch.window.complete(window);
                         } catch (RemoteStorageException | RuntimeException e) {
                             fetch.window.completeExceptionally(e);
@@ -325,13 +346,17 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
     }
 
-    /** The window being fetched ahead that will hold byte {@code position}, once fetched; null
-     * when none is being fetched, or its fetch failed. */
+    /**
+     * The window being fetched ahead that will hold byte {@code position}, once fetched, with a
+     * reference taken for the caller; null when none is being fetched, its fetch failed, or it was
+     * freed meanwhile (dropped from the windows).
+     */
     private SegmentWindows.Window fetchedAhead(String segment, long position) {
         for (Pending fetch : pending.values()) {
             if (fetch.segment.equals(segment) && position >= fetch.start && position <= fetch.end) {
                 try {
-                    return fetch.window.get(requestTimeoutMs, TimeUnit.MILLISECONDS);
+                    SegmentWindows.Window window = fetch.window.get(requestTimeoutMs, TimeUnit.MILLISECONDS);
+                    return window.retain() ? window : null;
                 } catch (ExecutionException | TimeoutException e) {
                     return null;
                 } catch (InterruptedException e) {
@@ -361,14 +386,20 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (!response.json()) {
                 return response.body;
             }
-            byte[] bytes;
+            String answer;
             try (response) {
-                bytes = readFiles(response, (int) (end - start + 1), what);
+                answer = new String(response.readAll(), StandardCharsets.UTF_8);
             } catch (IOException e) {
                 throw unreachable(what, e);
             }
-            if (bytes != null) {
-                return new ByteArrayInputStream(bytes);
+            String segment = metadata.remoteLogSegmentId().id().toString();
+            FileWindow window = openFiles(answer, segment, start, (int) (end - start + 1), what);
+            if (window != null) {
+                try {
+                    return window.stream(start, end); // the stream alone holds the window: closing it frees it
+                } finally {
+                    window.release();
+                }
             }
         }
         return stream(FETCH_SEGMENT, fetchBody(metadata, start, end, rangeEnd, false), what);
@@ -443,27 +474,41 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             if (!windows.enabled()) {
                 return null;
             }
-            SegmentWindows.Window window = windows.find(segment, next);
+            SegmentWindows.Window window = windows.acquire(segment, next);
             if (window == null) {
                 window = fetchedAhead(segment, next);
             }
-            return window == null ? null : serve(window);
+            if (window == null) {
+                return null;
+            }
+            try {
+                return serve(window);
+            } finally {
+                window.release();
+            }
         }
 
-        /** A sequential window read whole from the sidecar, kept, and served from memory. */
+        /** A sequential window read whole from the sidecar (or served from its cache files), kept,
+         * and served from it. */
         private InputStream openKept() throws RemoteStorageException {
             long end = Math.min(last, next + sequentialWindowBytes - 1);
             SegmentWindows.Window window = fetchWhole(metadata, segment, next, end, last);
-            windows.put(window);
-            return serve(window);
+            try {
+                windows.put(window);
+                return serve(window);
+            } finally {
+                window.release(); // kept, it lives on in the windows; else the stream alone holds it
+            }
         }
 
+        /** A stream of the bytes from {@code next} out of {@code window}, which the caller holds. */
         private InputStream serve(SegmentWindows.Window window) {
-            InputStream bytes = window.stream(next, last);
-            next = Math.min(last + 1, window.end());
+            long end = Math.min(last + 1, window.end());
             if (sequential) {
-                readAheadFrom(metadata, segment, next, last);
+                readAheadFrom(metadata, segment, end, last);
             }
+            InputStream bytes = window.stream(next, last);
+            next = end;
             return bytes;
         }
 
@@ -535,6 +580,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         if (readAhead != null) {
             readAhead.shutdownNow();
         }
+        windows.close(); // streams still open keep their windows' files open until they are closed
         if (http != null) {
             http.close();
         }
@@ -548,6 +594,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /** Cache files offered that could not be read, so the bytes were asked for (tests). */
     long fileFallbacks() {
         return fileReads.fallbacks();
+    }
+
+    /** Cache files open in file windows, kept or being read (tests). */
+    int openFileChannels() {
+        return openFiles.get();
     }
 
     /** Idle connections kept for the next read (tests). */

@@ -77,6 +77,9 @@ class CacheFileFetchTest {
         sidecar.close();
         log.removeHandler(capture);
         log.setUseParentHandlers(true);
+        for (SidecarRemoteStorageManager plugin : plugins) {
+            assertEquals(0, plugin.openFileChannels(), "cache files left open");
+        }
     }
 
     /** A plugin with plain windows of 100 bytes (and {@code settings} over that), on the test's clock. */
@@ -168,6 +171,142 @@ class CacheFileFetchTest {
         assertEquals(1000, plugin.windows().bytes());
         assertEquals(1, plugin.fileWindows());
         assertEquals(0, plugin.fileFallbacks());
+        assertEquals(2, plugin.openFileChannels(), "the kept window holds its files open");
+        // the next fetch inside it is served from the files, with no request
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 590, 620)) {
+            assertArrayEquals(range(590, 621), in.readAllBytes());
+        }
+        assertTrue(sidecar.requests.isEmpty());
+        // the segment is deleted: its window's files are closed
+        sidecar.answer(200, "{}");
+        plugin.deleteLogSegmentData(metadata());
+        assertEquals(0, plugin.windows().count());
+        assertEquals(0, plugin.openFileChannels());
+    }
+
+    @Test
+    void aKeptWindowEvictedWhileAReaderIsInItServesThatReaderToItsEnd() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin("fetch.cache.bytes", "1000");
+        firstPlainRead(plugin);
+        answerFiles(chunk("a1.chunk", 100, 600, 7), chunk("a2.chunk", 600, 1100, 0));
+        try (InputStream first = plugin.fetchLogSegment(metadata(), 100)) {
+            assertArrayEquals(range(100, 400), first.readNBytes(300));
+            nextRequest();
+            // a second reader in the same window, served from its files
+            try (InputStream second = plugin.fetchLogSegment(metadata(), 150)) {
+                assertArrayEquals(range(150, 250), second.readNBytes(100));
+                assertEquals(2, plugin.openFileChannels());
+                // the first reader reads on into the next window, which takes the budget
+                answerFiles(chunk("b.chunk", 1100, 2100, 3));
+                assertArrayEquals(range(400, 1300), first.readNBytes(900));
+                assertTrue(nextRequest().contains("\"start\":1100,\"end\":2099,"));
+                assertEquals(1, plugin.windows().count());
+                assertEquals(1000, plugin.windows().bytes());
+                assertEquals(3, plugin.openFileChannels(), "the evicted window is still read");
+                // the second reader reads the evicted window to its end
+                assertArrayEquals(range(250, 1100), second.readNBytes(850));
+            }
+            assertEquals(1, plugin.openFileChannels(), "the evicted window's files close with its last reader");
+            assertArrayEquals(range(1300, 2100), first.readNBytes(800));
+        }
+        assertEquals(1, plugin.openFileChannels(), "the kept window's file");
+        assertEquals(2, plugin.fileWindows());
+        assertTrue(sidecar.requests.isEmpty());
+    }
+
+    @Test
+    void aDeletedSegmentsWindowStaysWithItsReaderAndClosingThePluginClosesTheKeptOnes() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin();
+        firstPlainRead(plugin);
+        answerFiles(chunk("a.chunk", 100, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            nextRequest();
+            assertArrayEquals(range(100, 200), in.readNBytes(100));
+            sidecar.answer(200, "{}");
+            plugin.deleteLogSegmentData(metadata());
+            nextRequest();
+            assertEquals(0, plugin.windows().count());
+            assertEquals(1, plugin.openFileChannels(), "the reader holds the window");
+            assertArrayEquals(range(200, 1100), in.readNBytes(900));
+        }
+        assertEquals(0, plugin.openFileChannels());
+        // a window kept again, then the plugin configured again: the windows kept before are dropped
+        firstPlainRead(plugin);
+        answerFiles(chunk("b.chunk", 100, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100, 1099)) {
+            assertArrayEquals(range(100, 1100), in.readAllBytes());
+        }
+        nextRequest();
+        assertEquals(1, plugin.windows().count());
+        assertEquals(1, plugin.openFileChannels());
+        plugin.configure(Map.of("socket.path", sidecar.path.toString(), "fetch.window.bytes", "100",
+                "fetch.sequential.window.bytes", "1000", "fetch.readahead.windows", "0"));
+        assertEquals(0, plugin.openFileChannels());
+        // and closing the plugin drops the windows kept; a reader in one reads on to its end
+        firstPlainRead(plugin);
+        answerFiles(chunk("c.chunk", 100, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            nextRequest();
+            assertArrayEquals(range(100, 600), in.readNBytes(500));
+            assertEquals(1, plugin.windows().count());
+            plugin.close();
+            assertEquals(0, plugin.windows().count());
+            assertEquals(1, plugin.openFileChannels(), "the reader holds its window");
+            assertArrayEquals(range(600, 1100), in.readNBytes(500));
+        }
+        assertEquals(0, plugin.openFileChannels());
+    }
+
+    @Test
+    void aKeptWindowsFilesDeletedByTheCacheStillServeIt() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin();
+        firstPlainRead(plugin);
+        answerFiles(chunk("a.chunk", 100, 600, 7), chunk("b.chunk", 600, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            assertArrayEquals(range(100, 110), in.readNBytes(10));
+            Files.delete(dir.resolve("a.chunk"));
+            Files.delete(dir.resolve("b.chunk"));
+            assertArrayEquals(range(110, 1100), in.readNBytes(990));
+        }
+        nextRequest();
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1099)) {
+            assertArrayEquals(range(1000, 1100), in.readAllBytes());
+        }
+        assertTrue(sidecar.requests.isEmpty(), "served from the kept window's open files");
+        assertEquals(0, plugin.fileFallbacks());
+    }
+
+    @Test
+    void aWindowFetchedAheadFromFilesServesTheReaderThatGetsThere() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin("fetch.readahead.windows", "1");
+        firstPlainRead(plugin);
+        answerFiles(chunk("a.chunk", 80, 1080, 0));
+        answerFiles(chunk("b.chunk", 1080, 2080, 5));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 80)) {
+            // across the windows' boundary: the one fetched ahead (the one after it is asked for
+            // in the background meanwhile, and never answered)
+            assertArrayEquals(range(80, 1500), in.readNBytes(1420));
+        }
+        assertTrue(nextRequest().contains("\"start\":80,\"end\":1079,"));
+        assertTrue(nextRequest().contains("\"start\":1080,\"end\":2079,"));
+        assertEquals(2, plugin.fileWindows());
+        assertEquals(2, plugin.windows().count());
+        assertEquals(2, plugin.openFileChannels());
+    }
+
+    @Test
+    void aPlainWindowsFilesCloseWithItsStream() throws Exception {
+        SidecarRemoteStorageManager plugin = plugin();
+        answerFiles(chunk("a.chunk", 1000, 1050, 13), chunk("b.chunk", 1050, 1100, 0));
+        InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1099);
+        assertEquals(2, plugin.openFileChannels());
+        assertArrayEquals(range(1000, 1030), in.readNBytes(30));
+        assertEquals(0, plugin.windows().count());
+        in.close();
+        assertEquals(0, plugin.openFileChannels());
+        in.close();
+        assertEquals(0, plugin.openFileChannels());
+        assertThrows(IOException.class, in::read);
     }
 
     @Test
@@ -178,8 +317,15 @@ class CacheFileFetchTest {
         sidecar.answer(200, range(1100, 1200));
         answerFiles(chunk("b.chunk", 1200, 1230, 0), chunk("c.chunk", 1230, 1250, 4096));
         try (InputStream in = plugin.fetchLogSegment(metadata(), 1000, 1249)) {
-            assertArrayEquals(range(1000, 1250), in.readAllBytes());
+            assertEquals(1, plugin.openFileChannels());
+            assertArrayEquals(range(1000, 1100), in.readNBytes(100));
+            assertArrayEquals(range(1100, 1101), in.readNBytes(1));
+            assertEquals(0, plugin.openFileChannels(), "the window read is closed when the stream moves on");
+            assertArrayEquals(range(1101, 1201), in.readNBytes(100));
+            assertEquals(2, plugin.openFileChannels());
+            assertArrayEquals(range(1201, 1250), in.readAllBytes());
         }
+        assertEquals(0, plugin.openFileChannels());
         for (String start : new String[] {"1000", "1100", "1200"}) {
             String body = nextRequest();
             assertTrue(body.contains("\"start\":" + start + ","), body);
@@ -215,7 +361,11 @@ class CacheFileFetchTest {
     @Test
     void aShortFileIsAskedForAgainAsBytes() throws Exception {
         Path file = Files.write(dir.resolve("short.chunk"), range(1000, 1060));
-        assertAsksAgainForTheBytes(plugin(), "{\"files\":[" + fileRange(file, 0, 100) + "]}");
+        SidecarRemoteStorageManager plugin = plugin();
+        assertAsksAgainForTheBytes(plugin, "{\"files\":[" + chunk("a.chunk", 1000, 1040, 0) + ","
+                + fileRange(file, 1, 60) + "]}");
+        assertAsksAgainForTheBytes(plugin, "{\"files\":[" + fileRange(file, 0, 100) + "]}");
+        assertEquals(0, plugin.openFileChannels());
     }
 
     @Test
@@ -233,6 +383,25 @@ class CacheFileFetchTest {
         assertFalse(again.contains("\"files\""), again);
         assertEquals(1000, plugin.windows().bytes());
         assertEquals(1, plugin.fileFallbacks());
+        assertEquals(0, plugin.openFileChannels(), "the file opened is closed");
+    }
+
+    @Test
+    void aSequentialWindowWithAFileTooShortForItsRangeIsAskedForAgainAsBytes() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin();
+        firstPlainRead(plugin);
+        Path tooShort = Files.write(dir.resolve("short.chunk"), range(600, 1099));
+        answerFiles(chunk("here.chunk", 100, 600, 0), fileRange(tooShort, 0, 500));
+        sidecar.answer(200, range(100, 1100));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            assertEquals(0, plugin.openFileChannels(), "a bytes window");
+            assertArrayEquals(range(100, 1100), in.readNBytes(1000));
+        }
+        nextRequest();
+        assertFalse(nextRequest().contains("\"files\""));
+        assertEquals(1, plugin.fileFallbacks());
+        assertEquals(0, plugin.fileWindows());
+        assertEquals(1000, plugin.windows().bytes());
     }
 
     @Test
