@@ -105,8 +105,10 @@ class CacheFileOffer:
         group file are one range."""
         files: list[dict[str, Any]] = []
         for piece in plan.pieces:
-            path = self.broker_path(piece.path) if isinstance(piece, FileRange) else None
-            if path is None or not isinstance(piece, FileRange):
+            if not isinstance(piece, FileRange):
+                return None
+            path = self.broker_path(piece.path)
+            if path is None:
                 return None
             last = files[-1] if files else None
             if last and last["path"] == path and last["offset"] + last["length"] == piece.offset:
@@ -339,9 +341,6 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
         raise RemoteObjectNotFoundError(
             f"the .log of segment {segment.segment_id.id} is not in the bucket"
         ) from exc
-    response = web.StreamResponse(
-        headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
-    )
     if isinstance(stream, Plan) and offer is not None:
         answer = offer.answer(stream)
         if answer is not None:  # every chunk in a written file: the plugin reads them
@@ -352,6 +351,9 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
             return web.Response(
                 body=answer, content_type="application/json", headers={"Cache-Control": "no-store"}
             )
+    response = web.StreamResponse(
+        headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
+    )
     response.content_length = stream.length
     if isinstance(stream, Plan):  # every chunk cached: sent from the chunk files
         return await _send_plan(request, response, stream, endpoint="rsm_fetch_segment")

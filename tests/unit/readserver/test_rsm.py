@@ -395,21 +395,25 @@ class TestRequests:
             assert (status, json.loads(body)["code"]) == (503, "copy_unavailable")
 
 
+def _many_chunks(tmp_path: Path) -> Broker:
+    """One segment of many chunks (of the served cache), plus the active one."""
+    mount = tmp_path / "mount"
+    part = write_partition(
+        mount,
+        "orders",
+        0,
+        [data_batches(0, 40, value_size=1000), data_batches(200, 1)],
+        topic_id=TOPIC_ID,
+    )
+    return Broker(Path("/broker/data"), mount, part)
+
+
 class TestFetchWindows:
     CHUNK = 16 * 1024  # the chunk size of the served cache
 
     @pytest.fixture
     def broker(self, tmp_path: Path) -> Broker:
-        """One segment of many chunks, plus the active one."""
-        mount = tmp_path / "mount"
-        part = write_partition(
-            mount,
-            "orders",
-            0,
-            [data_batches(0, 40, value_size=1000), data_batches(200, 1)],
-            topic_id=TOPIC_ID,
-        )
-        return Broker(Path("/broker/data"), mount, part)
+        return _many_chunks(tmp_path)
 
     async def test_a_window_reads_ahead_into_the_rest_of_its_range(self, rsm, broker):
         """The plugin asks for a range one window at a time: while one window is served, the
@@ -442,16 +446,7 @@ class TestCacheFiles:
 
     @pytest.fixture
     def broker(self, tmp_path: Path) -> Broker:
-        """One segment of many chunks, plus the active one."""
-        mount = tmp_path / "mount"
-        part = write_partition(
-            mount,
-            "orders",
-            0,
-            [data_batches(0, 40, value_size=1000), data_batches(200, 1)],
-            topic_id=TOPIC_ID,
-        )
-        return Broker(Path("/broker/data"), mount, part)
+        return _many_chunks(tmp_path)
 
     async def _copied(self, rsm: Rsm, broker: Broker) -> tuple[dict[str, Any], bytes]:
         sid = uuid.uuid4()
