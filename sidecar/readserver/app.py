@@ -91,6 +91,21 @@ def build_app(
     return app
 
 
+def _cache_file_offer(directory: Path, broker_directory: Path | None) -> CacheFileOffer | None:
+    """The offer of the chunk cache's files to the broker plugin; None (logged) when the
+    plugin could not take their paths (not plain ASCII, or with ``"`` or a backslash)."""
+    offer = CacheFileOffer(directory, broker_directory)
+    if offer.usable:
+        return offer
+    log.warning(
+        "read_cache_files_not_offered",
+        directory=str(broker_directory or directory),
+        detail="the broker plugin takes only plain ASCII paths without a quote or a backslash:"
+        " it reads the cache's bytes through the socket instead",
+    )
+    return None
+
+
 def _bind_unix_socket(path: Path) -> socket.socket:
     """A Unix stream socket bound at ``path`` with mode 0660, listening."""
     if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
@@ -200,11 +215,9 @@ class ReadServer:
             limits=limits,
             metrics=metrics,
             shutdown_timeout_s=read.shutdown_timeout_s,
-            cache_files=(
-                CacheFileOffer(chunks.directory, read.broker_cache_dir)
-                if read.offer_cache_files
-                else None
-            ),
+            cache_files=_cache_file_offer(chunks.directory, read.broker_cache_dir)
+            if read.offer_cache_files
+            else None,
         )
 
     async def run(self, stopping: asyncio.Event) -> None:

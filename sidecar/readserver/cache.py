@@ -76,7 +76,7 @@ from sidecar.readserver._direct import write_file
 from sidecar.readserver.errors import RemoteDataError, StorageTimeoutError
 from sidecar.storage.base import ObjectStore
 
-__all__ = ["ChunkCache", "ChunkFile", "MemoryCache", "ObjectRef"]
+__all__ = ["ChunkCache", "ChunkFile", "MemoryCache", "ObjectRef", "WrittenChunk"]
 
 log = get_logger(__name__)
 
@@ -117,13 +117,20 @@ def _members(file: str) -> tuple[str, ...]:
 
 
 class ChunkFile(NamedTuple):
-    """A cached chunk on disk: an open file descriptor (the caller closes it), the chunk's
-    first byte in that file, and the file's path (complete under that name, never rewritten in
-    place: a file fetched again replaces it by a rename)."""
+    """A cached chunk on disk: an open file descriptor (the caller closes it) and the chunk's
+    first byte in that file."""
 
     fd: int
     offset: int
+
+
+class WrittenChunk(NamedTuple):
+    """Where a cached chunk is on disk, not opened: the file (complete under that name, never
+    rewritten in place: a file fetched again replaces it by a rename) and the chunk's first
+    byte in it."""
+
     path: Path
+    offset: int
 
 
 class ObjectRef(NamedTuple):
@@ -379,13 +386,12 @@ class ChunkCache:
         return found
 
     async def open_chunk(
-        self, obj: ObjectRef, index: int, copy: int, *, prefer_file: bool = False
+        self, obj: ObjectRef, index: int, copy: int
     ) -> bytes | memoryview | ChunkFile | None:
         """Copy ``copy`` of chunk ``index`` of ``obj`` without reading it: its bytes when they
         are in memory, else a file descriptor opened on its file and where the chunk starts
-        there (the caller closes it); None when that copy is no longer cached. With
-        ``prefer_file`` its file whenever it is written (a reader that opens the file itself).
-        Refreshes the chunk's place in the LRU order."""
+        there (the caller closes it); None when that copy is no longer cached. Refreshes the
+        chunk's place in the LRU order."""
         self._check_open()
         name = self._name(obj.key, index)
         if self.copy_id(obj, index) != copy:
@@ -393,13 +399,12 @@ class ChunkCache:
         file, offset = self._file_of[name]
         self._lru.move_to_end(file)
         memory = self._writing.get(name)
-        if memory is None and not prefer_file:
+        if memory is None:
             memory = self._recent.get(name)
         if memory is not None:
             return memory
-        path = self._path(file)
         try:
-            fd = await self._open_file(path)
+            fd = await self._open_file(self._path(file))
         except FileNotFoundError:
             self._forget(name)
             return None
@@ -407,7 +412,22 @@ class ChunkCache:
             os.close(fd)  # evicted (and maybe fetched again) while it was being opened
             return None
         self._count("hit")
-        return ChunkFile(fd, offset, path)
+        return ChunkFile(fd, offset)
+
+    def written_chunk(self, obj: ObjectRef, index: int, copy: int) -> WrittenChunk | None:
+        """Where copy ``copy`` of chunk ``index`` of ``obj`` is on disk, for a reader that opens
+        the file itself: None unless that copy is cached and its file written (renamed into
+        place). Nothing is opened here, so nothing holds the file: it may be evicted as soon
+        as this returns, and its reader must expect that. Refreshes the chunk's place in the
+        LRU order."""
+        self._check_open()
+        name = self._name(obj.key, index)
+        if self.copy_id(obj, index) != copy or name in self._writing:
+            return None
+        file, offset = self._file_of[name]
+        self._lru.move_to_end(file)
+        self._count("hit")
+        return WrittenChunk(self._path(file), offset)
 
     async def _open_file(self, path: Path) -> int:
         """``os.open`` in a worker thread. The thread cannot be stopped: if the caller is

@@ -9,9 +9,10 @@ POST with a JSON body that carries the broker's ``RemoteLogSegmentMetadata``.
   With ``"files": true`` (a plugin on this host, or in this pod with the cache volume mounted)
   a range whose chunks are all in written cache files is answered with where they are,
   ``{"files": [{"path", "offset", "length"}, ...]}`` as JSON, and the plugin reads them itself:
-  no ``sendfile``, one copy less per byte. Paths are as the broker sees the cache directory
-  (:class:`CacheFileOffer`). A file may be evicted before the plugin opens it: the plugin
-  then asks again without ``files``.
+  no ``sendfile``, one copy less per byte. The files are named from the cache's index, not
+  opened here. Paths are as the broker sees the cache directory (:class:`CacheFileOffer`). A
+  file may be evicted before the plugin opens it: the plugin then asks again without
+  ``files``.
 * ``fetch-index``: one index, byte-exact; a missing one is 404 (the plugin's
   ``RemoteResourceNotFoundException``).
 * ``delete``: every object of the segment; idempotent.
@@ -69,7 +70,7 @@ from sidecar.readserver.routes import (
     _send,
     _send_plan,
 )
-from sidecar.readserver.service import FileRange, Plan
+from sidecar.readserver.service import NamedFiles, Plan
 from sidecar.storage.manifest import IndexKind
 
 __all__ = ["CACHE_FILES_KEY", "COPIER_KEY", "CacheFileOffer", "add_rsm_routes", "segment_metadata"]
@@ -99,22 +100,21 @@ class CacheFileOffer:
         text = str(self._broker_directory / relative)
         return text if _PLAIN_PATH.fullmatch(text) else None
 
-    def answer(self, plan: Plan) -> bytes | None:
-        """The ``{"files": [...]}`` answer naming ``plan``'s bytes; None when a piece is only
-        in memory (a chunk being written) or a file cannot be named. Consecutive chunks of one
-        group file are one range."""
+    @property
+    def usable(self) -> bool:
+        """Whether the cache's files can be named to the broker at all (a directory whose
+        path the plugin cannot take makes every answer None)."""
+        return self.broker_path(self._directory / "00" / "0-0-0.chunk") is not None
+
+    def answer(self, named: NamedFiles) -> bytes | None:
+        """The ``{"files": [...]}`` answer naming ``named``'s ranges as the broker sees them;
+        None when a file cannot be named."""
         files: list[dict[str, Any]] = []
-        for piece in plan.pieces:
-            if not isinstance(piece, FileRange):
-                return None
+        for piece in named.ranges:
             path = self.broker_path(piece.path)
             if path is None:
                 return None
-            last = files[-1] if files else None
-            if last and last["path"] == path and last["offset"] + last["length"] == piece.offset:
-                last["length"] += piece.length
-            else:
-                files.append({"path": path, "offset": piece.offset, "length": piece.length})
+            files.append({"path": path, "offset": piece.offset, "length": piece.length})
         return json.dumps({"files": files}, separators=(",", ":")).encode()
 
 
@@ -334,23 +334,28 @@ async def _fetch_segment(request: web.Request) -> web.StreamResponse:
     offer = request.app.get(CACHE_FILES_KEY) if wants_files else None
     service = request.app[SERVICE_KEY]
     try:
-        stream = await service.log_range(
+        found = await service.log_range(
             segment, start, end, readahead_end=readahead_end, files=offer is not None
         )
+        if isinstance(found, NamedFiles):  # every chunk in a written file: the plugin reads them
+            answer = None if offer is None else offer.answer(found)
+            if answer is not None:
+                metrics = request.app.get(METRICS_KEY)
+                if metrics is not None:
+                    metrics.read_shared_file_bytes.inc(found.length)
+                return web.Response(
+                    body=answer,
+                    content_type="application/json",
+                    headers={"Cache-Control": "no-store"},
+                )
+            # a path the plugin cannot take (an offer is made only for a directory it can)
+            stream = await service.log_range(segment, start, end, readahead_end=readahead_end)
+        else:
+            stream = found
     except KeyNotFoundError as exc:
         raise RemoteObjectNotFoundError(
             f"the .log of segment {segment.segment_id.id} is not in the bucket"
         ) from exc
-    if isinstance(stream, Plan) and offer is not None:
-        answer = offer.answer(stream)
-        if answer is not None:  # every chunk in a written file: the plugin reads them
-            stream.close()
-            metrics = request.app.get(METRICS_KEY)
-            if metrics is not None:
-                metrics.read_shared_file_bytes.inc(stream.length)
-            return web.Response(
-                body=answer, content_type="application/json", headers={"Cache-Control": "no-store"}
-            )
     response = web.StreamResponse(
         headers={"Content-Type": "application/octet-stream", "Cache-Control": "no-store"}
     )

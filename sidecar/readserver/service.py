@@ -58,7 +58,7 @@ from collections.abc import (
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Generic, NamedTuple, Self, TypeVar
+from typing import Final, Generic, Literal, NamedTuple, Self, TypeVar, overload
 
 import crc32c
 
@@ -108,6 +108,8 @@ __all__ = [
     "BatchStream",
     "ByteStream",
     "FileRange",
+    "NamedFiles",
+    "NamedRange",
     "Plan",
     "ReadService",
     "Run",
@@ -339,13 +341,28 @@ class _ObjectReader:
 
 
 class FileRange(NamedTuple):
-    """Bytes of an open chunk file: sent with ``sendfile``, never read into memory (or named
-    by ``path`` to a reader on this host that opens the file itself)."""
+    """Bytes of an open chunk file: sent with ``sendfile``, never read into memory."""
 
     fd: int
     offset: int
     length: int
+
+
+class NamedRange(NamedTuple):
+    """Bytes of a written chunk file, by its path (not opened)."""
+
     path: Path
+    offset: int
+    length: int
+
+
+class NamedFiles(NamedTuple):
+    """A range whose chunks are all in written cache files, named for a reader on this host
+    that opens them itself; consecutive chunks of one file are one range. Nothing holds the
+    files open: the reader must expect one evicted before it opens it."""
+
+    ranges: list[NamedRange]
+    length: int
 
 
 class Plan:
@@ -912,6 +929,28 @@ class ReadService:
         segment = await self.finished_segment(tp, segment_id)
         return await self.log_range(segment, start, end_inclusive)
 
+    @overload
+    async def log_range(
+        self,
+        segment: SegmentMetadata,
+        start: int,
+        end_inclusive: int | None,
+        *,
+        readahead_end: int | None = None,
+        files: Literal[False] = False,
+    ) -> ByteStream | Plan: ...
+
+    @overload
+    async def log_range(
+        self,
+        segment: SegmentMetadata,
+        start: int,
+        end_inclusive: int | None,
+        *,
+        readahead_end: int | None = None,
+        files: bool,
+    ) -> ByteStream | Plan | NamedFiles: ...
+
     async def log_range(
         self,
         segment: SegmentMetadata,
@@ -920,12 +959,12 @@ class ReadService:
         *,
         readahead_end: int | None = None,
         files: bool = False,
-    ) -> ByteStream | Plan:
+    ) -> ByteStream | Plan | NamedFiles:
         """:meth:`segment_range` of ``segment`` as given (the broker plugin's metadata: the
         store need not have seen it). ``readahead_end`` (inclusive) is the end of a longer range
         that this one is a window of: the chunk prefetch goes on into it. ``files``: a reader
-        that opens cached chunk files itself; a plan then names the chunks' files whenever
-        they are written, rather than their bytes in memory."""
+        that opens cached chunk files itself; a range whose chunks are all in written files
+        is then answered with their names (:class:`NamedFiles`), opening none of them."""
         size = segment.segment_size_in_bytes
         if start < 0 or start >= size or (end_inclusive is not None and end_inclusive < start):
             raise RangeNotSatisfiableError(
@@ -951,13 +990,17 @@ class ReadService:
             # the read-ahead has reached this segment's end: the reader goes on into the next
             await self._prefetch_following(segment)
         planned = (self._plan or files) and end - start + 1 >= self._plan_min_bytes
-        plan = await self._open_range(obj, start, end, files=files) if planned else None
         limit = None if ahead_to is None else ahead_to + 1
-        if plan is not None:
+        answer: Plan | NamedFiles | None = None
+        if planned:
+            answer = self._name_range(obj, start, end) if files else None
+            if answer is None:
+                answer = await self._open_range(obj, start, end)
+        if answer is not None:
             # the reader goes on: fetch what follows while this is sent, as a streamed read
             # would (a sequential reader's read-ahead in groups)
             self.chunks.read_ahead(obj, start, end, limit=limit)
-            return plan
+            return answer
         pieces = self.read_range(obj, start, end, readahead_limit=limit)
         return await ByteStream.prime(pieces, length=end - start + 1)
 
@@ -1068,26 +1111,39 @@ class ReadService:
         self._maps.drop(opened.key)  # a chunk its map relies on was fetched again
         return None
 
-    async def _open_range(
-        self, obj: ObjectRef, start: int, end_inclusive: int, *, files: bool = False
-    ) -> Plan | None:
+    def _name_range(self, obj: ObjectRef, start: int, end_inclusive: int) -> NamedFiles | None:
+        """Bytes ``start..end_inclusive`` of ``obj`` by the files that hold them, when every
+        chunk of them is cached and written."""
+        size = self.chunks.chunk_size
+        ranges: list[NamedRange] = []
+        for index in range(start // size, end_inclusive // size + 1):
+            copy = self.chunks.copy_id(obj, index)
+            found = None if copy is None else self.chunks.written_chunk(obj, index, copy)
+            if found is None:
+                return None
+            low = max(start, index * size) - index * size
+            high = min(end_inclusive + 1, (index + 1) * size) - index * size
+            offset = found.offset + low
+            last = ranges[-1] if ranges else None
+            if last and last.path == found.path and last.offset + last.length == offset:
+                ranges[-1] = last._replace(length=last.length + high - low)
+            else:
+                ranges.append(NamedRange(found.path, offset, high - low))
+        return NamedFiles(ranges, end_inclusive + 1 - start)
+
+    async def _open_range(self, obj: ObjectRef, start: int, end_inclusive: int) -> Plan | None:
         """Bytes ``start..end_inclusive`` of ``obj`` when every chunk of them is cached."""
         opened = await self._open_chunks(
-            [(obj, start, end_inclusive + 1, functools.partial(self.chunks.copy_id, obj))],
-            prefer_files=files,
+            [(obj, start, end_inclusive + 1, functools.partial(self.chunks.copy_id, obj))]
         )
         return opened if isinstance(opened, Plan) else None
 
     async def _open_chunks(
-        self,
-        parts: Sequence[tuple[ObjectRef, int, int, Callable[[int], int | None]]],
-        *,
-        prefer_files: bool = False,
+        self, parts: Sequence[tuple[ObjectRef, int, int, Callable[[int], int | None]]]
     ) -> Plan | ObjectRef:
         """Open the chunks holding bytes ``[start, end)`` of each part's object, in the copy
-        ``copy_of(index)`` names: a plan of file ranges and in-memory slices (file ranges
-        wherever the chunk is written, with ``prefer_files``), or the object one of whose chunks
-        is missing or is no longer that copy."""
+        ``copy_of(index)`` names: a plan of file ranges and in-memory slices, or the object one
+        of whose chunks is missing or is no longer that copy."""
         size = self.chunks.chunk_size
         pieces: list[memoryview | FileRange] = []
         fds: list[int] = []
@@ -1095,13 +1151,7 @@ class ReadService:
             for obj, start, end, copy_of in parts:
                 for index in range(start // size, (end - 1) // size + 1):
                     copy = copy_of(index)
-                    found = (
-                        None
-                        if copy is None
-                        else await self.chunks.open_chunk(
-                            obj, index, copy, prefer_file=prefer_files
-                        )
-                    )
+                    found = None if copy is None else await self.chunks.open_chunk(obj, index, copy)
                     if found is None:
                         for fd in fds:
                             os.close(fd)
@@ -1110,9 +1160,7 @@ class ReadService:
                     high = min(end, (index + 1) * size) - index * size
                     if isinstance(found, ChunkFile):
                         fds.append(found.fd)
-                        pieces.append(
-                            FileRange(found.fd, found.offset + low, high - low, found.path)
-                        )
+                        pieces.append(FileRange(found.fd, found.offset + low, high - low))
                     else:
                         pieces.append(memoryview(found)[low:high])
         except BaseException:

@@ -637,24 +637,36 @@ class TestChunkCacheGroupFiles:
                 offsets.add(found.offset)
             assert max(offsets) > 0
 
-    async def test_a_reader_of_files_gets_the_file_of_a_chunk_still_in_memory(self, tmp_path):
-        """A chunk just fetched is served from memory, but a reader that opens files itself
-        (``prefer_file``) gets its written file: the path names the chunk's bytes there."""
+    async def test_written_chunk_names_a_written_file_and_opens_nothing(
+        self, tmp_path, monkeypatch
+    ):
+        """``written_chunk`` (for a reader that opens files itself) names a chunk's file only
+        once it is written, even while the chunk is also in memory; never a chunk being
+        written or another copy; and it opens no file."""
         body = os.urandom(4 * CHUNK)
         store = await _store(obj=body)
         obj = ObjectRef("obj", len(body))
-        async with _cache(store, tmp_path, max_bytes=32 * CHUNK) as cache:
-            assert await cache.read(obj, CHUNK, CHUNK) == body[CHUNK : 2 * CHUNK]
-            await cache.idle()  # written
-            copy = cache.copy_id(obj, 1)
-            assert copy is not None
-            assert not isinstance(await cache.open_chunk(obj, 1, copy), ChunkFile)  # memory
-            found = await cache.open_chunk(obj, 1, copy, prefer_file=True)
-            assert isinstance(found, ChunkFile)
-            os.close(found.fd)
-            with found.path.open("rb") as file:
-                file.seek(found.offset)
-                assert file.read(CHUNK) == body[CHUNK : 2 * CHUNK]
+        disk = _SlowDisk(monkeypatch)
+        try:
+            async with _cache(store, tmp_path, max_bytes=32 * CHUNK) as cache:
+                assert await cache.read(obj, CHUNK, CHUNK) == body[CHUNK : 2 * CHUNK]
+                copy = cache.copy_id(obj, 1)
+                assert copy is not None
+                assert cache.written_chunk(obj, 1, copy) is None  # its write is held back
+                disk.release.set()
+                await cache.idle()
+                open_fds = sum(1 for _ in Path("/proc/self/fd").iterdir())
+                found = cache.written_chunk(obj, 1, copy)
+                assert found is not None
+                assert sum(1 for _ in Path("/proc/self/fd").iterdir()) == open_fds
+                assert not isinstance(await cache.open_chunk(obj, 1, copy), ChunkFile)  # memory
+                with found.path.open("rb") as file:
+                    file.seek(found.offset)
+                    assert file.read(CHUNK) == body[CHUNK : 2 * CHUNK]
+                assert cache.written_chunk(obj, 1, copy + 1) is None
+                assert cache.written_chunk(obj, 2, copy) is None  # not cached
+        finally:
+            disk.release.set()
 
     async def test_a_chunk_invalidated_drops_its_whole_file(self, tmp_path):
         """Invalidating one chunk of a group file (a CRC failure) forgets every chunk of that

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import io
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,8 +27,10 @@ from sidecar.kafka.logdir import FileKind, segment_file_name
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import ChunkCache, ReadServer, ReadService
+from sidecar.readserver import cache as cache_module
+from sidecar.readserver.app import _cache_file_offer
 from sidecar.readserver.rsm import CacheFileOffer
-from sidecar.readserver.service import FileRange, Plan
+from sidecar.readserver.service import NamedFiles, NamedRange
 from sidecar.storage.keys import ObjectSuffix
 from sidecar.storage.manifest import SegmentManifest
 from sidecar.storage.memory import MemoryObjectStore
@@ -522,31 +525,65 @@ class TestCacheFiles:
         assert status == 400
         assert "files must be true or false" in json.loads(body)["message"]
 
-    def test_pieces_in_memory_or_unnamable_paths_are_not_offered(self, tmp_path):
+    async def test_chunks_still_being_written_come_as_bytes(self, tmp_path, broker, monkeypatch):
+        """Cached chunks whose files are not written yet are served from memory as bytes; once
+        written, the same range is answered with the files."""
+        release = threading.Event()
+        real = cache_module._write_tmp
+
+        def write_when_released(*args: Any) -> Any:  # in the cache's worker thread
+            release.wait(30)
+            return real(*args)
+
+        monkeypatch.setattr(cache_module, "_write_tmp", write_when_released)
+        async for rsm in _serve(tmp_path, broker, plan_min_bytes=1):
+            meta, log = await self._copied(rsm, broker)
+            try:
+                assert (await rsm.post("fetch-segment", {**meta, "start": 0}))[1] == log
+                window = {**meta, "start": 0, "end": 2 * self.CHUNK - 1, "files": True}
+                status, body = await rsm.post("fetch-segment", window)
+                assert (status, body) == (200, log[: 2 * self.CHUNK])
+                assert rsm.metrics.read_shared_file_bytes._value.get() == 0
+            finally:
+                release.set()
+            await rsm.server.service.chunks.idle()
+            status, body = await rsm.post("fetch-segment", window)
+            assert status == 200
+            assert self._read(json.loads(body)["files"]) == log[: 2 * self.CHUNK]
+
+    async def test_a_path_the_plugin_cannot_take_gets_the_bytes(self, tmp_path, broker):
+        """An offer whose broker-side directory the plugin cannot take is not made by the read
+        server (logged); one made anyway answers with the bytes."""
+        odd = Path('/pod/"cache"')
+        assert not CacheFileOffer(tmp_path / "cache", odd).usable
+        with capture_logs() as logs:
+            assert _cache_file_offer(tmp_path / "cache", odd) is None
+            assert _cache_file_offer(tmp_path / "cache", Path("/pod/cache")) is not None
+        assert [e["event"] for e in logs] == ["read_cache_files_not_offered"]
+        async for rsm in _serve(tmp_path, broker, broker_cache_dir=odd, plan_min_bytes=1):
+            meta, log = await self._copied(rsm, broker)
+            assert (await rsm.post("fetch-segment", {**meta, "start": 0}))[1] == log
+            await rsm.server.service.chunks.idle()
+            status, body = await rsm.post("fetch-segment", {**meta, "start": 3, "files": True})
+            assert (status, body) == (200, log[3:])
+            assert rsm.metrics.read_shared_file_bytes._value.get() == 0
+
+    def test_ranges_are_named_as_the_broker_sees_them(self, tmp_path):
         cache = tmp_path / "cache"
         offer = CacheFileOffer(cache)
+        assert offer.usable
         inside = cache / "ab" / "x.chunk"
         assert offer.broker_path(inside) == str(inside)
         assert offer.broker_path(tmp_path / "elsewhere.chunk") is None
         assert offer.broker_path(cache / "ab" / 'a"b.chunk') is None
         assert offer.broker_path(cache / "ab" / "a\\b.chunk") is None
         assert offer.broker_path(cache / "ab" / "\u00e9.chunk") is None
-        files = Plan([FileRange(-1, 5, 10, inside)], [])
-        assert json.loads(offer.answer(files) or b"") == {
-            "files": [{"path": str(inside), "offset": 5, "length": 10}]
-        }
         other = cache / "cd" / "y.chunk"
-        grouped = Plan(
-            [
-                FileRange(-1, 5, 10, inside),
-                FileRange(-1, 15, 4, inside),
-                FileRange(-1, 0, 3, other),
-            ],
-            [],
-        )
-        assert json.loads(offer.answer(grouped) or b"")["files"] == [
+        named = NamedFiles([NamedRange(inside, 5, 14), NamedRange(other, 0, 3)], 17)
+        assert json.loads(offer.answer(named) or b"")["files"] == [
             {"path": str(inside), "offset": 5, "length": 14},
             {"path": str(other), "offset": 0, "length": 3},
         ]
-        mixed = Plan([FileRange(-1, 5, 10, inside), memoryview(b"abc")], [])
-        assert offer.answer(mixed) is None
+        pod = CacheFileOffer(cache, Path("/pod/cache"))
+        assert json.loads(pod.answer(named) or b"")["files"][1]["path"] == "/pod/cache/cd/y.chunk"
+        assert offer.answer(NamedFiles([NamedRange(cache / "ab" / 'a"b', 0, 1)], 1)) is None
