@@ -72,6 +72,8 @@ def broker_properties(
         props["rsm.config.tcp.port"] = str(config.read_server.tcp_port)
     else:
         props["rsm.config.socket.path"] = str(socket_path_for(config))
+    if not config.read_server.offer_cache_files:
+        props["rsm.config.fetch.files"] = "false"  # it would only ask in vain
     props |= {
         "rsm.config.read.idle.timeout.ms": str(int(config.read_server.fetch_timeout_s * 1000)),
         "remote.log.metadata.manager.class.name": RLMM_CLASS,
@@ -103,9 +105,25 @@ def broker_config_command(
         "# Broker-driven tiered storage through kafka-tiered-sidecar; then, per topic:\n"
         "#   remote.storage.enable=true  local.retention.ms=...  local.retention.bytes=...\n"
     )
+    if config.read_server.offer_cache_files:
+        out.write(_CACHE_NOTE.format(directory=_broker_cache_dir(config)))
     for key, value in props.items():
         out.write(f"{key}={value}\n")
     return 0
+
+
+_CACHE_NOTE: Final = (
+    "# The plugin reads cached tiered data from the sidecar's chunk cache files: give the\n"
+    "# broker read access to {directory} (the Helm chart mounts it read-only),\n"
+    "# or set rsm.config.fetch.files=false to have every byte sent over the socket.\n"
+)
+
+
+def _broker_cache_dir(config: SidecarConfig) -> Path:
+    """The chunk cache's directory as the broker sees it."""
+    from sidecar.readserver.app import cache_dir_for
+
+    return config.read_server.broker_cache_dir or cache_dir_for(config)
 
 
 Verdict = Literal["ok", "set", "differs", "missing"]

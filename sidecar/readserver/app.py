@@ -62,6 +62,12 @@ def socket_path_for(config: SidecarConfig) -> Path:
     return configured if configured is not None else config.state_dir / "read.sock"
 
 
+def cache_dir_for(config: SidecarConfig) -> Path:
+    """The chunk cache's directory: ``read_server.cache_dir``, else ``<state_dir>/read-cache``."""
+    configured = config.read_server.cache_dir
+    return configured if configured is not None else config.state_dir / "read-cache"
+
+
 def build_app(
     service: ReadService,
     *,
@@ -179,7 +185,7 @@ class ReadServer:
         read = config.read_server
         chunks = ChunkCache(
             objects=objects,
-            directory=read.cache_dir or config.state_dir / "read-cache",
+            directory=cache_dir_for(config),
             max_bytes=read.cache_size_bytes,
             chunk_size=read.chunk_size_bytes,
             readahead_chunks=read.prefetch_chunks,

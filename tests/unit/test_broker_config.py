@@ -61,6 +61,30 @@ class TestBrokerConfig:
         assert props["rsm.config.tcp.port"] == "9100"
         assert "rsm.config.socket.path" not in props
 
+    def test_the_cache_files_the_plugin_reads(self, tmp_path):
+        """By default the output names the cache directory the broker must be able to read
+        (as the broker's container mounts it); a sidecar that offers no files has the plugin
+        not ask for them."""
+
+        def output(**overrides: str) -> str:
+            config = load_config(
+                None, environ={}, overrides={"state_dir": str(tmp_path), **overrides}
+            )
+            out = io.StringIO()
+            broker_config_command(
+                config, plugin_jar=Path("/p.jar"), listener="L", tcp=False, out=out
+            )
+            return out.getvalue()
+
+        default = output()
+        assert f"read access to {tmp_path / 'read-cache'} " in default
+        assert "rsm.config.fetch.files" not in _properties(default)
+        pod = output(**{"read_server.broker_cache_dir": "/pod/cache"})
+        assert "read access to /pod/cache " in pod
+        off = output(**{"read_server.offer_cache_files": "false"})
+        assert _properties(off)["rsm.config.fetch.files"] == "false"
+        assert "read access" not in off
+
     def test_a_renamed_metadata_topic_is_refused(self):
         """Kafka's metadata manager cannot use another topic: say so instead of splitting."""
         config = load_config(None, environ={}, overrides={"remote_log_metadata.topic": "other"})
