@@ -953,6 +953,51 @@ class TestChunkCacheBounds:
         finally:
             disk.release.set()
 
+    async def test_writes_have_threads_of_their_own(self, tmp_path, monkeypatch):
+        """Chunk writes run on the cache's own threads, at most WRITE_THREADS at once: with
+        every one of them stuck, the process's other file work (the default executor) and
+        reads of files already written still go on."""
+        body = os.urandom(8 * CHUNK)
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        writing: list[str] = []
+        all_busy = asyncio.Event()
+        real = cache_module._write_tmp
+
+        def write(
+            path: Path, data: bytes | memoryview, tag: int, direct: bool
+        ) -> tuple[Path, bool]:
+            writing.append(threading.current_thread().name)
+            if len(writing) == cache_module.WRITE_THREADS:
+                loop.call_soon_threadsafe(all_busy.set)
+            release.wait(30)
+            return real(path, data, tag, direct)
+
+        obj = ObjectRef("obj", len(body))
+        async with _cache(await _store(obj=body), tmp_path, max_bytes=16 * CHUNK) as cache:
+            assert await cache.read(obj, 0, CHUNK) == body[:CHUNK]
+            await cache.idle()  # chunk 0 written before the disk gets stuck
+            monkeypatch.setattr(cache_module, "_write_tmp", write)
+            try:
+                for i in range(1, 8):
+                    assert (
+                        await cache.read(obj, i * CHUNK, CHUNK) == body[i * CHUNK : (i + 1) * CHUNK]
+                    )
+                await all_busy.wait()
+                assert await asyncio.to_thread(lambda: "free") == "free"
+                copy = cache.copy_id(obj, 0)
+                assert copy is not None
+                found = await cache.open_chunk(obj, 0, copy)
+                assert isinstance(found, ChunkFile)
+                os.close(found.fd)
+                assert len(writing) == cache_module.WRITE_THREADS  # the rest wait their turn
+            finally:
+                release.set()
+            await cache.idle()
+        assert len(writing) == 7
+        assert all(name.startswith("chunk-cache-write") for name in writing)
+        assert len([p for p in _files(tmp_path) if p.suffix == ".chunk"]) == 8
+
     async def test_an_open_cancelled_in_its_thread_closes_the_fd(self, tmp_path, monkeypatch):
         """open_chunk is cancelled while its worker thread is inside os.open: the fd that
         thread then returns is closed, not leaked."""
