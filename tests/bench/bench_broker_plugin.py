@@ -23,7 +23,8 @@ would not in a broker that has served for a while.
 
 Goals: warm >= 0.9 x LocalTieredStorage, cold >= 0.5 x local. Also the time to the first record
 at a cold remote offset (a new offset in another segment each time, sidecar cache empty; the
-same probes against LocalTieredStorage), p50/p99, and the broker JVM's CPU seconds per GiB
+same probes against LocalTieredStorage; after the warm-up reads, in a topic of their own that
+no read went through), p50/p99, and the broker JVM's CPU seconds per GiB
 served (``/proc/<pid>/stat``) for each read, plus the sidecar's for the plugin's reads. Over
 each read's fetch time alone (sampled every 50 ms, the consumer JVM's start left out): the CPU
 per GiB of the broker, the sidecar, SeaweedFS, the consumer and the whole machine, and the
@@ -348,8 +349,16 @@ def consume(
     return result
 
 
-async def first_record_ms(bootstrap: str, topic: str, offsets: list[int]) -> list[float]:
-    """Time from seek to the first record at each offset, one consumer (connected first)."""
+async def first_record_ms(
+    bootstrap: str, topic: str, offsets: list[int], local_offset: int
+) -> list[float]:
+    """Time from seek to the first record at each offset, one consumer (connected first).
+
+    Before the probes, one untimed record at ``local_offset`` (in the broker's local log):
+    the consumer keeps the rest of that fetch's records, so no fetch of its own is in flight
+    when the first probe seeks, as none is when the later ones do. (Without it, the first
+    probe waited for the consumer's fetch at the log's end to time out, a long poll of
+    ``fetch.max.wait.ms``, 500 ms, whatever the storage.)"""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=60000
     )
@@ -358,19 +367,22 @@ async def first_record_ms(bootstrap: str, topic: str, offsets: list[int]) -> lis
     try:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
-        await consumer.seek_to_end(tp)
-        await consumer.position(tp)
-        for at in offsets:
+
+        async def first_at(at: int) -> None:
             consumer.seek(tp, at)
-            started = time.monotonic()
             while True:
                 batch = await consumer.getmany(tp, timeout_ms=30000, max_records=1)
                 if batch.get(tp):
                     break
-            times.append((time.monotonic() - started) * 1000)
             record = batch[tp][0]
             if record.offset != at:
                 raise RuntimeError(f"asked for offset {at}, got {record.offset}")
+
+        await first_at(local_offset)
+        for at in offsets:
+            started = time.monotonic()
+            await first_at(at)
+            times.append((time.monotonic() - started) * 1000)
     finally:
         await consumer.stop()
     return times
@@ -575,18 +587,25 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             }
         )
         lts.start()
-        # the probes' topic, and one per run for the cold and warm reads
+        # the warm-up reads' topic, one per run for the cold and warm reads, and the probes'
+        # (a segment for each probe, read by nothing before them)
         tiered = ["tiered", *(f"tiered-run{i}" for i in range(args.runs))]
         for topic in tiered:
             create_topic(cluster, topic, tiered_configs(segment_bytes))
         create_topic(cluster, "local", {"segment.bytes": str(segment_bytes), "retention.ms": "-1"})
+        for each in (cluster, lts):
+            create_topic(each, "probes", tiered_configs(segment_bytes))
         create_topic(lts, "tiered", tiered_configs(segment_bytes))
         for topic in tiered:
             produce(cluster, topic, records, record_bytes)
         produce(cluster, "local", records, record_bytes)
         produce(lts, "tiered", records, record_bytes)
+        probe_records = min(records, records_per_segment * (args.probes + 1) + 1)
+        for each in (cluster, lts):
+            produce(each, "probes", probe_records, record_bytes)
         local_start = min(wait_tiered(cluster, topic) for topic in tiered)
         lts_start = wait_tiered(lts, "tiered")
+        probe_starts = [wait_tiered(each, "probes") for each in (cluster, lts)]
         results["remote_records"] = local_start
         broker_pid = cluster.nodes[0].pid()
         s3_pid = stack.read_pid(s3.pid_file)
@@ -596,18 +615,6 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         print(f"plugin broker: {local_start} of {records} records remote", flush=True)
         print(f"LocalTieredStorage broker: {lts_start} of {records} records remote", flush=True)
 
-        probes = probe_offsets(local_start, records_per_segment, args.probes, seed=7)
-        sidecar.restart_cold()
-        results["plugin_first_record_ms"] = asyncio.run(
-            first_record_ms(cluster.bootstrap_servers, "tiered", probes)
-        )
-        results["lts_first_record_ms"] = asyncio.run(
-            first_record_ms(
-                lts.bootstrap_servers,
-                "tiered",
-                probe_offsets(lts_start, records_per_segment, args.probes, seed=7),
-            )
-        )
         # reads through each broker before any is timed, the plugin's from a cold sidecar
         # as a timed cold read is: each JVM's read paths are compiled (a broker that has
         # served for a while). With one such read, the JIT's optimising compiler still took
@@ -618,6 +625,15 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             consume(cluster, "tiered", local_start, {})
             consume(lts, "tiered", messages, {})
             consume(cluster, "local", local_start, {})
+        # the probes, once both JVMs compiled their read paths, from a cold sidecar, in a
+        # topic whose segments no read went through (so neither the broker's remote index
+        # cache nor the plugin's windows have any of it)
+        sidecar.restart_cold()
+        for each, key, start in zip((cluster, lts), ("plugin", "lts"), probe_starts, strict=True):
+            offsets = probe_offsets(start, records_per_segment, args.probes, seed=7)
+            results[f"{key}_first_record_ms"] = asyncio.run(
+                first_record_ms(each.bootstrap_servers, "probes", offsets, start)
+            )
         runs: dict[str, list[dict[str, float]]] = {
             "plugin_cold": [],
             "plugin_warm": [],
@@ -687,10 +703,14 @@ def report(results: dict[str, Any], *, threads: int = 0) -> str:
                 f" {med(name, 'ms_per_fetch_request'):.2f} ms per request in the sidecar,"
                 f" {med(name, 's3_gets_per_gib'):.0f} GETs per GiB"
             )
-            lookups = sorted(k for k in runs[name][0] if k.startswith("lookups_"))
+            # a result's counter exists from its first lookup on, and the sidecar restarts
+            # for each cold read: a run without one had none of them
+            lookups = sorted({k for r in runs[name] for k in r if k.startswith("lookups_")})
             if lookups:
                 extra += "; chunk lookups " + ", ".join(
-                    f"{k.removeprefix('lookups_')} {med(name, k):.0f}" for k in lookups
+                    f"{k.removeprefix('lookups_')}"
+                    f" {statistics.median(r.get(k, 0.0) for r in runs[name]):.0f}"
+                    for k in lookups
                 )
         if "machine_busy" in runs[name][0]:
             extra += (
