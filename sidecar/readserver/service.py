@@ -986,12 +986,11 @@ class ReadService:
             ahead_to = min(size - 1, max(readahead_end, end))
         chunk = self.chunks.chunk_size
         at_end = end // chunk + self.chunks.readahead_chunks >= (size - 1) // chunk
-        if ahead_to == size - 1 and at_end:
-            # the read-ahead has reached this segment's end: the reader goes on into the next
-            await self._prefetch_following(segment)
+        # the read-ahead has reached this segment's end: the reader goes on into the next
+        goes_on = ahead_to == size - 1 and at_end
         planned = (self._plan or files) and end - start + 1 >= self._plan_min_bytes
         limit = None if ahead_to is None else ahead_to + 1
-        answer: Plan | NamedFiles | None = None
+        answer: ByteStream | Plan | NamedFiles | None = None
         if planned:
             answer = self._name_range(obj, start, end) if files else None
             if answer is None:
@@ -1000,9 +999,23 @@ class ReadService:
             # the reader goes on: fetch what follows while this is sent, as a streamed read
             # would (a sequential reader's read-ahead in groups)
             self.chunks.read_ahead(obj, start, end, limit=limit)
-            return answer
-        pieces = self.read_range(obj, start, end, readahead_limit=limit)
-        return await ByteStream.prime(pieces, length=end - start + 1)
+        else:
+            pieces = self.read_range(obj, start, end, readahead_limit=limit)
+            answer = await ByteStream.prime(pieces, length=end - start + 1)
+        if goes_on:
+            # only once this range's first bytes are here: a reader that jumped into the
+            # segment waits for them, and its GET would otherwise queue behind the next
+            # segment's (a sequential reader's bytes are cached by now, so its next segment
+            # is not later for it)
+            try:
+                await self._prefetch_following(segment)
+            except BaseException:
+                if isinstance(answer, ByteStream):
+                    await answer.aclose()
+                elif isinstance(answer, Plan):
+                    answer.close()
+                raise
+        return answer
 
     async def index(self, tp: TopicIdPartition, segment_id: uuid.UUID, kind: IndexKind) -> bytes:
         """One index of a finished segment, byte-exact (``fetchIndex``); an absent one (a

@@ -4,6 +4,8 @@ indexes, and the errors of each."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import uuid
 from pathlib import Path
@@ -65,6 +67,44 @@ async def _range_bytes(stream: ByteStream | Plan) -> bytes:
         )
     finally:
         stream.close()
+
+
+def _stem(remote, segment) -> str:
+    """What the keys of a segment's objects (log, indexes, manifest) start with."""
+    return remote.layout.segment_key(
+        topic=TP.topic,
+        topic_id=TP.topic_id,
+        partition=TP.partition,
+        base_offset=segment.start_offset,
+        segment_id=segment.segment_id.id,
+        suffix=ObjectSuffix.LOG,
+    ).removesuffix(".log")
+
+
+class _HeldLog:
+    """The object store, with the key of each GET in the order they start; the GETs of one
+    key wait until ``release`` is set (an Event, no sleeps)."""
+
+    def __init__(self, inner, key: str) -> None:
+        self.inner = inner
+        self.key = key
+        self.started: list[str] = []
+        self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get(self, key: str) -> bytes:
+        self.started.append(key)
+        return await self.inner.get(key)
+
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+        self.started.append(key)
+        if key == self.key:
+            self.waiting.set()
+            await self.release.wait()
+        return await self.inner.get_range(key, start, end_inclusive)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
 
 
 def _data(batches: list[Batch], offset: int) -> list[Record]:
@@ -403,6 +443,79 @@ class TestSegmentsAndIndexes:
         assert [chunks.is_cached(log, i) for i in range(3)] == [True, True, False]
         # the first segment's last chunk, the second's indexes object and its two chunks
         assert remote.objects.calls["get_range"] - before == 3
+
+    async def test_a_jump_to_a_segment_end_gets_its_bytes_before_the_next_segment(
+        self, remote, tmp_path
+    ):
+        """A reader that jumps to a segment's end waits for those bytes: the next segment's
+        manifest, indexes and first chunks are asked for only once they are here (fetched
+        before, they competed with that GET), and still are then."""
+        first = await remote.upload(0, data_batches(0, 40))
+        second = await remote.upload(first.end_offset + 1, data_batches(first.end_offset + 1, 40))
+        held = _HeldLog(remote.objects, first_log := f"{_stem(remote, first)}.log")
+        gated = dataclasses.replace(remote, objects=held)
+        async with ChunkCache(
+            objects=held,
+            directory=tmp_path / "gated-cache",
+            max_bytes=1024 * 1024,
+            chunk_size=64 * 1024,
+            readahead_chunks=2,
+            fetch_timeout_s=5.0,
+        ) as chunks:
+            service = read_service(gated, chunks)
+            try:
+                size = first.segment_size_in_bytes
+                window = asyncio.create_task(
+                    service.log_range(first, size - 100, None, readahead_end=size - 1)
+                )
+                await held.waiting.wait()
+                assert held.started[-1] == first_log
+                assert not [k for k in held.started if k.startswith(_stem(remote, second))]
+                held.release.set()
+                data = await _range_bytes(await window)
+                assert data == remote.logs[first.segment_id.id][-100:]
+                await service.manifest(second)
+                await chunks.idle()
+                assert chunks.is_cached(service.log_ref(second), 0)
+            finally:
+                await service.aclose()
+
+    @pytest.mark.parametrize("cached", [False, True], ids=["streamed", "planned"])
+    async def test_a_failed_look_at_the_next_segment_fails_the_window_and_frees_it(
+        self, remote, service, monkeypatch, cached
+    ):
+        """When finding the segment after a window's fails (the store's error), the window
+        fails with it, and what was opened for it is closed: a primed stream, or a plan's
+        files."""
+        first = await remote.upload(0, data_batches(0, 40))
+        await remote.upload(first.end_offset + 1, data_batches(first.end_offset + 1, 40))
+        size = first.segment_size_in_bytes
+        if cached:
+            await _range_bytes(await service.log_range(first, 0, None))
+            await service.chunks.idle()
+        log = service.log_ref(first)
+        assert service.chunks.is_cached(log, (size - 1) // service.chunks.chunk_size) == cached
+        closed: list[object] = []
+        kind = Plan if cached else ByteStream
+        close_name = "close" if cached else "aclose"
+        close = getattr(kind, close_name)
+
+        def spy(answer):
+            closed.append(answer)
+            return close(answer)
+
+        async def broken(segment):
+            raise OSError("the metadata store cannot be read")
+
+        monkeypatch.setattr(kind, close_name, spy)
+        monkeypatch.setattr(service, "_prefetch_following", broken)
+        with pytest.raises(OSError, match="cannot be read"):
+            await service.log_range(first, size - 100, None, readahead_end=size - 1)
+        assert [type(answer) for answer in closed] == [kind]
+        await service.chunks.idle()
+        monkeypatch.undo()
+        window = await service.log_range(first, size - 100, None, readahead_end=size - 1)
+        assert await _range_bytes(window) == remote.logs[first.segment_id.id][-100:]
 
     async def test_a_reader_of_windows_read_ahead_fetches_a_group_per_get(self, remote, tmp_path):
         """The broker reads segments in windows, one after the other. Once the read-ahead is
