@@ -600,7 +600,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             produce(cluster, topic, records, record_bytes)
         produce(cluster, "local", records, record_bytes)
         produce(lts, "tiered", records, record_bytes)
-        probe_records = min(records, records_per_segment * (args.probes + 1) + 1)
+        probe_records = records_per_segment * (args.probes + 1) + 1
         for each in (cluster, lts):
             produce(each, "probes", probe_records, record_bytes)
         local_start = min(wait_tiered(cluster, topic) for topic in tiered)
