@@ -531,13 +531,6 @@ class ChunkCache:
         if task is None:
             self._count("miss")
             task = self._spawn(obj, index, 1, "demand")  # before read-ahead: needed first
-            if ahead and not sequential:
-                # a reader that jumped here waits for this chunk alone: its read-ahead starts
-                # once the chunk is here, so that those GETs do not share the store with it
-                task.add_done_callback(
-                    functools.partial(self._read_ahead_after, obj, index, follow, readahead_limit)
-                )
-                ahead = False
         else:
             self._count("joined")
             if sequential:  # its read-ahead asked for this chunk, not early enough
@@ -655,19 +648,6 @@ class ChunkCache:
         """The groups of read-ahead a sequential reader of ``key`` gets now."""
         last = self._last_read.get(key)
         return _READAHEAD_GROUPS if last is None else last[2]
-
-    def _read_ahead_after(
-        self,
-        obj: ObjectRef,
-        index: int,
-        follow: tuple[ObjectRef, ...],
-        limit: int | None,
-        demand: asyncio.Future[_Chunk],
-    ) -> None:
-        """:meth:`_read_ahead` once the chunk of a reader that jumped is here (not after a
-        failed GET, nor in a cache that is closing)."""
-        if self._state is _State.OPEN and not demand.cancelled() and demand.exception() is None:
-            self._read_ahead(obj, index, follow, limit)
 
     def _present(self, name: str) -> bool:
         return name in self._file_of or name in self._inflight or name in self._writing
