@@ -509,9 +509,12 @@ class ChunkCache:
                 self._lru.move_to_end(where[0])
             if ahead:
                 self._read_ahead(obj, index, follow, readahead_limit, sequential)
-            self._count("hit")
             offset = start - chunk_start
-            return memoryview(written)[offset : offset + length]
+            if len(written) >= offset + length:
+                self._count("hit")
+                return memoryview(written)[offset : offset + length]
+            self._forget(name)  # shorter than the object's size says: fetch it again
+            where = None
         if where is not None:
             file, base = where
             self._lru.move_to_end(file)
@@ -539,7 +542,23 @@ class ChunkCache:
             self._read_ahead(obj, index, follow, readahead_limit, sequential)
         chunk = await asyncio.shield(task)
         offset = start - chunk_start
+        if len(chunk) < offset + length:  # a GET made before the object's size was known
+            self._forget(name)
+            raise RemoteDataError(
+                f"{obj.key} is shorter than its metadata says ({obj.size} bytes): chunk"
+                f" {index} has {len(chunk)} bytes"
+            )
         return memoryview(chunk)[offset : offset + length]
+
+    def fetch_first(self, key: str) -> None:
+        """Start the GET of the first chunk of ``key`` before its size is known (the first
+        ``chunk_size`` bytes; the store ends the range at the object's end), unless it is
+        cached or in flight: the indexes object of a segment whose manifest, which gives its
+        size, is still on its way. A read that then names the object with its size joins
+        that GET; one that finds fewer bytes than the size says gets :class:`RemoteDataError`."""
+        self._check_open()
+        if not self._present(self._name(key, 0)):
+            self._spawn(ObjectRef(key, self.chunk_size), 0, 1, "prefetch", exact=False)
 
     def prefetch(self, obj: ObjectRef, index: int, count: int = 1) -> None:
         """Start fetching chunks ``index .. index + count - 1`` of ``obj`` that are neither
@@ -714,9 +733,12 @@ class ChunkCache:
     def _prefetch_done(self, _task: asyncio.Future[_Chunk]) -> None:
         self._prefetching -= 1
 
-    def _spawn(self, obj: ObjectRef, index: int, count: int, kind: str) -> asyncio.Future[_Chunk]:
+    def _spawn(
+        self, obj: ObjectRef, index: int, count: int, kind: str, *, exact: bool = True
+    ) -> asyncio.Future[_Chunk]:
         """One GET of chunks ``index .. index + count - 1``; returns the first one's future (each
-        chunk's is in ``_inflight`` until the GET ends)."""
+        chunk's is in ``_inflight`` until the GET ends). Without ``exact``, ``obj.size`` is an
+        upper bound (the object may end sooner)."""
         names = [self._name(obj.key, i) for i in range(index, index + count)]
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[_Chunk]] = []
@@ -725,7 +747,9 @@ class ChunkCache:
             self._inflight[name] = future
             future.add_done_callback(functools.partial(self._fetch_done, name))
             futures.append(future)
-        task = asyncio.create_task(self._fetch(obj, index, names, kind), name=f"chunk {names[0]}")
+        task = asyncio.create_task(
+            self._fetch(obj, index, names, kind, exact=exact), name=f"chunk {names[0]}"
+        )
         self._gets.add(task)
         task.add_done_callback(functools.partial(self._get_done, futures))
         return futures[0]
@@ -753,7 +777,9 @@ class ChunkCache:
         if not future.cancelled():
             future.exception()  # retrieved here: waiters see it, read-ahead only counts it
 
-    async def _fetch(self, obj: ObjectRef, index: int, names: list[str], kind: str) -> list[_Chunk]:
+    async def _fetch(
+        self, obj: ObjectRef, index: int, names: list[str], kind: str, *, exact: bool = True
+    ) -> list[_Chunk]:
         size = self.chunk_size
         start = index * size
         end = min(start + len(names) * size, obj.size) - 1
@@ -770,7 +796,7 @@ class ChunkCache:
             except BaseException:
                 self._fetched(kind, "error")
                 raise
-        if len(data) != end - start + 1:
+        if len(data) != end - start + 1 and (exact or not data or len(data) > end - start + 1):
             self._fetched(kind, "error")
             raise RemoteDataError(
                 f"{obj.key} is shorter than its metadata says ({obj.size} bytes): bytes "

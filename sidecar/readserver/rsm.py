@@ -374,7 +374,7 @@ async def _fetch_index(request: web.Request) -> web.StreamResponse:
         raise BadRequestError(f"index_type must be one of {', '.join(_INDEX_TYPES)}")
     service = request.app[SERVICE_KEY]
     try:
-        manifest = await service.manifest(segment)
+        manifest = await service.manifest(segment, indexes=True)
         data = await service.index_bytes(segment, kind) if manifest is not None else None
     except KeyNotFoundError as exc:
         raise RemoteObjectNotFoundError(

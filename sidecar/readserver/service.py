@@ -713,11 +713,17 @@ class ReadService:
         """The segment's ``.log`` object."""
         return ObjectRef(self.key(segment, ObjectSuffix.LOG), segment.segment_size_in_bytes)
 
-    async def manifest(self, segment: SegmentMetadata) -> SegmentManifest | None:
-        """The segment's manifest (cached), or None when the bucket has none."""
-        found = await self._indexes.get(
-            ("manifest", segment.segment_id.id), self._manifest_loader(segment), _manifest_weight
-        )
+    async def manifest(
+        self, segment: SegmentMetadata, *, indexes: bool = False
+    ) -> SegmentManifest | None:
+        """The segment's manifest (cached), or None when the bucket has none. With
+        ``indexes`` (an index read follows), a manifest not cached yet comes with the GET of
+        its indexes object's first chunk: that object is named by the segment alone, so both
+        GETs go at once, not one after the other."""
+        memo = ("manifest", segment.segment_id.id)
+        if indexes and memo not in self._indexes:
+            self.chunks.fetch_first(self.key(segment, ObjectSuffix.INDEXES))
+        found = await self._indexes.get(memo, self._manifest_loader(segment), _manifest_weight)
         return found if isinstance(found, SegmentManifest) else None
 
     def _manifest_loader(
@@ -779,7 +785,7 @@ class ReadService:
 
     async def index_bytes(self, segment: SegmentMetadata, kind: IndexKind) -> bytes | None:
         """One index file of the segment, byte-exact and CRC-checked; None when it has none."""
-        manifest = await self.manifest(segment)
+        manifest = await self.manifest(segment, indexes=True)
         if manifest is None:
             return None
         found = manifest.indexes.ranges.get(kind)

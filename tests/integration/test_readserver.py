@@ -14,6 +14,7 @@ import pytest
 
 from sidecar.errors import StorageError
 from sidecar.kafka.checkpoints import encode_kafka_uuid
+from sidecar.kafka.logdir import FileKind, segment_file_name
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import (
@@ -23,6 +24,7 @@ from sidecar.readserver import (
     ReadService,
     StorageUnavailableError,
 )
+from sidecar.storage.manifest import IndexKind
 from sidecar.storage.s3 import S3ObjectStore
 from tests.unit.readserver._tiered import LAYOUT, Remote, data_batches, three_segments
 
@@ -120,6 +122,44 @@ async def test_every_offset_range_and_index_through_seaweedfs(s3, tmp_path):
             gets = metrics.read_fetch_bytes._value.get()
             assert [r async for r in client.iter_records("orders", 0, 0)] == expected
             assert metrics.read_fetch_bytes._value.get() == gets  # all from the disk cache
+
+
+async def test_a_cold_index_read_gets_the_indexes_beside_the_manifest(s3, tmp_path):
+    """On SeaweedFS: a segment's first index read GETs its indexes object's first chunk
+    beside the manifest, before the object's size is known (the range ends past the object,
+    and the store ends it there); each index comes back byte-exact, from that one GET."""
+    async with _tiered(s3, tmp_path) as (objects, remote):
+        await three_segments(remote)
+        metrics = Metrics()
+        async with ChunkCache(
+            objects=objects,
+            directory=tmp_path / "cache",
+            max_bytes=16 * 1024 * 1024,
+            chunk_size=1024 * 1024,  # larger than every indexes object here
+            readahead_chunks=2,
+            fetch_timeout_s=30.0,
+            metrics=metrics,
+        ) as chunks:
+            service = ReadService(store=remote.store, objects=objects, layout=LAYOUT, chunks=chunks)
+            try:
+                for segment in remote.segments:
+                    directory = remote.files / str(segment.segment_id.id)
+                    for kind, file in (
+                        (IndexKind.OFFSET_INDEX, FileKind.INDEX),
+                        (IndexKind.TIME_INDEX, FileKind.TIMEINDEX),
+                    ):
+                        want = (
+                            directory / segment_file_name(segment.start_offset, file)
+                        ).read_bytes()
+                        assert await service.index_bytes(segment, kind) == want
+            finally:
+                await service.aclose()
+        fetches = {
+            (s.labels["kind"], s.labels["outcome"]): s.value
+            for s in metrics.read_fetches.collect()[0].samples
+            if s.name.endswith("_total") and s.value
+        }
+        assert fetches == {("prefetch", "ok"): len(remote.segments)}
 
 
 async def test_an_s3_outage_serves_the_cache_and_503s_the_rest(s3, tmp_path):

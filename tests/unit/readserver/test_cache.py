@@ -97,6 +97,27 @@ class TestChunkCacheReads:
         }
         assert {k: v for k, v in lookups.items() if v} == {"hit": 1.0, "miss": 2.0}
 
+    async def test_a_first_chunk_fetched_before_its_size_is_known(self, tmp_path):
+        """``fetch_first`` GETs an object's first chunk by key alone (the store ends the range
+        at the object's end); a read naming the object with its size then uses it, with no
+        second GET, and a second ``fetch_first`` does nothing. A read whose size says more
+        than the chunk holds is RemoteDataError, and the chunk is not served again."""
+        body = os.urandom(CHUNK // 2)
+        store = await _store(small=body, other=os.urandom(CHUNK // 4))
+        async with _cache(store, tmp_path, max_bytes=8 * CHUNK) as cache:
+            cache.fetch_first("small")
+            cache.fetch_first("small")  # in flight: no second GET
+            assert body[10:20] == await cache.read(ObjectRef("small", len(body)), 10, 10)
+            cache.fetch_first("small")  # cached: nothing
+            await cache.idle()
+            assert store.calls["get_range"] == 1
+            cache.fetch_first("other")
+            with pytest.raises(RemoteDataError, match="shorter"):
+                await cache.read(ObjectRef("other", CHUNK // 2), CHUNK // 4, 10)
+            with pytest.raises(RemoteDataError, match="shorter"):
+                await cache.read(ObjectRef("other", CHUNK // 2), CHUNK // 4, 10)
+            assert store.calls["get_range"] == 3  # each read after the first asked again
+
     async def test_a_range_across_chunks_is_refused(self, tmp_path):
         """A range that crosses a chunk boundary is the caller's bug: ValueError."""
         store = await _store(obj=bytes(3 * CHUNK))

@@ -217,6 +217,34 @@ class TestCopyAndFetch:
         status, body = await rsm.post("fetch-index", {**meta, "index_type": "LEADER_EPOCH"})
         assert (status, body) == (200, EPOCHS_TEXT)
 
+    async def test_a_first_fetch_index_gets_the_manifest_and_the_indexes_at_once(
+        self, rsm, broker, monkeypatch
+    ):
+        """The broker's first fetchIndex of a segment: the GET of the indexes object starts
+        beside the manifest's, not after it; the indexes after it make no GET."""
+        sid = uuid.uuid4()
+        assert (await rsm.post("copy", _copy_body(broker, 30, 60, sid)))[0] == 200
+        objects = rsm.objects
+        get = objects.get
+        ranges_at_manifest: list[int] = []
+
+        async def recording_get(key: str) -> bytes:
+            if key.endswith(".manifest.json"):
+                ranges_at_manifest.append(objects.calls["get_range"])
+            return await get(key)
+
+        monkeypatch.setattr(objects, "get", recording_get)
+        before = objects.calls["get_range"]
+        meta = _metadata(broker, 30, 60, sid)
+        for index_type, kind in (("OFFSET", FileKind.INDEX), ("TIMESTAMP", FileKind.TIMEINDEX)):
+            status, body = await rsm.post("fetch-index", {**meta, "index_type": index_type})
+            assert (status, body) == (
+                200,
+                (broker.partition / segment_file_name(30, kind)).read_bytes(),
+            )
+        assert ranges_at_manifest == [before + 1]
+        assert objects.calls["get_range"] == before + 1
+
     async def test_missing_transaction_index_is_not_found(self, rsm, broker):
         """The first segment has no aborts: fetchIndex(TRANSACTION) is 404 index_not_found."""
         sid = uuid.uuid4()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.errors import StorageError
 from sidecar.kafka.checkpoints import (
     EpochEntry,
     format_leader_epoch_checkpoint,
@@ -79,6 +80,32 @@ def _stem(remote, segment) -> str:
         segment_id=segment.segment_id.id,
         suffix=ObjectSuffix.LOG,
     ).removesuffix(".log")
+
+
+class _HeldGet:
+    """The object store, with the key of each GET in the order they start; the whole-object
+    GETs of one key wait until ``release`` is set (an Event, no sleeps)."""
+
+    def __init__(self, inner, key: str) -> None:
+        self.inner = inner
+        self.key = key
+        self.started: list[str] = []
+        self.waiting = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get(self, key: str) -> bytes:
+        self.started.append(key)
+        if key == self.key:
+            self.waiting.set()
+            await self.release.wait()
+        return await self.inner.get(key)
+
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+        self.started.append(key)
+        return await self.inner.get_range(key, start, end_inclusive)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
 
 
 class _HeldLog:
@@ -610,6 +637,57 @@ class TestSegmentsAndIndexes:
         await remote.objects.put(key, bytes(body))
         with pytest.raises(RemoteDataError, match="CRC-32C"):
             await service.index(TP, segment.segment_id.id, IndexKind.OFFSET_INDEX)
+
+    async def test_a_cold_segments_indexes_come_with_its_manifest(self, remote, tmp_path):
+        """The first index read of a segment whose manifest is not cached GETs the indexes
+        object's first chunk beside the manifest (its key comes from the segment alone), not
+        one GET after it; the index is then read from that chunk, with no second GET."""
+        segment = await remote.upload(0, data_batches(0, 10))
+        stem = _stem(remote, segment)
+        held = _HeldGet(remote.objects, f"{stem}.manifest.json")
+        async with ChunkCache(
+            objects=held,
+            directory=tmp_path / "held-cache",
+            max_bytes=1024 * 1024,
+            chunk_size=64 * 1024,
+            readahead_chunks=2,
+            fetch_timeout_s=5.0,
+        ) as chunks:
+            service = read_service(dataclasses.replace(remote, objects=held), chunks)
+            try:
+                index = asyncio.create_task(service.index_bytes(segment, IndexKind.OFFSET_INDEX))
+                await held.waiting.wait()  # the manifest's GET, held
+                assert f"{stem}.indexes" in held.started
+                held.release.set()
+                offset_index = await index
+                assert offset_index
+                assert len(offset_index) % 8 == 0
+                assert await service.index_bytes(segment, IndexKind.TIME_INDEX)
+                assert held.started.count(f"{stem}.indexes") == 1
+            finally:
+                await service.aclose()
+
+    async def test_a_failed_early_indexes_get_is_made_again(self, remote, service):
+        """When the GET started beside the manifest fails, the index read makes its own."""
+        segment = await remote.upload(0, data_batches(0, 10))
+        remote.objects.fail_next("get_range", StorageError("S3 is down"))
+        before = remote.objects.calls["get_range"]
+        assert await service.index_bytes(segment, IndexKind.OFFSET_INDEX)
+        assert remote.objects.calls["get_range"] - before == 2
+
+    async def test_an_indexes_object_shorter_than_its_manifest_says_is_remote_data_error(
+        self, remote, service
+    ):
+        """The GET beside the manifest cannot know the object's size: a shorter object than
+        the manifest names is still RemoteDataError, and never served."""
+        segment = await remote.upload(0, data_batches(0, 10))
+        key = f"{_stem(remote, segment)}.indexes"
+        body = remote.objects.objects[key]
+        await remote.objects.put(key, body[: len(body) // 2])
+        with pytest.raises(RemoteDataError, match="shorter"):
+            await service.index(TP, segment.segment_id.id, IndexKind.LEADER_EPOCH_CHECKPOINT)
+        with pytest.raises(RemoteDataError, match="shorter"):
+            await service.index(TP, segment.segment_id.id, IndexKind.LEADER_EPOCH_CHECKPOINT)
 
 
 class TestResolve:
