@@ -461,7 +461,9 @@ class Metrics:
         )
         self.read_fetches = Counter(
             "read_fetches",
-            "Ranged GETs of the read path, by kind (demand, prefetch, index) and outcome.",
+            "Ranged GETs of the read path, by kind (demand: a reader waits for it; prefetch:"
+            " read-ahead, the next segment's start, and a segment's indexes fetched beside its"
+            " manifest) and outcome.",
             ["kind", "outcome"],
             namespace=NAMESPACE,
             registry=r,
