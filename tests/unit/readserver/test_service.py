@@ -5,9 +5,11 @@ indexes, and the errors of each."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -82,35 +84,9 @@ def _stem(remote, segment) -> str:
     ).removesuffix(".log")
 
 
-class _HeldGet:
-    """The object store, with the key of each GET in the order they start; the whole-object
-    GETs of one key wait until ``release`` is set (an Event, no sleeps)."""
-
-    def __init__(self, inner, key: str) -> None:
-        self.inner = inner
-        self.key = key
-        self.started: list[str] = []
-        self.waiting = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def get(self, key: str) -> bytes:
-        self.started.append(key)
-        if key == self.key:
-            self.waiting.set()
-            await self.release.wait()
-        return await self.inner.get(key)
-
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
-        self.started.append(key)
-        return await self.inner.get_range(key, start, end_inclusive)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
-
-class _HeldLog:
+class _Held:
     """The object store, with the key of each GET in the order they start; the GETs of one
-    key wait until ``release`` is set (an Event, no sleeps)."""
+    key (whole or ranged) wait until ``release`` is set (an Event, no sleeps)."""
 
     def __init__(self, inner, key: str) -> None:
         self.inner = inner
@@ -119,19 +95,41 @@ class _HeldLog:
         self.waiting = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def get(self, key: str) -> bytes:
-        self.started.append(key)
-        return await self.inner.get(key)
-
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+    async def _enter(self, key: str) -> None:
         self.started.append(key)
         if key == self.key:
             self.waiting.set()
             await self.release.wait()
+
+    async def get(self, key: str) -> bytes:
+        await self._enter(key)
+        return await self.inner.get(key)
+
+    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+        await self._enter(key)
         return await self.inner.get_range(key, start, end_inclusive)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
+
+
+@contextlib.asynccontextmanager
+async def _held_service(remote, held: _Held, directory: Path) -> AsyncIterator[ReadService]:
+    """The read engine over ``remote`` with its GETs through ``held``, and a cache of its own
+    (as the ``chunks`` fixture's)."""
+    async with ChunkCache(
+        objects=held,
+        directory=directory,
+        max_bytes=1024 * 1024,
+        chunk_size=64 * 1024,
+        readahead_chunks=2,
+        fetch_timeout_s=5.0,
+    ) as chunks:
+        service = read_service(dataclasses.replace(remote, objects=held), chunks)
+        try:
+            yield service
+        finally:
+            await service.aclose()
 
 
 def _data(batches: list[Batch], offset: int) -> list[Record]:
@@ -479,33 +477,21 @@ class TestSegmentsAndIndexes:
         before, they competed with that GET), and still are then."""
         first = await remote.upload(0, data_batches(0, 40))
         second = await remote.upload(first.end_offset + 1, data_batches(first.end_offset + 1, 40))
-        held = _HeldLog(remote.objects, first_log := f"{_stem(remote, first)}.log")
-        gated = dataclasses.replace(remote, objects=held)
-        async with ChunkCache(
-            objects=held,
-            directory=tmp_path / "gated-cache",
-            max_bytes=1024 * 1024,
-            chunk_size=64 * 1024,
-            readahead_chunks=2,
-            fetch_timeout_s=5.0,
-        ) as chunks:
-            service = read_service(gated, chunks)
-            try:
-                size = first.segment_size_in_bytes
-                window = asyncio.create_task(
-                    service.log_range(first, size - 100, None, readahead_end=size - 1)
-                )
-                await held.waiting.wait()
-                assert held.started[-1] == first_log
-                assert not [k for k in held.started if k.startswith(_stem(remote, second))]
-                held.release.set()
-                data = await _range_bytes(await window)
-                assert data == remote.logs[first.segment_id.id][-100:]
-                await service.manifest(second)
-                await chunks.idle()
-                assert chunks.is_cached(service.log_ref(second), 0)
-            finally:
-                await service.aclose()
+        held = _Held(remote.objects, first_log := f"{_stem(remote, first)}.log")
+        async with _held_service(remote, held, tmp_path / "gated-cache") as service:
+            size = first.segment_size_in_bytes
+            window = asyncio.create_task(
+                service.log_range(first, size - 100, None, readahead_end=size - 1)
+            )
+            await held.waiting.wait()
+            assert held.started[-1] == first_log
+            assert not [k for k in held.started if k.startswith(_stem(remote, second))]
+            held.release.set()
+            data = await _range_bytes(await window)
+            assert data == remote.logs[first.segment_id.id][-100:]
+            await service.manifest(second)
+            await service.chunks.idle()
+            assert service.chunks.is_cached(service.log_ref(second), 0)
 
     @pytest.mark.parametrize("cached", [False, True], ids=["streamed", "planned"])
     async def test_a_failed_look_at_the_next_segment_fails_the_window_and_frees_it(
@@ -644,28 +630,17 @@ class TestSegmentsAndIndexes:
         one GET after it; the index is then read from that chunk, with no second GET."""
         segment = await remote.upload(0, data_batches(0, 10))
         stem = _stem(remote, segment)
-        held = _HeldGet(remote.objects, f"{stem}.manifest.json")
-        async with ChunkCache(
-            objects=held,
-            directory=tmp_path / "held-cache",
-            max_bytes=1024 * 1024,
-            chunk_size=64 * 1024,
-            readahead_chunks=2,
-            fetch_timeout_s=5.0,
-        ) as chunks:
-            service = read_service(dataclasses.replace(remote, objects=held), chunks)
-            try:
-                index = asyncio.create_task(service.index_bytes(segment, IndexKind.OFFSET_INDEX))
-                await held.waiting.wait()  # the manifest's GET, held
-                assert f"{stem}.indexes" in held.started
-                held.release.set()
-                offset_index = await index
-                assert offset_index
-                assert len(offset_index) % 8 == 0
-                assert await service.index_bytes(segment, IndexKind.TIME_INDEX)
-                assert held.started.count(f"{stem}.indexes") == 1
-            finally:
-                await service.aclose()
+        held = _Held(remote.objects, f"{stem}.manifest.json")
+        async with _held_service(remote, held, tmp_path / "held-cache") as service:
+            index = asyncio.create_task(service.index_bytes(segment, IndexKind.OFFSET_INDEX))
+            await held.waiting.wait()  # the manifest's GET, held
+            assert f"{stem}.indexes" in held.started
+            held.release.set()
+            offset_index = await index
+            assert offset_index
+            assert len(offset_index) % 8 == 0
+            assert await service.index_bytes(segment, IndexKind.TIME_INDEX)
+            assert held.started.count(f"{stem}.indexes") == 1
 
     async def test_a_failed_early_indexes_get_is_made_again(self, remote, service):
         """When the GET started beside the manifest fails, the index read makes its own."""
