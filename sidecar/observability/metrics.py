@@ -459,6 +459,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.read_early_bytes = Counter(
+            "read_early_bytes",
+            "Bytes the read server answered with from a GET still in flight, as they arrived"
+            " (a reader that needs the start of a chunk does not wait for the whole chunk).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.read_fetches = Counter(
             "read_fetches",
             "Ranged GETs of the read path, by kind (demand: a reader waits for it; prefetch:"

@@ -201,6 +201,54 @@ def _scan(directory: Path) -> list[tuple[float, str, int]]:
     return found
 
 
+class _Arrival:
+    """The bytes of one GET as they arrive (:class:`~sidecar.storage.base.Arrivals`), for
+    readers that take them before the GET ends (:meth:`ChunkCache.read` with ``early``)."""
+
+    __slots__ = ("_waiters", "body", "count", "ended")
+
+    def __init__(self) -> None:
+        self.body: memoryview | None = None
+        self.count = 0
+        self.ended = False
+        #: readers waiting: the bytes each needs in, and where it gets the body that has them
+        self._waiters: list[tuple[int, asyncio.Future[memoryview | None]]] = []
+
+    def receiving(self, body: memoryview) -> None:
+        self.body, self.count = body, 0  # a GET made again starts over, in a new body
+
+    def arrived(self, count: int) -> None:
+        self.count = count
+        if self._waiters:
+            self._wake()
+
+    def end(self) -> None:
+        """The GET ended (either way): its waiters go on to its result."""
+        self.ended = True
+        self.body = None
+        self._wake()
+
+    def _wake(self) -> None:
+        # a waiter gets the body that has its bytes now: the next attempt's may not yet
+        waiting: list[tuple[int, asyncio.Future[memoryview | None]]] = []
+        for needed, woken in self._waiters:
+            if not self.ended and (self.body is None or needed > self.count):
+                waiting.append((needed, woken))
+            elif not woken.done():  # a reader cancelled meanwhile is done already
+                woken.set_result(self.body)
+        self._waiters = waiting
+
+    async def until(self, end: int) -> memoryview | None:
+        """A body whose bytes ``[0, end)`` are in; None when the GET ended first."""
+        if self.ended:
+            return None
+        if self.body is not None and self.count >= end:
+            return self.body
+        woken: asyncio.Future[memoryview | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((end, woken))
+        return await woken
+
+
 class ChunkCache:
     """Chunks of remote objects on local disk, LRU within ``max_bytes``; see the module doc.
 
@@ -261,6 +309,8 @@ class ChunkCache:
         self._inflight: dict[str, asyncio.Future[_Chunk]] = {}
         #: the GETs in flight (one may fetch several chunks)
         self._gets: set[asyncio.Task[list[_Chunk]]] = set()
+        #: each chunk being fetched: its GET's bytes as they arrive, and where it starts there
+        self._arrivals: dict[str, tuple[_Arrival, int]] = {}
         #: chunks fetched and being written to disk, served from memory meanwhile
         self._writing: dict[str, _Chunk] = {}
         #: the last chunks fetched, kept in memory too: a sequential reader reads them right
@@ -480,9 +530,16 @@ class ChunkCache:
         readahead: bool = True,
         readahead_limit: int | None = None,
         follow: tuple[ObjectRef, ...] = (),
+        early: bool = False,
     ) -> bytes | memoryview:
         """Bytes ``[start, start + length)`` of ``obj``; the range must lie within one chunk
         (a view of the chunk when it is in memory, else bytes read from disk).
+
+        With ``early``, a chunk being fetched is read as its GET's bytes arrive: the call
+        returns once the range is in, before the rest of the chunk (or of a group GET). The
+        bytes are the store's answer to that GET, checked against the range asked for; the GET
+        may still fail after them (an object shorter than ``obj.size`` fails only the reads
+        past its end), and a reader that goes on then gets its error.
 
         With ``readahead``, GETs of the next chunks start: chunks that start before
         ``readahead_limit`` (a byte position) when one is given, else up to the object's end and
@@ -540,6 +597,15 @@ class ChunkCache:
                 self._deepen(obj.key)
         if ahead:
             self._read_ahead(obj, index, follow, readahead_limit, sequential)
+        arriving = self._arrivals.get(name) if early else None
+        if arriving is not None:
+            arrival, base = arriving
+            at = base + start - chunk_start
+            body = await arrival.until(at + length)
+            if body is not None:
+                if self._metrics is not None:
+                    self._metrics.read_early_bytes.inc(length)
+                return body[at : at + length]
         chunk = await asyncio.shield(task)
         offset = start - chunk_start
         if len(chunk) < offset + length:  # a GET made before the object's size was known
@@ -742,22 +808,32 @@ class ChunkCache:
         names = [self._name(obj.key, i) for i in range(index, index + count)]
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[_Chunk]] = []
-        for name in names:
+        arrival = _Arrival()
+        for i, name in enumerate(names):
             future: asyncio.Future[_Chunk] = loop.create_future()
             self._inflight[name] = future
             future.add_done_callback(functools.partial(self._fetch_done, name))
             futures.append(future)
+            self._arrivals[name] = (arrival, i * self.chunk_size)
         task = asyncio.create_task(
-            self._fetch(obj, index, names, kind, exact=exact), name=f"chunk {names[0]}"
+            self._fetch(obj, index, names, kind, arrival, exact=exact), name=f"chunk {names[0]}"
         )
         self._gets.add(task)
-        task.add_done_callback(functools.partial(self._get_done, futures))
+        task.add_done_callback(functools.partial(self._get_done, names, futures, arrival))
         return futures[0]
 
     def _get_done(
-        self, futures: list[asyncio.Future[_Chunk]], task: asyncio.Task[list[_Chunk]]
+        self,
+        names: list[str],
+        futures: list[asyncio.Future[_Chunk]],
+        arrival: _Arrival,
+        task: asyncio.Task[list[_Chunk]],
     ) -> None:
         self._gets.discard(task)
+        for name in names:
+            if self._arrivals.get(name, (None, 0))[0] is arrival:
+                del self._arrivals[name]
+        arrival.end()
         if task.cancelled():
             for future in futures:
                 future.cancel()
@@ -778,7 +854,14 @@ class ChunkCache:
             future.exception()  # retrieved here: waiters see it, read-ahead only counts it
 
     async def _fetch(
-        self, obj: ObjectRef, index: int, names: list[str], kind: str, *, exact: bool = True
+        self,
+        obj: ObjectRef,
+        index: int,
+        names: list[str],
+        kind: str,
+        arrival: _Arrival,
+        *,
+        exact: bool = True,
     ) -> list[_Chunk]:
         size = self.chunk_size
         start = index * size
@@ -787,7 +870,7 @@ class ChunkCache:
             started = time.monotonic()
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    data = await self._objects.get_range(obj.key, start, end)
+                    data = await self._objects.get_range(obj.key, start, end, arrivals=arrival)
             except TimeoutError as exc:
                 self._fetched(kind, "timeout")
                 raise StorageTimeoutError(

@@ -893,8 +893,15 @@ class ReadService:
             chunk_end = min((position // chunk_size + 1) * chunk_size, obj.size)
             length = min(io, chunk_end - position, end_inclusive - position + 1)
             io = _IO_BYTES
+            # as the chunk's GET delivers them: a reader that jumped here has its first bytes
+            # before the rest of the chunk
             data = await self.chunks.read(
-                obj, position, length, readahead=readahead, readahead_limit=readahead_limit
+                obj,
+                position,
+                length,
+                readahead=readahead,
+                readahead_limit=readahead_limit,
+                early=True,
             )
             yield memoryview(data)
             position += length

@@ -14,10 +14,12 @@ headers into a small buffer, the body straight into a pooled buffer of its ``Con
 Only plain ``http://`` connections without a proxy (the S3 backend decides when to use it).
 A response this client does not take (no ``Content-Length``, chunked framing, an interim
 ``1xx``) raises :class:`UnsupportedResponseError`, and the backend goes back to botocore.
-Connection failures are ``OSError`` (``ConnectionError``); a connection kept from an earlier
-request that turns out closed before any byte of the response is replaced once. A request
-cancelled mid-response (its deadline) closes its connection. Nothing here logs, and no error
-carries the presigned target (its query holds the credential scope and the signature).
+A caller may be told of a body's bytes as they arrive (:data:`BodyHook`), to use them before
+the response is whole. Connection failures are ``OSError`` (``ConnectionError``); a
+connection kept from an earlier request that turns out closed before any byte of the response
+is replaced once. A request cancelled mid-response (its deadline) closes its connection.
+Nothing here logs, and no error carries the presigned target (its query holds the credential
+scope and the signature).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ from typing import NamedTuple, cast
 
 from sidecar.storage._body import BufferPool, default_pool
 
-__all__ = ["BadResponseError", "RangeGetter", "RawResponse", "UnsupportedResponseError"]
+__all__ = [
+    "BadResponseError",
+    "BodyHook",
+    "RangeGetter",
+    "RawResponse",
+    "UnsupportedResponseError",
+]
 
 #: the most a response's status line and headers may take
 HEAD_BYTES = 64 * 1024
@@ -57,6 +65,13 @@ class RawResponse(NamedTuple):
     body: memoryview
 
 
+#: told of a response's body before it arrives: ``(status, headers, body)``, ``body`` the
+#: read-only view its bytes arrive in, in order from its start; returns what to call with the
+#: bytes in so far each time more arrive (or None: nothing). Called from the protocol's
+#: callbacks, so neither may raise or block.
+BodyHook = Callable[[int, dict[str, str], memoryview], Callable[[int], None] | None]
+
+
 class _Connection(asyncio.BufferedProtocol):
     """One kept-alive connection and the response being read on it."""
 
@@ -73,6 +88,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._status = 0
         self._headers: dict[str, str] = {}
         self._done: asyncio.Future[RawResponse] | None = None
+        self._hook: BodyHook | None = None
+        self._filling: Callable[[int], None] | None = None
         #: whether any byte of the current response arrived
         self.answered = False
 
@@ -104,6 +121,8 @@ class _Connection(asyncio.BufferedProtocol):
             return
         if self._body is not None:
             self._filled += nbytes
+            if self._filling is not None:
+                self._filling(self._filled)
             self._finish_if_whole()
             return
         self._head_len += nbytes
@@ -115,13 +134,16 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- the request ---------------------------------------------------------------------
 
-    def request(self, data: bytes) -> asyncio.Future[RawResponse]:
-        """Send one request; the future resolves with its whole response."""
+    def request(self, data: bytes, hook: BodyHook | None = None) -> asyncio.Future[RawResponse]:
+        """Send one request; the future resolves with its whole response (``hook``: see
+        :data:`BodyHook`)."""
         if self.transport is None or self.closed:
             raise ConnectionResetError("the connection to the store is closed")
         self._head_len = 0
         self._body = None
         self._filled = 0
+        self._hook = hook
+        self._filling = None
         self.answered = False
         self._done = asyncio.get_running_loop().create_future()
         self.transport.write(data)
@@ -169,6 +191,10 @@ class _Connection(asyncio.BufferedProtocol):
             raise BadResponseError("the store sent more bytes than its Content-Length")
         self._body[:extra] = self._head[end + 4 : self._head_len]
         self._filled = extra
+        if self._hook is not None:
+            self._filling = self._hook(status, headers, self._body.toreadonly())
+            if self._filling is not None and extra:
+                self._filling(extra)
         self._finish_if_whole()
 
     def _finish_if_whole(self) -> None:
@@ -176,11 +202,13 @@ class _Connection(asyncio.BufferedProtocol):
         if body is None or self._filled < self._length:
             return
         self._body = None
+        self._hook = self._filling = None
         if self._done is not None and not self._done.done():
             self._done.set_result(RawResponse(self._status, self._headers, body.toreadonly()))
 
     def _fail(self, exc: Exception) -> None:
         self._body = None
+        self._hook = self._filling = None
         if self._done is not None and not self._done.done():
             self._done.set_exception(exc)
 
@@ -208,10 +236,20 @@ class RangeGetter:
         return sum(len(conns) for conns in self._idle.values())
 
     async def get(
-        self, host: str, port: int, target: str, *, netloc: str, start: int, end_inclusive: int
+        self,
+        host: str,
+        port: int,
+        target: str,
+        *,
+        netloc: str,
+        start: int,
+        end_inclusive: int,
+        hook: BodyHook | None = None,
     ) -> RawResponse:
         """``GET target`` with ``Range: bytes=start-end_inclusive`` from ``host:port``
-        (``netloc``: the Host header, as the request was signed)."""
+        (``netloc``: the Host header, as the request was signed). ``hook`` is told of the
+        body as it arrives (:data:`BodyHook`); a request made again on a fresh connection
+        tells it again, of a new body."""
         if self._closed:
             raise RuntimeError("the range getter is closed")
         request = (
@@ -221,7 +259,7 @@ class RangeGetter:
         while True:
             connection, reused = await self._connection(host, port)
             try:
-                response = await connection.request(request)
+                response = await connection.request(request, hook)
             except ConnectionError:
                 connection.abort()
                 if reused and not connection.answered:

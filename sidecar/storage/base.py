@@ -37,6 +37,7 @@ __all__ = [
     "DELETE_BATCH_SIZE",
     "MAX_PARTS",
     "MIN_PART_SIZE",
+    "Arrivals",
     "MultipartUpload",
     "ObjectInfo",
     "ObjectStore",
@@ -80,6 +81,27 @@ class MultipartUpload:
     initiated: datetime | None = None
 
 
+class Arrivals(Protocol):
+    """Told of a ranged GET's bytes as they arrive, before ``get_range`` returns them: a
+    reader that needs the first bytes of a large range can have them before the rest.
+
+    Only bytes of the range asked for are reported, once the store's answer says they are
+    (a backend that cannot tell, or that has all the bytes at once, reports nothing). The
+    returned bytes remain the authority: the GET may still fail after bytes were reported,
+    and it may be made again (each attempt reports its own body). Called on the event loop,
+    from the backend's I/O callbacks: neither method may raise or block.
+    """
+
+    def receiving(self, body: memoryview) -> None:
+        """An answer is coming: ``body`` (read-only) will hold the range's bytes, in order from
+        its start (as many as the answer has: an object shorter than asked ends sooner)."""
+        ...
+
+    def arrived(self, count: int) -> None:
+        """Bytes ``[0, count)`` of the last ``body`` are in; they are never written again."""
+        ...
+
+
 class ObjectStore(Protocol):
     """An object store: a bucket (or a fake of one) seen through the sidecar's verbs only.
 
@@ -120,10 +142,13 @@ class ObjectStore(Protocol):
         """The whole object (for small objects: manifests, indexes)."""
         ...
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes | memoryview:
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: Arrivals | None = None
+    ) -> bytes | memoryview:
         """Bytes ``start..end_inclusive`` (Kafka's ``fetchLogSegment`` convention); an end
         beyond the last byte is clamped. A backend may hand them over as a read-only
-        ``memoryview`` (the S3 one does: the body is read into one buffer, not joined)."""
+        ``memoryview`` (the S3 one does: the body is read into one buffer, not joined), and
+        may tell ``arrivals`` of them as they come (:class:`Arrivals`)."""
         ...
 
     async def head(self, key: str) -> ObjectInfo:

@@ -41,6 +41,7 @@ from sidecar.storage.base import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
     DEFAULT_PART_SIZE,
+    Arrivals,
     MultipartUpload,
     ObjectInfo,
 )
@@ -190,8 +191,11 @@ class MemoryObjectStore:
         await self._enter("get")
         return self._lookup(key).body
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
-        """Bytes ``start..end_inclusive``, the end clamped to the last byte."""
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: Arrivals | None = None
+    ) -> bytes:
+        """Bytes ``start..end_inclusive``, the end clamped to the last byte (all at once:
+        ``arrivals`` is told nothing)."""
         await self._enter("get_range")
         check_range(key, start, end_inclusive)
         body = self._lookup(key).body

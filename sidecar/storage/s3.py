@@ -92,13 +92,19 @@ from sidecar.storage._parts import (
     open_parts,
     plan_parts,
 )
-from sidecar.storage._rawget import RangeGetter, RawResponse, UnsupportedResponseError
+from sidecar.storage._rawget import (
+    BodyHook,
+    RangeGetter,
+    RawResponse,
+    UnsupportedResponseError,
+)
 from sidecar.storage._retry import RetryPolicy, retrying
 from sidecar.storage.base import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PAGE_SIZE,
     DEFAULT_PART_SIZE,
     DELETE_BATCH_SIZE,
+    Arrivals,
     MultipartUpload,
     ObjectInfo,
 )
@@ -351,6 +357,25 @@ async def _sending(body: PartBody | FilePartBody, call: Awaitable[T]) -> T:
                 " since their CRC-32C was computed; the store refused them"
             ) from None
         raise
+
+
+def _arrivals_hook(start: int, arrivals: Arrivals) -> BodyHook:
+    """The raw client's body hook that tells ``arrivals`` of a ranged GET's bytes: only of a
+    206 answer whose ``Content-Range`` starts at ``start`` and spans the body (what
+    :meth:`S3ObjectStore._ranged` would accept); any other answer is told of not at all."""
+
+    def hook(
+        status: int, headers: dict[str, str], body: memoryview
+    ) -> Callable[[int], None] | None:
+        if status != 206:
+            return None
+        match = _CONTENT_RANGE.fullmatch(headers.get("content-range", ""))
+        if match is None or int(match[1]) != start or int(match[2]) - start + 1 != len(body):
+            return None
+        arrivals.receiving(body)
+        return arrivals.arrived
+
+    return hook
 
 
 class S3ObjectStore:
@@ -878,14 +903,21 @@ class S3ObjectStore:
 
         return await self._call("get", key, request)
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes | memoryview:
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: Arrivals | None = None
+    ) -> bytes | memoryview:
         """Bytes ``start..end_inclusive``, the end clamped to the last byte (as S3 does): a
-        read-only view of one buffer the body was read into (:mod:`sidecar.storage._body`)."""
+        read-only view of one buffer the body was read into (:mod:`sidecar.storage._body`).
+        ``arrivals`` is told of them as they come through the raw client, once the answer's
+        ``Content-Range`` says they are the range asked for (botocore's GETs tell nothing)."""
         check_range(key, start, end_inclusive)
+        hook = None if arrivals is None else _arrivals_hook(start, arrivals)
 
         async def request(client: Any) -> bytes | memoryview:
             if self._range_getter is not None:
-                found = await self._raw_range(self._range_getter, client, key, start, end_inclusive)
+                found = await self._raw_range(
+                    self._range_getter, client, key, start, end_inclusive, hook
+                )
                 if found is not None:
                     return self._ranged(key, start, end_inclusive, *found)
             response = await client.get_object(
@@ -903,7 +935,13 @@ class S3ObjectStore:
         return self._range_getter is not None
 
     async def _raw_range(
-        self, getter: RangeGetter, client: Any, key: str, start: int, end_inclusive: int
+        self,
+        getter: RangeGetter,
+        client: Any,
+        key: str,
+        start: int,
+        end_inclusive: int,
+        hook: BodyHook | None = None,
     ) -> tuple[memoryview, str | None] | None:
         """A ranged GET through the raw client: the body and its ``Content-Range``; None when
         this store has gone back to botocore (the caller then asks botocore). An error
@@ -928,6 +966,7 @@ class S3ObjectStore:
                 netloc=parts.netloc,
                 start=start,
                 end_inclusive=end_inclusive,
+                hook=hook,
             )
         except UnsupportedResponseError as exc:
             self._raw_range_gets_off(str(exc))

@@ -43,10 +43,12 @@ class _Switchable:
             raise StorageError(f"get {key}: connection refused")
         return await self.inner.get(key)
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: Any = None
+    ) -> bytes:
         if self.down:
             raise StorageError(f"get_range {key}: connection refused")
-        return await self.inner.get_range(key, start, end_inclusive)
+        return await self.inner.get_range(key, start, end_inclusive, arrivals=arrivals)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -63,11 +63,63 @@ class _Gate:
         self.entered = 0
         self.waiting = asyncio.Event()
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: object = None
+    ) -> bytes:
         self.entered += 1
         self.waiting.set()
         await self.release.wait()
         return await self.inner.get_range(key, start, end_inclusive)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+class _Trickle:
+    """An object store whose ranged GETs deliver their bytes in ``steps`` pieces, one each
+    time the test calls :meth:`deliver`, telling ``arrivals`` of them as a streaming backend
+    does. ``cut`` lists the attempts to cut after that many pieces and make again (the
+    backend's own retry: a new body); ``fail_after`` fails the GET after that many pieces."""
+
+    def __init__(self, inner: MemoryObjectStore, *, steps: int = 4) -> None:
+        self.inner = inner
+        self.steps = steps
+        self.cut: list[int] = []
+        self.fail_after: int | None = None
+        self.gets = 0
+        self._allowed = asyncio.Semaphore(0)
+        self._delivered = asyncio.Event()
+
+    async def deliver(self, pieces: int = 1) -> None:
+        """Let ``pieces`` pieces through, and wait until each is told of."""
+        for _ in range(pieces):
+            self._delivered.clear()
+            self._allowed.release()
+            await self._delivered.wait()
+
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: object = None
+    ) -> bytes:
+        data = await self.inner.get_range(key, start, end_inclusive)
+        self.gets += 1
+        piece = -(-len(data) // self.steps)
+        while True:
+            body = bytearray(len(data))
+            if arrivals is not None:
+                arrivals.receiving(memoryview(body).toreadonly())  # type: ignore[attr-defined]
+            cut = self.cut.pop(0) if self.cut else None
+            for number, at in enumerate(range(0, len(data), piece)):
+                if number == cut:
+                    break
+                if number == self.fail_after:
+                    raise StorageError("the connection broke mid-body")
+                await self._allowed.acquire()
+                body[at : at + piece] = data[at : at + piece]
+                if arrivals is not None:
+                    arrivals.arrived(min(at + piece, len(data)))  # type: ignore[attr-defined]
+                self._delivered.set()
+            else:
+                return bytes(body)
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
@@ -146,6 +198,106 @@ class TestChunkCacheReads:
                 path.unlink()
             assert body[5:50] == await cache.read(obj, 5, 45)
             assert store.calls["get_range"] == 2
+
+
+class TestChunkCacheEarlyReads:
+    """A read with ``early`` takes a chunk's bytes from its GET as they arrive; the GET's
+    end, success or failure, still decides what is cached and what later readers get."""
+
+    async def test_an_early_read_has_its_bytes_before_the_get_ends(self, tmp_path):
+        """An early reader of a chunk's first bytes has them after the first piece, while a
+        plain reader of the same bytes waits for the whole GET; one GET serves both."""
+        body = os.urandom(CHUNK)
+        trickle = _Trickle(await _store(obj=body))
+        metrics = Metrics()
+        async with _cache(trickle, tmp_path, metrics=metrics) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", CHUNK)
+            plain = asyncio.create_task(cache.read(obj, 10, 100))
+            early = asyncio.create_task(cache.read(obj, 10, 100, early=True))
+            await trickle.deliver(1)
+            assert body[10:110] == await early
+            assert not plain.done()
+            assert metrics.read_early_bytes._value.get() == 100
+            await trickle.deliver(3)
+            assert body[10:110] == await plain
+            assert body[500:600] == await cache.read(obj, 500, 100, early=True)  # cached now
+            assert trickle.gets == 1
+            assert metrics.read_early_bytes._value.get() == 100
+
+    async def test_an_early_read_waits_for_its_own_bytes_and_gets_the_gets_failure(self, tmp_path):
+        """An early reader of bytes past those in waits for them; a GET that fails before
+        they come fails that reader (a reader that gave up meanwhile is no matter), caches
+        nothing, and the next read fetches again."""
+        body = os.urandom(CHUNK)
+        trickle = _Trickle(await _store(obj=body))
+        trickle.fail_after = 2
+        async with _cache(trickle, tmp_path) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", CHUNK)
+            far = asyncio.create_task(cache.read(obj, 900, 100, early=True))
+            quitter = asyncio.create_task(cache.read(obj, 800, 100, early=True))
+            near = asyncio.create_task(cache.read(obj, 0, 100, early=True))
+            await trickle.deliver(1)
+            assert body[:100] == await near
+            quitter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await quitter
+            assert not far.done()
+            await trickle.deliver(1)
+            with pytest.raises(StorageError, match="mid-body"):
+                await far
+            assert not cache.is_cached(obj, 0)
+            trickle.fail_after = None
+            again = asyncio.create_task(cache.read(obj, 900, 100, early=True))
+            await trickle.deliver(4)
+            assert body[900:1000] == await again
+            assert trickle.gets == 2
+
+    async def test_a_get_made_again_serves_early_readers_from_its_new_body(self, tmp_path):
+        """The backend makes the GET again after a cut (a new body): bytes taken from the first
+        attempt stay right, and readers of later bytes get them from the second."""
+        body = os.urandom(CHUNK)
+        trickle = _Trickle(await _store(obj=body))
+        trickle.cut = [1]
+        async with _cache(trickle, tmp_path) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", CHUNK)
+            first = asyncio.create_task(cache.read(obj, 0, 200, early=True))
+            later = asyncio.create_task(cache.read(obj, 300, 200, early=True))
+            await trickle.deliver(1)  # the first attempt's only piece
+            taken = await first
+            await trickle.deliver(1)  # the second attempt's first piece: not yet byte 300
+            assert not later.done()
+            await trickle.deliver(1)
+            assert body[300:500] == await later
+            await trickle.deliver(2)
+            await cache.idle()
+            assert body[:200] == taken
+            assert cache.is_cached(obj, 0)
+
+    async def test_an_early_read_of_a_chunk_in_a_group_get(self, tmp_path):
+        """A chunk that a group GET fetches with others is read early at its place in that
+        GET's body, once the bytes before it and its own are in."""
+        body = os.urandom(4 * CHUNK)
+        trickle = _Trickle(await _store(obj=body), steps=4)
+        async with _cache(
+            trickle,  # type: ignore[arg-type]
+            tmp_path,
+            max_bytes=8 * CHUNK,
+            readahead_chunks=1,
+            group_chunks=4,
+        ) as cache:
+            obj = ObjectRef("obj", len(body))
+            cache.prefetch(obj, 0, 4)
+            read = asyncio.create_task(
+                cache.read(obj, 2 * CHUNK + 10, 50, readahead=False, early=True)
+            )
+            await trickle.deliver(2)
+            assert not read.done()
+            await trickle.deliver(1)
+            assert body[2 * CHUNK + 10 : 2 * CHUNK + 60] == await read
+            await trickle.deliver(1)
+            await cache.idle()
+            assert trickle.gets == 1
+            assert cache.cached_chunks == 4
 
 
 class TestChunkCacheEviction:

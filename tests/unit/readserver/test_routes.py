@@ -399,7 +399,7 @@ class TestErrors:
         entered = asyncio.Event()
         real_get_range = remote.objects.get_range
 
-        async def slow_get_range(key: str, start: int, end: int) -> bytes:
+        async def slow_get_range(key: str, start: int, end: int, **_: object) -> bytes:
             entered.set()
             await gate.wait()
             return await real_get_range(key, start, end)

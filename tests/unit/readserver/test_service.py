@@ -105,7 +105,9 @@ class _Held:
         await self._enter(key)
         return await self.inner.get(key)
 
-    async def get_range(self, key: str, start: int, end_inclusive: int) -> bytes:
+    async def get_range(
+        self, key: str, start: int, end_inclusive: int, *, arrivals: object = None
+    ) -> bytes:
         await self._enter(key)
         return await self.inner.get_range(key, start, end_inclusive)
 

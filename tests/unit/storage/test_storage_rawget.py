@@ -136,6 +136,59 @@ async def test_a_large_body_arrives_over_many_reads_into_one_buffer_and_the_conn
     getter.close()
 
 
+async def test_a_hook_is_told_of_the_body_as_it_arrives(
+    serve: Callable[[list[Reply]], Awaitable[Server]],
+) -> None:
+    """The hook gets the status, the headers and the body's buffer before the body; then each
+    count it is told is more than the last, and the buffer holds the body's bytes up to it at
+    that moment. A hook may return None (nothing to call as the body arrives)."""
+    body = bytes(range(256)) * 8_000  # 2 MB
+    server = await serve(
+        [
+            ok(body, pieces=23, extra="Content-Range: bytes 0-2047999/9999999\r\n"),
+            ok(b"second"),
+        ]
+    )
+    getter = RangeGetter(pool=BufferPool())
+    heads: list[tuple[int, str, int]] = []
+    counts: list[int] = []
+    wrong: list[int] = []
+
+    def hook(status: int, headers: dict[str, str], view: memoryview) -> Callable[[int], None]:
+        assert view.readonly
+        heads.append((status, headers["content-range"], len(view)))
+
+        def filling(count: int) -> None:
+            counts.append(count)
+            if view[:count] != body[:count]:
+                wrong.append(count)
+
+        return filling
+
+    response = await getter.get(
+        "127.0.0.1", server.port, "/k", netloc="h", start=0, end_inclusive=len(body) - 1, hook=hook
+    )
+    assert bytes(response.body) == body
+    assert heads == [(206, "bytes 0-2047999/9999999", len(body))]
+    assert len(counts) > 1
+    assert counts == sorted(set(counts))
+    assert counts[-1] == len(body)
+    assert wrong == []
+    seen: list[int] = []  # a hook that returns None: nothing to call as the body arrives
+    response = await getter.get(
+        "127.0.0.1",
+        server.port,
+        "/k",
+        netloc="h",
+        start=0,
+        end_inclusive=5,
+        hook=lambda status, headers, view: seen.append(status),
+    )
+    assert bytes(response.body) == b"second"
+    assert seen == [206]
+    getter.close()
+
+
 async def test_headers_and_body_in_one_write(
     serve: Callable[[list[Reply]], Awaitable[Server]],
 ) -> None:

@@ -34,7 +34,7 @@ from sidecar.observability.metrics import Metrics
 from sidecar.storage import open_store
 from sidecar.storage._crc import crc32c, encode_checksum
 from sidecar.storage._parts import FilePartBody, PartChangedError, PartReader
-from sidecar.storage.s3 import S3ObjectStore, _is_transient
+from sidecar.storage.s3 import S3ObjectStore, _arrivals_hook, _is_transient
 
 ACCESS_KEY = "AKIAUNITTESTKEY00001"
 SECRET = "unit-test-secret-value-0123456789"
@@ -720,6 +720,20 @@ class _RangeServer(_LoopbackServer):
             )
 
 
+class _Arrivals:
+    """Records what a ranged GET tells of its body as it arrives."""
+
+    def __init__(self) -> None:
+        self.bodies: list[memoryview] = []
+        self.counts: list[int] = []
+
+    def receiving(self, body: memoryview) -> None:
+        self.bodies.append(body)
+
+    def arrived(self, count: int) -> None:
+        self.counts.append(count)
+
+
 class TestRawRangeGets:
     """Ranged GETs on a plain-HTTP endpoint go through the raw client, presigned; what it
     cannot read goes back to botocore; error responses map as botocore's do."""
@@ -744,6 +758,46 @@ class TestRawRangeGets:
             "kafka_tiered_sidecar_s3_requests_total", {"operation": "get_object"}
         )
         assert count == 2
+
+    async def test_arrivals_are_told_of_a_ranged_gets_bytes(self) -> None:
+        """Through the raw client, ``arrivals`` gets the body's buffer, then counts up to its
+        length, with the range's bytes in it; the GET returns the same bytes."""
+        data = bytes(range(256)) * 4096  # 1 MiB
+        arrivals = _Arrivals()
+        async with (
+            _RangeServer(data) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}") as store,
+        ):
+            got = await store.get_range("t/0.log", 1000, 900_000, arrivals=arrivals)
+        assert bytes(got) == data[1000:900_001]
+        (body,) = arrivals.bodies
+        assert arrivals.counts[-1] == len(body) == 899_001
+        assert bytes(body) == data[1000:900_001]
+
+    @pytest.mark.parametrize(
+        ("status", "content_range"),
+        [
+            (200, None),
+            (206, None),
+            (206, "bytes 10-19/100"),
+            (206, "bytes 0-8/100"),
+            (206, "bytes */100"),
+            (404, "bytes 0-9/100"),
+        ],
+        ids=["whole-object", "no-range", "other-start", "other-length", "unsatisfied", "error"],
+    )
+    def test_arrivals_hear_only_of_the_range_asked_for(
+        self, status: int, content_range: str | None
+    ) -> None:
+        """An answer that is not the range asked for (the whole object, another range, an
+        error) is told of not at all; the GET's own checks deal with it."""
+        arrivals = _Arrivals()
+        hook = _arrivals_hook(0, arrivals)
+        headers = {} if content_range is None else {"content-range": content_range}
+        assert hook(status, headers, memoryview(bytes(10))) is None
+        assert arrivals.bodies == []
+        assert hook(206, {"content-range": "bytes 0-9/100"}, memoryview(bytes(10))) is not None
+        assert len(arrivals.bodies) == 1
 
     @pytest.mark.parametrize(
         ("reply", "error"),
