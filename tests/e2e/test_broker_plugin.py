@@ -379,6 +379,8 @@ async def test_broker_reads_tiered_topic_from_offset_zero_after_local_deletion(
     # files itself instead of being sent the bytes
     samples = await metric_samples(plugged.metrics_port)
     assert sample(samples, "kafka_tiered_sidecar_read_shared_file_bytes_total") > 0
+    # the first read's windows were answered from their chunks' GETs as the bytes arrived
+    assert sample(samples, "kafka_tiered_sidecar_read_early_bytes_total") > 0
 
     # Kafka's own console consumer, read_committed from the beginning; Kafka 3.9's console
     # consumer names the formatter's settings --property
