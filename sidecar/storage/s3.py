@@ -359,6 +359,12 @@ async def _sending(body: PartBody | FilePartBody, call: Awaitable[T]) -> T:
         raise
 
 
+def _spans(content_range: str, start: int, length: int) -> bool:
+    """Whether a ``Content-Range`` says its body is the ``length`` bytes from ``start``."""
+    match = _CONTENT_RANGE.fullmatch(content_range)
+    return match is not None and int(match[1]) == start and int(match[2]) - start + 1 == length
+
+
 def _arrivals_hook(start: int, arrivals: Arrivals) -> BodyHook:
     """The raw client's body hook that tells ``arrivals`` of a ranged GET's bytes: only of a
     206 answer whose ``Content-Range`` starts at ``start`` and spans the body (what
@@ -367,10 +373,7 @@ def _arrivals_hook(start: int, arrivals: Arrivals) -> BodyHook:
     def hook(
         status: int, headers: dict[str, str], body: memoryview
     ) -> Callable[[int], None] | None:
-        if status != 206:
-            return None
-        match = _CONTENT_RANGE.fullmatch(headers.get("content-range", ""))
-        if match is None or int(match[1]) != start or int(match[2]) - start + 1 != len(body):
+        if status != 206 or not _spans(headers.get("content-range", ""), start, len(body)):
             return None
         arrivals.receiving(body)
         return arrivals.arrived
@@ -1006,8 +1009,7 @@ class S3ObjectStore:
                     f"beyond the object's {len(body)} bytes"
                 )
             return body[start : end_inclusive + 1]
-        match = _CONTENT_RANGE.fullmatch(content_range)
-        if match is None or int(match[1]) != start or int(match[2]) - start + 1 != len(body):
+        if not _spans(content_range, start, len(body)):
             raise StorageError(
                 f"{self._where('get_range', key)}: asked for {start}-{end_inclusive}, "
                 f"got {content_range!r} with {len(body)} bytes"

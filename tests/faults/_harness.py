@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from sidecar.storage.s3 import S3ObjectStore
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -82,6 +84,20 @@ class FaultProxy:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def proxied_store(s3: Any, proxy: FaultProxy, **settings: Any) -> S3ObjectStore:
+    """The sidecar's S3 store on the test stack's bucket, through ``proxy``, with short
+    retry backoffs (``settings`` go to :class:`~sidecar.storage.s3.S3ObjectStore`)."""
+    return S3ObjectStore(
+        bucket=s3.bucket,
+        endpoint_url=proxy.endpoint,
+        access_key_id=s3.access_key,
+        secret_access_key=s3.secret_key,
+        backoff_s=0.01,
+        max_backoff_s=0.05,
+        **settings,
+    )
 
 
 def through(s3: Any, proxy: FaultProxy) -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -14,23 +13,11 @@ from prometheus_client import CollectorRegistry
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver.cache import ChunkCache, ObjectRef
 from sidecar.storage.s3 import S3ObjectStore
-from tests.faults._harness import FaultProxy
+from tests.faults._harness import proxied_store
 
 pytestmark = pytest.mark.faults
 
 MiB = 1024 * 1024
-
-
-def _store(s3: Any, proxy: FaultProxy) -> S3ObjectStore:
-    return S3ObjectStore(
-        bucket=s3.bucket,
-        endpoint_url=proxy.endpoint,
-        access_key_id=s3.access_key,
-        secret_access_key=s3.secret_key,
-        backoff_s=0.01,
-        max_backoff_s=0.05,
-        request_timeout_s=10.0,
-    )
 
 
 def _cache(store: S3ObjectStore, directory: Path, metrics: Metrics) -> ChunkCache:
@@ -59,7 +46,7 @@ async def test_a_chunks_first_bytes_come_before_its_get_ends(s3, fault_proxy, s3
     body = os.urandom(2 * MiB)
     key = s3_prefix + "early"
     metrics = Metrics(CollectorRegistry())
-    async with _store(s3, fault_proxy) as store:
+    async with proxied_store(s3, fault_proxy, request_timeout_s=10.0) as store:
         await store.put(key, body)
         fault_proxy.set(
             {"fault": "bandwidth", "op": "GetObject", "rate_bps": 1_000_000, "count": None}
@@ -87,7 +74,7 @@ async def test_early_reads_of_a_get_that_is_cut_are_right(s3, fault_proxy, s3_pr
     body = os.urandom(MiB)
     key = s3_prefix + "cut"
     metrics = Metrics(CollectorRegistry())
-    async with _store(s3, fault_proxy) as store:
+    async with proxied_store(s3, fault_proxy, request_timeout_s=10.0) as store:
         await store.put(key, body)
         fault_proxy.set({"fault": "truncate", "op": "GetObject", "fraction": 0.5})
         async with _cache(store, tmp_path / "cache", metrics) as cache:

@@ -6,15 +6,13 @@ which the client's retry policy rides out (one firing) without ever returning wr
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sidecar.errors import StorageError
 from sidecar.observability.metrics import Metrics
-from sidecar.storage.s3 import S3ObjectStore
-from tests.faults._harness import FaultProxy
+from tests.faults._harness import proxied_store
 from tests.faults.proxy import FAULTS, s3_operation
 
 pytestmark = pytest.mark.faults
@@ -28,19 +26,6 @@ REASONS = {
     "reset": "connection",
     "blackhole": "timeout",
 }
-
-
-def _store(s3: Any, proxy: FaultProxy, metrics: Metrics | None = None, **kw: Any) -> S3ObjectStore:
-    return S3ObjectStore(
-        bucket=s3.bucket,
-        endpoint_url=proxy.endpoint,
-        access_key_id=s3.access_key,
-        secret_access_key=s3.secret_key,
-        backoff_s=0.01,
-        max_backoff_s=0.05,
-        metrics=metrics,
-        **kw,
-    )
 
 
 def _errors(metrics: Metrics, reason: str) -> float:
@@ -67,7 +52,7 @@ async def test_signed_requests_pass_through_unchanged(s3, fault_proxy, s3_prefix
     """PUT, multipart, ranged GET, list and delete through the proxy: SeaweedFS checks the
     SigV4 signature over the Host the client signed (the proxy's), and accepts it."""
     body = os.urandom(11 * 1024 * 1024 + 123)  # over twice the part size: multipart
-    async with _store(s3, fault_proxy) as store:
+    async with proxied_store(s3, fault_proxy) as store:
         await store.put(s3_prefix + "small", b"hello")
         path = fault_proxy.log_path.parent / "big"
         path.write_bytes(body)
@@ -92,7 +77,7 @@ async def test_one_fault_is_retried_and_counted(s3, fault_proxy, s3_prefix, faul
     succeeds with the right bytes, and the failed attempt is counted under its reason."""
     metrics = Metrics(CollectorRegistry())
     body = os.urandom(200_000)
-    async with _store(s3, fault_proxy, metrics, request_timeout_s=2.0) as store:
+    async with proxied_store(s3, fault_proxy, metrics=metrics, request_timeout_s=2.0) as store:
         fault_proxy.set({"fault": fault, "op": "PutObject", "key": "obj$"})
         await store.put(s3_prefix + "obj", body)
         fault_proxy.set({"fault": fault, "op": "GetObject", "key": "obj$"})
@@ -109,7 +94,7 @@ async def test_one_fault_is_retried_and_counted(s3, fault_proxy, s3_prefix, faul
 async def test_slow_faults_only_delay(s3, fault_proxy, s3_prefix):
     """Latency and a bandwidth cap slow a GET down and change nothing else."""
     body = os.urandom(300_000)
-    async with _store(s3, fault_proxy) as store:
+    async with proxied_store(s3, fault_proxy) as store:
         await store.put(s3_prefix + "obj", body)
         fault_proxy.set(
             {"fault": "latency", "op": "GetObject", "delay_s": 0.3},
@@ -123,7 +108,7 @@ async def test_slow_faults_only_delay(s3, fault_proxy, s3_prefix):
 
 async def test_faults_beyond_the_retry_budget_surface_as_errors(s3, fault_proxy, s3_prefix):
     """A fault that keeps firing exhausts the bounded retries: a StorageError, no hang."""
-    async with _store(s3, fault_proxy, max_attempts=3) as store:
+    async with proxied_store(s3, fault_proxy, max_attempts=3) as store:
         fault_proxy.set({"fault": "slow_down", "op": "PutObject", "count": None})
         with pytest.raises(StorageError, match="SlowDown"):
             await store.put(s3_prefix + "obj", b"x")
