@@ -876,6 +876,8 @@ class ChunkCache:
                 raise StorageTimeoutError(
                     f"GET {obj.key} bytes {start}-{end} took more than {self._timeout_s} s"
                 ) from exc
+            except asyncio.CancelledError:
+                raise  # the cache is closing: the GET did not fail, it was given up
             except BaseException:
                 self._fetched(kind, "error")
                 raise

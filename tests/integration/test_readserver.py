@@ -57,7 +57,9 @@ class _Switchable:
 @contextlib.asynccontextmanager
 async def _serving(
     remote: Remote, objects: Any, tmp_path: Path, metrics: Metrics, *, cache_bytes: int = 8 << 20
-) -> AsyncIterator[Path]:
+) -> AsyncIterator[tuple[Path, ChunkCache]]:
+    """The read server on a Unix socket: its path, and its chunk cache (whose ``idle`` a test
+    awaits before it counts GETs: a byte range is answered before its GET has ended)."""
     chunks = ChunkCache(
         objects=objects,
         directory=tmp_path / "cache",
@@ -73,7 +75,7 @@ async def _serving(
     task = asyncio.create_task(server.run(stopping))
     await server.started.wait()
     try:
-        yield tmp_path / "s3.sock"
+        yield tmp_path / "s3.sock", chunks
     finally:
         stopping.set()
         await task
@@ -105,7 +107,7 @@ async def test_every_offset_range_and_index_through_seaweedfs(s3, tmp_path):
         expected = await three_segments(remote)
         metrics = Metrics()
         async with (
-            _serving(remote, objects, tmp_path, metrics) as socket_path,
+            _serving(remote, objects, tmp_path, metrics) as (socket_path, chunks),
             ReadClient(socket_path=socket_path) as client,
         ):
             for offset in range(0, expected[-1].offset + 1, 7):
@@ -121,6 +123,7 @@ async def test_every_offset_range_and_index_through_seaweedfs(s3, tmp_path):
                 assert await client.segment_log("orders", 0, sid, start=5, end=5) == log[5:6]
                 offsets = await client.index("orders", 0, sid, "offset")
                 assert len(offsets) % 8 == 0
+            await chunks.idle()
             gets = metrics.read_fetch_bytes._value.get()
             assert [r async for r in client.iter_records("orders", 0, 0)] == expected
             assert metrics.read_fetch_bytes._value.get() == gets  # all from the disk cache
@@ -154,6 +157,7 @@ async def test_a_cold_index_read_gets_the_indexes_beside_the_manifest(s3, tmp_pa
                             directory / segment_file_name(segment.start_offset, file)
                         ).read_bytes()
                         assert await service.index_bytes(segment, kind) == want
+                await chunks.idle()  # an index is answered before its GET has ended
             finally:
                 await service.aclose()
         fetches = {
@@ -171,7 +175,7 @@ async def test_an_s3_outage_serves_the_cache_and_503s_the_rest(s3, tmp_path):
         objects = _Switchable(real)
         expected = await three_segments(remote)
         async with (
-            _serving(remote, objects, tmp_path, Metrics()) as socket_path,
+            _serving(remote, objects, tmp_path, Metrics()) as (socket_path, _),
             ReadClient(socket_path=socket_path) as client,
         ):
             first = await client.records_json("orders", 0, 0, max_records=10)
@@ -215,7 +219,7 @@ async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, mon
             offset = segment.end_offset + 1
         metrics = Metrics()
         async with (
-            _serving(remote, objects, tmp_path, metrics, cache_bytes=budget) as socket_path,
+            _serving(remote, objects, tmp_path, metrics, cache_bytes=budget) as (socket_path, _),
             ReadClient(socket_path=socket_path) as client,
         ):
             for _ in range(2):

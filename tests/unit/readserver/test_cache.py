@@ -717,9 +717,11 @@ class TestChunkCacheReadAhead:
             assert body[11 * CHUNK : 11 * CHUNK + 3] == await cache.read(obj, 11 * CHUNK, 3)
 
     async def test_close_cancels_gets_in_flight(self, tmp_path):
-        """Closing the cache cancels its GETs and later reads raise RuntimeError."""
+        """Closing the cache cancels its GETs and later reads raise RuntimeError; a GET given
+        up this way is not counted as a failed one."""
         gate = _Gate(await _store(obj=bytes(CHUNK)))
-        cache = _cache(gate, tmp_path)  # type: ignore[arg-type]
+        metrics = Metrics()
+        cache = _cache(gate, tmp_path, metrics=metrics)  # type: ignore[arg-type]
         await cache.open()
         reader = asyncio.create_task(cache.read(ObjectRef("obj", CHUNK), 0, 1))
         await gate.waiting.wait()
@@ -729,6 +731,7 @@ class TestChunkCacheReadAhead:
             await reader
         with pytest.raises(RuntimeError, match="closed"):
             await cache.read(ObjectRef("obj", CHUNK), 0, 1)
+        assert not [s for s in metrics.read_fetches.collect()[0].samples if s.value]
 
 
 async def _read_sequentially(cache: ChunkCache, obj: ObjectRef, chunks: int) -> None:
