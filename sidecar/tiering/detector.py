@@ -137,8 +137,10 @@ def start_observer(
     observer = observer_factory()
     for log_dir in log_dirs:
         if log_dir.is_dir():
+            # events name paths below the watched one as given: the resolved dir, as the
+            # views and the hints name partitions (a log dir may be a symlink)
             observer.schedule(
-                handler, str(log_dir), recursive=True, event_filter=list(_HINT_EVENTS)
+                handler, str(log_dir.resolve()), recursive=True, event_filter=list(_HINT_EVENTS)
             )
         else:
             log.warning("log_dir_missing", log_dir=str(log_dir))

@@ -92,6 +92,34 @@ class TestLogDirDetector:
         assert any(n.endswith(".snapshot") for n in new)  # type: ignore[union-attr]
         assert det.full_scans == 1  # found through the hint, not a full rescan
 
+    async def test_a_symlinked_log_dir_gets_its_hints(self, log_dir, tmp_path):
+        """A log dir configured through a symlink (a mount's alias) is watched where it is:
+        a new file is seen through the hint, not a full rescan."""
+        alias = tmp_path / "alias"
+        alias.symlink_to(log_dir, target_is_directory=True)
+        rec = Recorder()
+        det = _detector(alias, on_change=rec)
+        stopping = asyncio.Event()
+        task = asyncio.create_task(det.run(stopping))
+        await rec.next()
+        await asyncio.wait_for(det.scanned.wait(), 10)
+        assert det.watching
+        for attempt in range(50):
+            (log_dir / "orders-0" / f"0000000000000000{attempt:04d}.snapshot").write_bytes(b"")
+            try:
+                name, _, new = await rec.next(timeout=0.5)
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise AssertionError("no change reported after inotify events")
+        stopping.set()
+        await asyncio.wait_for(task, 10)
+        assert name == "orders-0"
+        assert any(n.endswith(".snapshot") for n in new)  # type: ignore[union-attr]
+        assert det.full_scans == 1  # through the hint
+        assert det.stat_scans == 0
+
     async def test_removed_partition_is_reported(self, log_dir):
         """A partition directory that disappears is reported with new=None on the next scan."""
         rec = Recorder()
@@ -329,6 +357,17 @@ class TestStatRescan:
     ones dropped; a dir changed within the second before its scan is scanned again."""
 
     @staticmethod
+    def _fresh(*dirs: Path) -> None:
+        """The dirs last changed within the second before every scan of the test, however
+        long the test's setup and steps take (a stamp ahead of the clock)."""
+        import os
+        import time
+
+        for d in dirs:
+            then = time.time() + 60
+            os.utime(d, (then, then))
+
+    @staticmethod
     def _age(*dirs: Path) -> None:
         """The dirs last changed a minute ago (their stamps are trusted)."""
         import os
@@ -375,7 +414,8 @@ class TestStatRescan:
             return _files(d)
 
         det = _detector(log_dir, scan=scan, on_change=lambda *_: None)
-        await det.scan_once()  # orders-0 was created just now: its stamp is not trusted
+        self._fresh(log_dir / "orders-0")
+        await det.scan_once()  # orders-0 was changed just now: its stamp is not trusted
         await det.rescan_stale()
         assert scanned == ["orders-0", "orders-0"]
         self._age(log_dir / "orders-0")
