@@ -321,15 +321,18 @@ class SegmentUploader:
                     f"{tip.topic}-{tip.partition}: no longer the leader, segment"
                     f" {segment.base_offset} not started"
                 )
-            await self._publisher.publish_and_wait(metadata)
-            log.info(
-                "segment_upload_started",
-                base_offset=segment.base_offset,
-                end_offset=segment.end_offset,
-                segment_id=str(metadata.segment_id.id),
-                bytes=opened.size,
-            )
             try:
+                # STARTED may be on the topic as soon as it is sent: a failure or cancellation
+                # while it is read back is cleaned up like one during the upload (a STARTED
+                # that never landed is left alone by the cleanup's re-check)
+                await self._publisher.publish_and_wait(metadata)
+                log.info(
+                    "segment_upload_started",
+                    base_offset=segment.base_offset,
+                    end_offset=segment.end_offset,
+                    segment_id=str(metadata.segment_id.id),
+                    bytes=opened.size,
+                )
                 index_bytes = await self._write_objects(metadata, opened)
                 _check_still_leader(metadata, may_continue)
             except BaseException as exc:

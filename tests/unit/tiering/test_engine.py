@@ -346,6 +346,32 @@ class TestBrokerDriven:
         assert r.objects.objects == {}
         assert r.metrics.preempted_copies.labels("broker_driven")._value.get() == 1
 
+    async def test_topic_turned_broker_driven_while_started_is_read_back(self, rig):
+        """The topic turns broker-driven while the copy's STARTED, already on the topic, is
+        being read back: that copy is deleted too, not left STARTED (the sidecar repairs no
+        broker-driven partition, so nothing else would)."""
+        r = rig()
+        publish = r.publisher.publish_and_wait
+        reading_back = asyncio.Event()
+
+        async def slow_read_back(event: object) -> None:
+            await publish(event)  # the record lands (and is applied)
+            if isinstance(event, SegmentMetadata) and not reading_back.is_set():
+                reading_back.set()
+                await asyncio.Event().wait()  # its read-back does not end
+
+        r.publisher.publish_and_wait = slow_read_back
+        r.start()
+        await asyncio.wait_for(reading_back.wait(), 5)
+        r.cluster.turn_broker_driven(TOPIC)
+        r.engine.poke()
+        first = next(e for _, e in r.publisher.events if isinstance(e, SegmentMetadata))
+        await r.until(lambda: DELETE_FINISHED in r.states_of(first))
+        await r.stop()
+        assert r.states_of(first) == [STARTED, DELETE_STARTED, DELETE_FINISHED]
+        assert list(r.store.unfinished_copies(r.tip)) == []
+        assert r.finished() == []
+
     async def test_a_broker_driven_topics_copy_lag_is_the_brokers(self, rig):
         """The broker copies the topic: its copy lag counts the rolled segments without a
         FINISHED copy in the store and falls as the broker's copies finish, so the copy-lag
