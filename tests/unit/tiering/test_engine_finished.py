@@ -35,6 +35,21 @@ from tests.unit.tiering.test_engine import (
 )
 
 
+def _counted_looks(r: Rig) -> list[int]:
+    """A one-item list that counts the engine's looks at a partition from now on (a look
+    plans the partition and uploads what the plan says)."""
+    looks = [0]
+    work_partition = r.engine._work_partition
+
+    async def counting(key: Any) -> bool:
+        result = await work_partition(key)
+        looks[0] += 1
+        return result
+
+    r.engine._work_partition = counting  # type: ignore[method-assign]
+    return looks
+
+
 def _copies(r: Rig) -> list[SegmentMetadata]:
     return [e for _, e in r.publisher.events if isinstance(e, SegmentMetadata)]
 
@@ -186,9 +201,10 @@ class TestHolesAreFilled:
         r.update(first, DELETE_STARTED, broker=ME)
         r.update(first, DELETE_FINISHED, broker=ME)
         copies = len(_copies(r))
+        looks = _counted_looks(r)
         r.scan = dataclasses.replace(r.scan)  # what the detector does on a change
         r.engine.poke()
-        await asyncio.sleep(0.2)  # many wake-ups: the partition is planned again
+        await r.until(lambda: looks[0] >= 1)  # the partition was planned again
         await r.stop()
         assert len(_copies(r)) == copies
 
@@ -216,8 +232,9 @@ class TestHolesAreFilled:
         coverage = remote_coverage(r.store, r.scan, r.tip, r.cluster.lso)
         assert coverage.floor == new_start
         assert not coverage.uncovered(second.start_offset, second.end_offset)
+        looks = _counted_looks(r)
         r.engine.poke()
-        await asyncio.sleep(0.2)  # many wake-ups: the partition is planned again
+        await r.until(lambda: looks[0] >= 1)  # the partition was planned again
         await r.stop()
         assert len(_copies(r)) == copies
 
