@@ -696,6 +696,7 @@ class Daemon:
                 broker_copied = any(cluster.broker_copies(topic) for topic in view.configs)
             runs_plugin = cluster.broker_runs_plugin
             self.metrics.broker_runs_plugin.set(broker_plugin_gauge(runs_plugin, broker_copied))
+            self.metrics.topic_configs_refused.set(len(view.refused_configs))
             if self.readiness.ready != was_ready:
                 was_ready = self.readiness.ready
                 if was_ready:

@@ -300,6 +300,14 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.topic_configs_refused = Gauge(
+            "topic_configs_refused",
+            "Topics whose configs the brokers refused to describe at the last refresh (an"
+            " authorizer without DESCRIBE_CONFIGS): each keeps its last configs read, and one"
+            " never read is not tiered by the sidecar.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.selected_partitions = Gauge(
             "selected_partitions",
             "Partitions of the broker's log dirs selected for tiering (remote.storage.enable or"

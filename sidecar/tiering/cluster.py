@@ -99,10 +99,18 @@ class TopicConfig:
         )
 
 
-async def describe_topic_configs(admin: Any, topics: Iterable[str]) -> dict[str, TopicConfig]:
+#: DescribeConfigs' answer for a topic that does not exist (deleted since the metadata)
+_UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+async def describe_topic_configs(
+    admin: Any, topics: Iterable[str], *, refused: dict[str, int] | None = None
+) -> dict[str, TopicConfig]:
     """DescribeConfigs of ``topics`` (the keys tiering and retention read) with an aiokafka
-    admin client; a topic the broker answers with an error (gone) is left out. Kafka errors
-    propagate to the caller."""
+    admin client; a topic the broker answers with an error is left out. A topic that is gone
+    is left out silently; with ``refused``, every other error (an authorizer's
+    TOPIC_AUTHORIZATION_FAILED, say) goes into it, topic → Kafka error code. Kafka errors of
+    the request itself propagate to the caller."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     configs: dict[str, TopicConfig] = {}
@@ -115,6 +123,8 @@ async def describe_topic_configs(admin: Any, topics: Iterable[str]) -> dict[str,
     for response in await admin.describe_configs(resources):
         for resource in response.to_object()["resources"]:
             if resource["error_code"] != 0:
+                if refused is not None and resource["error_code"] != _UNKNOWN_TOPIC_OR_PARTITION:
+                    refused[resource["resource_name"]] = resource["error_code"]
                 continue
             entries = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
             configs[resource["resource_name"]] = TopicConfig.from_entries(entries)
@@ -235,7 +245,10 @@ class TopicSelector:
         object.__setattr__(self, "_matches", {})
 
     def selected(self, topic: str, config: TopicConfig | None) -> bool:
-        if config is not None and (config.compacted or config.remote_storage_enable):
+        """Whether the sidecar tiers ``topic`` itself: its name passes the patterns, and its
+        config (None: unknown) is known to be neither compacted nor broker-driven. A topic
+        whose config cannot be read is not tiered: it may be either."""
+        if config is None or config.compacted or config.remote_storage_enable:
             return False
         matches = self._matches.get(topic)
         if matches is None:
@@ -278,6 +291,10 @@ class ClusterView:
     stale_after_s: float
     #: the broker's tiered-storage configs; None while unknown (not asked yet, or refused)
     broker_tiering: BrokerTiering | None = None
+    #: topics whose configs the brokers refused at the last refresh (topic → Kafka error
+    #: code): each keeps the configs of its last good answer in ``configs``, and one never
+    #: answered has none, so it is not tiered by the sidecar
+    refused_configs: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, broker_id: int | None, stale_after_s: float) -> ClusterView:
@@ -372,7 +389,11 @@ class ClusterWatcher:
                 for p in topic["partitions"]:
                     leaders[(topic["topic"], p["partition"])] = p["leader"]
             topics = sorted({t for t, _ in leaders})
-            configs = await describe_topic_configs(admin, topics)
+            refused: dict[str, int] = {}
+            configs = await describe_topic_configs(admin, topics, refused=refused)
+            configs.update(
+                {t: self.view.configs[t] for t in refused if t in self.view.configs}
+            )  # an answer refused now: the topic's configs as last read
             broker_id = self.view.broker_id
             mine = [
                 TopicPartition(t, p)
@@ -402,6 +423,8 @@ class ClusterWatcher:
             log.info("cluster_refresh_recovered", after=self.last_error)
         self.last_error = None
         previous = self.view
+        if refused != previous.refused_configs:
+            self._report_refused(refused, previous.refused_configs, previous.configs)
         self.view = ClusterView(
             broker_id=broker_id,
             # the same objects when nothing changed: the engine walks every partition again
@@ -412,11 +435,34 @@ class ClusterWatcher:
             refreshed_at=time.monotonic(),
             stale_after_s=self._stale_after,
             broker_tiering=broker_tiering,
+            refused_configs=refused,
         )
         self.refreshed.set()
         if self._on_refresh is not None:
             self._on_refresh(self.view)
         return self.view
+
+    @staticmethod
+    def _report_refused(
+        refused: Mapping[str, int], before: Mapping[str, int], known: Mapping[str, TopicConfig]
+    ) -> None:
+        """One log line when the topics whose configs are refused change (not at every
+        refresh): which, with what error, and what that means for tiering them."""
+        new = sorted(t for t in refused if t not in before)
+        if new:
+            log.warning(
+                "topic_configs_refused",
+                topics=new[:20],
+                count=len(new),
+                error_codes=sorted({refused[t] for t in new}),
+                kept_last_known=[t for t in new[:20] if t in known],
+                consequence="a topic whose configs were never read is not tiered by the sidecar"
+                " (it may be compacted or broker-driven); one read before keeps those configs",
+                fix="allow DESCRIBE_CONFIGS on the topics to the sidecar's Kafka principal",
+            )
+        readable = sorted(t for t in before if t not in refused)
+        if readable:
+            log.info("topic_configs_readable_again", topics=readable[:20], count=len(readable))
 
     async def _broker_tiering(self, admin: Any, broker_id: int) -> BrokerTiering | None:
         """This broker's tiered-storage configs, asked of the broker itself once a minute; the

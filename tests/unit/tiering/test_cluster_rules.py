@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from aiokafka.admin.config_resource import ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
+from structlog.testing import capture_logs
 
 from sidecar.tiering.cluster import (
     BrokerTiering,
@@ -39,12 +40,13 @@ class TestTopicSelector:
             pytest.param(
                 "logs.app", TopicConfig(cleanup_policy="compact,delete"), False, id="compacted"
             ),
-            pytest.param("logs.app", None, True, id="unknown-config-include"),
+            # its configs could not be read: it may be compacted or broker-driven
+            pytest.param("logs.app", None, False, id="unknown-config-not-tiered"),
         ],
     )
     def test_selection(self, topic, config, expected):
-        """An include pattern selects; excludes, compaction and remote.storage.enable=true (the
-        broker tiers those through the plugin) win."""
+        """An include pattern selects; excludes, compaction, remote.storage.enable=true (the
+        broker tiers those through the plugin) and unknown configs win."""
         selector = TopicSelector(include=[r"logs\..*"])
         assert selector.selected(topic, config) is expected
         assert TopicSelector.broker_driven(config) is bool(config and config.remote_storage_enable)
@@ -65,7 +67,7 @@ class TestTopicSelector:
         for _ in range(3):
             assert selector.selected("logs.app", TopicConfig())
             assert not selector.selected("logs.app", TopicConfig(cleanup_policy="compact"))
-            assert not selector.selected("orders", None)
+            assert not selector.selected("orders", TopicConfig())
         assert runs == ["logs.app", "orders"]
 
     def test_config_parsing_defaults(self):
@@ -247,3 +249,99 @@ class TestBrokerTiering:
         await watcher.refresh()
         assert admin.broker_asks == 0
         assert watcher.broker_runs_plugin is None
+
+
+class _TopicAdmin(_Admin):
+    """Answers DescribeConfigs of ``orders`` with ``topic``: its config entries, or a Kafka
+    error code."""
+
+    def __init__(self, topic: dict[str, str] | int) -> None:
+        super().__init__({})
+        self.topic = topic
+
+    async def describe_configs(self, resources: list[Any]) -> list[_Response]:
+        (resource,) = resources
+        if resource.resource_type != ConfigResourceType.TOPIC:
+            return await super().describe_configs(resources)
+        if isinstance(self.topic, int):
+            answer = {"error_code": self.topic, "resource_name": "orders", "config_entries": []}
+        else:
+            entries = [{"config_names": k, "config_value": v} for k, v in self.topic.items()]
+            answer = {"error_code": 0, "resource_name": "orders", "config_entries": entries}
+        return [_Response({"resources": [answer]})]
+
+
+class _Ends:
+    """The consumer's ListOffsets: every partition asked ends at 100."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        self.asked.extend(tps)
+        return dict.fromkeys(tps, 100)
+
+
+class TestRefusedTopicConfigs:
+    """A topic whose configs an authorizer refuses (TOPIC_AUTHORIZATION_FAILED) may be
+    compacted or broker-driven: one never read is not tiered by the sidecar, one read before
+    keeps those configs, and each change is logged once."""
+
+    @staticmethod
+    def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterWatcher, _Ends]:
+        watcher = ClusterWatcher(
+            bootstrap_servers=["127.0.0.1:1"], broker_id=1, selector=TopicSelector(include=[".*"])
+        )
+        ends = _Ends()
+
+        async def clients() -> tuple[Any, Any]:
+            return admin, ends
+
+        monkeypatch.setattr(watcher, "_clients", clients)
+        return watcher, ends
+
+    async def test_a_topic_never_read_is_not_tiered(self, monkeypatch):
+        admin = _TopicAdmin(29)
+        watcher, ends = self._watcher(admin, monkeypatch)
+        with capture_logs() as logs:
+            view = await watcher.refresh()
+            await watcher.refresh()
+        assert view.leads("orders", 0)
+        assert "orders" not in view.configs
+        assert view.refused_configs == {"orders": 29}
+        assert not watcher.selected("orders")
+        assert watcher.tiering_mode("orders") is None
+        assert view.lso("orders", 0) is None
+        assert ends.asked == []  # no LSO asked: nothing of it will be uploaded
+        refused = [e for e in logs if e["event"] == "topic_configs_refused"]
+        assert [(e["topics"], e["error_codes"], e["kept_last_known"]) for e in refused] == [
+            (["orders"], [29], [])
+        ]  # once, not at every refresh
+
+    async def test_a_topic_read_before_keeps_its_configs(self, monkeypatch):
+        admin = _TopicAdmin({"cleanup.policy": "compact"})
+        watcher, _ = self._watcher(admin, monkeypatch)
+        await watcher.refresh()
+        assert not watcher.selected("orders")  # compacted
+        admin.topic = 29
+        with capture_logs() as logs:
+            view = await watcher.refresh()
+        assert view.configs["orders"].compacted  # not tiered as a plain topic
+        assert not watcher.selected("orders")
+        assert [e["kept_last_known"] for e in logs if e["event"] == "topic_configs_refused"] == [
+            ["orders"]
+        ]
+        admin.topic = {}
+        with capture_logs() as logs:
+            view = await watcher.refresh()
+        assert view.refused_configs == {}
+        assert watcher.selected("orders")  # its configs now say it is a plain topic
+        assert view.lso("orders", 0) == 100
+        assert [e["event"] for e in logs] == ["topic_configs_readable_again"]
+
+    async def test_a_topic_gone_is_not_refused(self, monkeypatch):
+        watcher, _ = self._watcher(_TopicAdmin(3), monkeypatch)  # UNKNOWN_TOPIC_OR_PARTITION
+        with capture_logs() as logs:
+            view = await watcher.refresh()
+        assert view.refused_configs == {}
+        assert not [e for e in logs if e["event"] == "topic_configs_refused"]
