@@ -278,6 +278,12 @@ class PartBody:
             self._pool.release(buffer)
 
 
+def _release_when_done(body: PartBody, fill: asyncio.Future[int]) -> None:
+    if not fill.cancelled():
+        fill.exception()  # retrieved: the read's caller saw its own error or cancellation
+    body.release()
+
+
 class PartReader:
     """Positional reads of one open file, each in a worker thread, each with its CRC-32C."""
 
@@ -292,10 +298,16 @@ class PartReader:
         shrank is an error. The caller releases the body once it is sent."""
         buffer = self._pool.acquire(length)
         body = PartBody(buffer, length, self._pool)
+        fill = asyncio.ensure_future(asyncio.to_thread(self._fill, body.view, offset))
         try:
-            crc = await asyncio.to_thread(self._fill, body.view, offset)
+            crc = await asyncio.shield(fill)
         except BaseException:
-            body.release()
+            if fill.done():
+                body.release()
+            else:
+                # a cancellation does not stop the thread, which may still be reading into
+                # the body: its buffer goes back to the pool once the thread is done with it
+                fill.add_done_callback(functools.partial(_release_when_done, body))
             raise
         return body, crc
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,45 @@ async def test_reader_reports_a_file_that_shrank_and_returns_the_buffer(tmp_path
         with pytest.raises(TruncatedFileError, match="shrank to 500"):
             await reader.read(0, 1000)
     assert pool.idle == 1  # not leaked
+
+
+async def test_a_read_cancelled_in_its_thread_returns_the_buffer_once_the_thread_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop cancels a read while its worker thread still reads into the buffer: the read
+    raises CancelledError at once, and the buffer goes back to the pool only when the thread
+    has let go of it (never while it may still be written)."""
+    path = tmp_path / "f.log"
+    path.write_bytes(b"x" * 1000)
+    pool = BufferPool()
+    released = asyncio.Event()
+    give_back = pool.release
+
+    def releasing(buffer: bytearray) -> None:
+        give_back(buffer)
+        released.set()
+
+    monkeypatch.setattr(pool, "release", releasing)
+    inside, go_on = threading.Event(), threading.Event()
+    async with open_parts(path, pool) as reader:
+        fill = reader._fill
+
+        def slow_fill(view: memoryview, offset: int) -> int:
+            with view[:10]:  # the thread holds a view of the buffer, as a pread into it does
+                inside.set()
+                go_on.wait(10)
+            return fill(view, offset)
+
+        monkeypatch.setattr(reader, "_fill", slow_fill)
+        read = asyncio.create_task(reader.read(0, 1000))
+        assert await asyncio.to_thread(inside.wait, 10)
+        read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+        assert pool.idle == 0  # still the thread's
+        go_on.set()
+        await asyncio.wait_for(released.wait(), 10)
+    assert pool.idle == 1
 
 
 async def test_aiohttp_sends_a_part_body_as_slices_of_its_buffer() -> None:
