@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from tests.kafka_serde import (
     SERDE_REPORT,
@@ -29,6 +30,11 @@ from tests.kafka_serde import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
+
+# No per-example deadline for property tests: on a loaded machine one slow example says
+# nothing about correctness, and Hypothesis would fail the test as flaky for it
+settings.register_profile("sidecar", deadline=None)
+settings.load_profile("sidecar")
 
 
 def _load_stack() -> ModuleType:
