@@ -428,7 +428,7 @@ class Daemon:
                 owner=lambda: self._prefix_owner,  # no scrub before the claim
                 object_grace_s=config.retention.orphan_grace_s,
                 upload_grace_s=config.retention.multipart_grace_s,
-                in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
+                in_scope=tailer.complete,
             ),
             metrics=self.metrics,
             metadata_topic=meta.topic,

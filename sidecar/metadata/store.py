@@ -413,6 +413,10 @@ CREATE TABLE IF NOT EXISTS scope (
 #: None for every user partition
 Scope = frozenset[tuple[uuid.UUID, int]] | None
 _ALL_ROW: Final = (b"", -1)
+#: the row of a scope that keeps no partition (narrowed to nothing): without it, a metadata
+#: partition with a consumed offset and no rows reads as read whole (stores from before
+#: scopes), and a partition wanted there later would not have its history read again
+_NONE_ROW: Final = (b"", -2)
 _SEGMENT_COLUMNS: Final = (
     "sid, pid, start_offset, end_offset, state, epochs, size, max_timestamp_ms, broker_id,"
     " event_timestamp_ms, custom_metadata, txn_index_empty"
@@ -973,6 +977,9 @@ class RemoteSegmentStore:
             if (bytes(topic_id), partition) == _ALL_ROW:
                 found[mp] = None
                 continue
+            if (bytes(topic_id), partition) == _NONE_ROW:
+                found.setdefault(mp, set())
+                continue
             members = found.setdefault(mp, set())
             if members is not None:
                 members.add((uuid.UUID(bytes=bytes(topic_id)), partition))
@@ -994,11 +1001,12 @@ class RemoteSegmentStore:
             try:
                 db = writer.db
                 db.execute("DELETE FROM scope WHERE metadata_partition = ?", (metadata_partition,))
-                rows = (
-                    [_ALL_ROW]
-                    if scope is None
-                    else [(topic_id.bytes, partition) for topic_id, partition in sorted(scope)]
-                )
+                if scope is None:
+                    rows = [_ALL_ROW]
+                elif not scope:
+                    rows = [_NONE_ROW]
+                else:
+                    rows = [(topic_id.bytes, partition) for topic_id, partition in sorted(scope)]
                 db.executemany(
                     "INSERT INTO scope VALUES (?, ?, ?)",
                     [(metadata_partition, t, p) for t, p in rows],

@@ -307,6 +307,12 @@ class MetadataTailer:
         mp = self._metadata_partition(tp)
         return mp in self._tracked and _in(self._scope(mp), (tp.topic_id, tp.partition))
 
+    def complete(self, tp: TopicIdPartition) -> bool:
+        """Whether the store holds every event of ``tp`` on the topic so far: its events are
+        applied and its metadata partition is caught up (what deciding that an object of
+        ``tp`` is referenced by nothing needs)."""
+        return self.wants(tp) and self.caught_up(self._metadata_partition(tp))
+
     def want(self, partitions: Iterable[TopicIdPartition | tuple[TopicIdPartition, int]]) -> None:
         """Read the metadata of these user partitions (tracking their metadata partitions),
         applying their events whatever the scope so far; cheap for partitions already wanted.

@@ -94,6 +94,7 @@ async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> Sc
             store=store,
             broker_id=config.broker.broker_id if config.broker.broker_id is not None else -1,
             topic=meta.topic,
+            num_partitions=meta.num_partitions,
             client_kwargs={**options, **meta.consumer_kwargs()},
         )
         await tailer.start()
@@ -111,7 +112,7 @@ async def _scrub(config: SidecarConfig, *, dry_run: bool, state_dir: Path) -> Sc
                 owner=owner,
                 object_grace_s=config.retention.orphan_grace_s,
                 upload_grace_s=config.retention.multipart_grace_s,
-                in_scope=lambda tp: tailer.caught_up(metadata_partition(tp, meta.num_partitions)),
+                in_scope=tailer.complete,
             )
             report = await scrubber.scrub(dry_run=dry_run, unsafe=unsafe)
         finally:

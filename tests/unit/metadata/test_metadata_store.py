@@ -466,6 +466,20 @@ class TestScopes:
         with RemoteSegmentStore(tmp_path) as store:
             assert store.scopes() == {3: None, 4: frozenset({(TP.topic_id, 0)})}
 
+    def test_a_scope_narrowed_to_nothing_stays_empty_after_a_reopen(self, tmp_path):
+        """A metadata partition whose every partition was narrowed away keeps its consumed
+        offset: after a restart its scope is still empty, not "read whole" (a partition
+        wanted there later must have its history read again)."""
+        with RemoteSegmentStore(tmp_path) as store:
+            store.apply([*copied(1, 0, 9), *copied(2, 0, 9, tp=OTHER)], consumed={0: 41})
+            store.set_scope(0, frozenset(), drop=[TP, OTHER])
+            assert store.scopes() == {0: frozenset()}
+        with RemoteSegmentStore(tmp_path) as store:
+            assert store.consumed_offsets() == {0: 41}
+            assert store.scopes() == {0: frozenset()}
+            store.set_scope(0, frozenset({(TP.topic_id, TP.partition)}))  # wanted again
+            assert store.scopes() == {0: frozenset({(TP.topic_id, TP.partition)})}
+
     def test_setting_a_scope_drops_the_partitions_given_whatever_their_state(self, tmp_path):
         with RemoteSegmentStore(tmp_path) as store:
             store.apply([*copied(1, 0, 100), started(2, 101, 200)], consumed={0: 2})

@@ -61,3 +61,43 @@ def test_unwanted_count_moves_only_when_a_partition_may_stop_being_read(tmp_path
         assert tailer.unwanted_count == before + 1
         tailer.untrack([0])
         assert tailer.unwanted_count == before + 2
+
+
+async def test_a_partition_wanted_after_a_restart_on_an_emptied_scope_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """Every partition of a metadata partition was narrowed away (the coordinator role was
+    lost), its reading position kept; after a restart, a partition wanted there (reassigned
+    to this broker, or the role back) has the metadata partition read again from its
+    beginning: its history was dropped with the narrowing."""
+    with RemoteSegmentStore(tmp_path) as store:
+        tailer = _tailer(store)
+        tailer.want([A, B])
+        await tailer._rescope()  # never read: read from the beginning with this scope
+        store.apply([], consumed={0: 41})  # what reading it did
+        tailer._consumed[0] = 41
+        tailer.narrow([])
+        await tailer._rescope()
+        assert tailer._scopes[0] == frozenset()
+        assert not tailer.wants(A)
+    with RemoteSegmentStore(tmp_path) as store:  # the daemon restarted
+        tailer = _tailer(store)
+        tailer._consumed = store.consumed_offsets()  # what start() reads
+        tailer._scopes = store.scopes()
+        assert tailer._scopes == {0: frozenset()}
+        tailer.want([A])
+        assert await tailer._rescope() == {0}  # read again up to offset 41 for A
+        assert tailer._replays[0].until == 41
+        assert not tailer.caught_up(0)
+
+
+def test_a_partition_is_complete_once_wanted_and_caught_up(tmp_path: Path) -> None:
+    """What the orphan scrub asks before it may call an object of a partition unreferenced:
+    the partition's events are applied, and its metadata partition is read to its end."""
+    with RemoteSegmentStore(tmp_path) as store:
+        tailer = _tailer(store)
+        tailer.want([A])
+        assert not tailer.complete(A)  # not caught up yet
+        tailer._caught_up.add(0)
+        assert tailer.complete(A)
+        assert not tailer.complete(B)  # caught up, but B's events are not applied
