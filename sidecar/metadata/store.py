@@ -769,6 +769,11 @@ class _ChangeClock:
         self._seen_commits = commits
         return self._external
 
+    @property
+    def external(self) -> int:
+        """Other processes' commits seen so far."""
+        return self._external
+
 
 class RemoteSegmentStore:
     """The remote segments of every user partition whose metadata partition the sidecar reads.
@@ -1114,9 +1119,20 @@ class RemoteSegmentStore:
             db = self._reader
             db.execute("BEGIN")
             try:
+                self._check_external(db)
                 yield db
             finally:
                 db.execute("COMMIT")
+
+    def _check_external(self, db: sqlite3.Connection) -> None:
+        """(under the read lock) Another process (the daemon, for a read server alone) may
+        have dropped partitions since the last read, and SQLite may have given a dropped
+        partition's id to a new one: the partition ids looked up are forgotten whenever
+        another process has committed."""
+        external = self._changes.external
+        data_version = int(db.execute("PRAGMA data_version").fetchone()[0])
+        if self._changes.seen(data_version, self._changes.commits) != external:
+            self._reader_pids.clear()
 
     def _pid(self, db: sqlite3.Connection, tp: TopicIdPartition) -> int | None:
         pid = self._reader_pids.get(tp)

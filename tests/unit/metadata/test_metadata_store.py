@@ -494,6 +494,34 @@ class TestScopes:
             assert store.scopes() == {0: frozenset({(OTHER.topic_id, OTHER.partition)})}
 
 
+class TestTwoProcesses:
+    """A read server alone opens the daemon's store too: it never serves one partition's
+    segments under another's name, nor misses a partition read again, after the daemon
+    dropped partitions (SQLite may give a dropped partition's id to the next new one)."""
+
+    def test_a_dropped_partitions_id_given_to_another(self, tmp_path):
+        third = TopicIdPartition(uuid.UUID(int=99), "third", 0)
+        with RemoteSegmentStore(tmp_path) as daemon, RemoteSegmentStore(tmp_path) as reader:
+            daemon.apply(copied(1, 0, 9))
+            daemon.apply(copied(2, 0, 9, tp=OTHER))
+            assert ids(reader.segments(OTHER)) == [2]  # the reader looked OTHER's id up
+            daemon.apply(
+                [partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, OTHER)]
+            )
+            daemon.apply(copied(3, 0, 9, tp=third))  # may get OTHER's id
+            assert ids(reader.segments(OTHER)) == []
+            assert ids(reader.segments(third)) == [3]
+
+    def test_a_partition_read_again(self, tmp_path):
+        with RemoteSegmentStore(tmp_path) as daemon, RemoteSegmentStore(tmp_path) as reader:
+            daemon.apply(copied(1, 0, 9))
+            daemon.apply(copied(2, 0, 9, tp=OTHER))
+            assert ids(reader.segments(TP)) == [1]
+            daemon.set_scope(0, frozenset(), drop=[TP])  # a re-read drops TP's state
+            daemon.apply(copied(1, 0, 9))  # and reads it again: a new id
+            assert ids(reader.segments(TP)) == [1]
+
+
 class TestPersistence:
     """The state, the consumed offsets and the counters survive a reopen without replaying."""
 
