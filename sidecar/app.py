@@ -740,6 +740,8 @@ class _ReadDiscovery:
     again for ``_NEGATIVE_TTL_S``, so unknown names cost no Metadata request each."""
 
     _NEGATIVE_TTL_S = 5.0
+    #: unknown names remembered at most (clients choose them: a scan of made-up names)
+    _MAX_UNKNOWN = 10_000
 
     def __init__(
         self,
@@ -764,7 +766,12 @@ class _ReadDiscovery:
             log.warning("read_discovery_failed", topic=topic, error=str(exc))
             return False
         if topic_id is None:
-            self._unknown[topic] = time.monotonic() + self._NEGATIVE_TTL_S
+            now = time.monotonic()
+            if len(self._unknown) >= self._MAX_UNKNOWN:  # names from clients: keep it bounded
+                self._unknown = {t: u for t, u in self._unknown.items() if u > now}
+                if len(self._unknown) >= self._MAX_UNKNOWN:
+                    self._unknown.clear()
+            self._unknown[topic] = now + self._NEGATIVE_TTL_S
             return False
         tp = TopicIdPartition(topic_id, topic, partition)
         mp = metadata_partition(tp, self._num_partitions)
