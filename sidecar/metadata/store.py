@@ -36,6 +36,7 @@ The store is synchronous and never awaits; it is safe to call from one writer th
 applies batches through ``asyncio.to_thread``) while other threads or the event loop query it.
 Durability: ``synchronous=NORMAL`` in WAL mode survives a process crash; after a power loss the
 last batches may be lost together with their consumed offsets, so they are simply read again.
+The remote floor, which is on no topic, is written with ``synchronous=FULL``.
 """
 
 from __future__ import annotations
@@ -1034,11 +1035,18 @@ class RemoteSegmentStore:
         with self._write_lock, self._translate_errors():
             self._check_open()
             db = self._writer.db
-            db.execute(
-                "INSERT INTO remote_floor VALUES (?, ?, ?) ON CONFLICT (topic_id, partition)"
-                " DO UPDATE SET floor_offset = MAX(floor_offset, excluded.floor_offset)",
-                (tp.topic_id.bytes, tp.partition, offset),
-            )
+            # the floor is the one state not on the topic: on disk before the delete it
+            # guards is published, power loss included (else the deleted range would look
+            # like a hole, and be uploaded again)
+            db.execute("PRAGMA synchronous = FULL")
+            try:
+                db.execute(
+                    "INSERT INTO remote_floor VALUES (?, ?, ?) ON CONFLICT (topic_id, partition)"
+                    " DO UPDATE SET floor_offset = MAX(floor_offset, excluded.floor_offset)",
+                    (tp.topic_id.bytes, tp.partition, offset),
+                )
+            finally:
+                db.execute("PRAGMA synchronous = NORMAL")
             (floor,) = db.execute(
                 "SELECT floor_offset FROM remote_floor WHERE topic_id = ? AND partition = ?",
                 (tp.topic_id.bytes, tp.partition),

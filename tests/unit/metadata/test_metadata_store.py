@@ -620,6 +620,31 @@ class TestPersistence:
             RemoteSegmentStore(tmp_path)
 
 
+class TestRemoteFloor:
+    """The offset below which remote data was deleted on purpose: it never goes down, it
+    survives a reopen, and it is synced to disk before the delete it guards is published."""
+
+    def test_never_lower_and_kept(self, tmp_path):
+        with RemoteSegmentStore(tmp_path) as store:
+            assert store.remote_floor(TP) is None
+            assert store.raise_remote_floor(TP, 100) == 100
+            assert store.raise_remote_floor(TP, 50) == 100
+        with RemoteSegmentStore(tmp_path) as store:
+            assert store.remote_floor(TP) == 100
+
+    def test_written_with_a_full_sync(self, tmp_path):
+        with RemoteSegmentStore(tmp_path) as store:
+            statements: list[str] = []
+            store._writer.db.set_trace_callback(statements.append)
+            store.raise_remote_floor(TP, 100)
+            store._writer.db.set_trace_callback(None)
+            insert = next(i for i, s in enumerate(statements) if "remote_floor VALUES" in s)
+            assert statements[insert - 1] == "PRAGMA synchronous = FULL"
+            assert statements[insert + 1] == "PRAGMA synchronous = NORMAL"
+            mode = store._writer.db.execute("PRAGMA synchronous").fetchone()[0]
+            assert mode == 1  # NORMAL again for the batches of events
+
+
 class TestPublicSurface:
     """The store, publisher and tailer are part of the package surface, loaded lazily."""
 
