@@ -558,7 +558,8 @@ class Metrics:
         )
         self.scrub_runs = Counter(
             "scrub_runs",
-            "Orphan scrubs, by outcome (ok, failed, skipped = metadata or topic configs not"
+            "Orphan scrubs, by outcome (ok, failed, stopped = the daemon stopped during the"
+            " listing, nothing deleted; skipped = metadata or topic configs not"
             " read yet, refused = the metadata topic's retention.ms/bytes is not -1, or the"
             " prefix's ownership marker is missing or another cluster's, so deleting could"
             " remove objects that are not orphans).",

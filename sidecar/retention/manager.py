@@ -286,8 +286,12 @@ class RetentionManager:
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
         await self._retention(summary, stop)
-        if self._config.scrub_enabled and time.monotonic() >= self._next_scrub_at:
-            await self._scrub()
+        if (
+            self._config.scrub_enabled
+            and time.monotonic() >= self._next_scrub_at
+            and not stop.is_set()
+        ):
+            await self._scrub(stop)
         log.info(
             "retention_pass",
             partitions=summary.partitions,
@@ -832,7 +836,7 @@ class RetentionManager:
 
     # --- scrub
 
-    async def _scrub(self) -> None:
+    async def _scrub(self, stop: asyncio.Event) -> None:
         if self._coordinator is not None and not self._coordinator():
             return  # one scrub per cluster: the coordinator's
         view = self._cluster.view
@@ -847,7 +851,9 @@ class RetentionManager:
         self._next_scrub_at = time.monotonic() + self._config.scrub_interval_s
         unsafe = metadata_retention_problem(self._metadata_topic, meta_config)
         try:
-            report = await self._scrubber.scrub(dry_run=self._config.dry_run, unsafe=unsafe)
+            report = await self._scrubber.scrub(
+                dry_run=self._config.dry_run, unsafe=unsafe, stop=stop
+            )
         except UnsafeScrubError as exc:
             self._metrics.scrub_runs.labels("refused").inc()
             self._metrics.retention_errors.labels(type(exc).__name__).inc()
@@ -856,6 +862,9 @@ class RetentionManager:
             self._metrics.scrub_runs.labels("failed").inc()
             self._metrics.retention_errors.labels(type(exc).__name__).inc()
             log.warning("scrub_failed", error=str(exc))
+            return
+        if report.stopped:
+            self._metrics.scrub_runs.labels("stopped").inc()
             return
         self._metrics.scrub_runs.labels("ok").inc()
         if not report.dry_run:

@@ -128,6 +128,8 @@ class ScrubReport:
     #: uploads of copies in flight
     uploads_in_flight: int = 0
     seconds: float = 0.0
+    #: the daemon stopped during the listing: nothing was deleted or aborted
+    stopped: bool = False
     #: why deleting is refused (metadata topic retention), None when it is not
     refused: str | None = None
 
@@ -198,11 +200,19 @@ class OrphanScrubber:
         self._concurrency = delete_concurrency
         self._now = now
 
-    async def scrub(self, *, dry_run: bool = False, unsafe: str | None = None) -> ScrubReport:
+    async def scrub(
+        self,
+        *,
+        dry_run: bool = False,
+        unsafe: str | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> ScrubReport:
         """One full scrub of the layout's prefix. ``unsafe``: why the metadata topic cannot be
         trusted (:func:`metadata_retention_problem`); a real scrub then raises
         :class:`UnsafeScrubError` and deletes nothing, a dry run reports it. A prefix whose
-        ownership marker is not ours raises :class:`UnsafeScrubError`, dry run or not."""
+        ownership marker is not ours raises :class:`UnsafeScrubError`, dry run or not.
+        ``stop`` set during the listing (a listing of a million keys takes minutes) ends the
+        scrub there, with nothing deleted: the report says ``stopped``."""
         prefix = self._layout.prefix
         owner = self._owner if isinstance(self._owner, PrefixOwner) else self._owner()
         if owner is None:
@@ -235,6 +245,9 @@ class OrphanScrubber:
         candidates: list[tuple[str, uuid.UUID]] = []
         staged_orphans: list[str] = []
         async for info in self._objects.list(prefix):
+            if stop is not None and stop.is_set():
+                report.stopped = True
+                break
             report.objects_listed += 1
             if is_marker_key(info.key):
                 if info.key != own_marker:
@@ -270,6 +283,10 @@ class OrphanScrubber:
                 report.young_orphans += 1
                 continue
             candidates.append((info.key, parsed.segment_id))
+        if report.stopped:
+            report.seconds = time.monotonic() - started
+            log.info("scrub_stopped", dry_run=dry_run, objects=report.objects_listed)
+            return report
         if others:
             # listed in key order, a nested marker may come after the keys it owns
             kept = [c for c in candidates if not c[0].startswith(tuple(others))]

@@ -138,9 +138,9 @@ class _Scrubber:
     def __init__(self) -> None:
         self.runs = 0
 
-    async def scrub(self, *, dry_run: bool, unsafe: Any) -> Any:
+    async def scrub(self, *, dry_run: bool, unsafe: Any, stop: Any = None) -> Any:
         self.runs += 1
-        return SimpleNamespace(dry_run=True, orphans=[], aborted_uploads=[])
+        return SimpleNamespace(dry_run=True, orphans=[], aborted_uploads=[], stopped=False)
 
 
 def _manager(

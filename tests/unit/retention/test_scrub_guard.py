@@ -4,6 +4,7 @@ line, and a dry run still reports. In-memory bucket, real metadata store."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -140,7 +141,7 @@ class TestManager:
         metrics = Metrics()
         try:
             manager = _manager(store, objects, _scrubber(store, objects), metrics, TopicConfig())
-            await manager._scrub()
+            await manager._scrub(asyncio.Event())
             assert self._value(metrics, "scrub_runs_total", outcome="refused") == 1
             kind = {"kind": "UnsafeScrubError"}
             assert self._value(metrics, "retention_errors_total", **kind) == 1
@@ -154,10 +155,10 @@ class TestManager:
         metrics = Metrics()
         try:
             scrubber = _scrubber(store, objects)
-            await _manager(store, objects, scrubber, metrics, None)._scrub()
+            await _manager(store, objects, scrubber, metrics, None)._scrub(asyncio.Event())
             assert self._value(metrics, "scrub_runs_total", outcome="skipped") == 1
             assert set(keys) <= set(objects.objects)
-            await _manager(store, objects, scrubber, metrics, FOREVER)._scrub()
+            await _manager(store, objects, scrubber, metrics, FOREVER)._scrub(asyncio.Event())
             assert self._value(metrics, "scrub_runs_total", outcome="ok") == 1
             assert self._value(metrics, "scrub_deleted_objects_total") == 3
             assert list(objects.objects) == [MARKER]
