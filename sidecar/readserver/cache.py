@@ -332,8 +332,9 @@ class ChunkCache:
         #: chunks one file holds at most: a group, unless that is more than an eighth of the
         #: budget (a file is evicted whole)
         self._file_chunks = max(1, min(self.group_chunks, max_bytes // (8 * chunk_size)))
-        #: files evicted while still being written: counted until the writer removes them
-        self._doomed: dict[str, int] = {}
+        #: files evicted while still being written, by (file, write tag): counted until that
+        #: write ends (a file fetched again may be evicted again while both writes run)
+        self._doomed: dict[tuple[str, int], int] = {}
         self._writers: set[asyncio.Task[None]] = set()
         #: bytes held by the writes in flight, at most ``_max_pending`` (one write always may)
         self._pending_write_bytes = 0
@@ -583,11 +584,16 @@ class ChunkCache:
                 )
             except FileNotFoundError:
                 data = b""
+            except OSError as exc:  # a bad sector, no fds left: the bucket still has it
+                log.warning("read_cache_read_failed", file=file, error=str(exc))
+                data = b""
             if len(data) == length:
                 self._count("hit")
                 return data
-            self._forget(name)  # vanished or short: fetch it again
+            self._forget(name)  # vanished, short or unreadable: fetch it again
         task = self._inflight.get(name)
+        if task is not None and task.done() and (task.cancelled() or task.exception()):
+            task = None  # a GET that just failed (not yet forgotten): a failure is not cached
         if task is None:
             self._count("miss")
             task = self._spawn(obj, index, 1, "demand")  # before read-ahead: needed first
@@ -1028,7 +1034,7 @@ class ChunkCache:
         finally:
             if self._write_tags.get(file) == tag:
                 del self._write_tags[file]
-            doomed = self._doomed.pop(file, None)
+            doomed = self._doomed.pop((file, tag), None)
             if doomed is not None:
                 self._bytes -= doomed
         if not current and file not in self._lru:  # evicted (or closed) while being written
@@ -1044,8 +1050,9 @@ class ChunkCache:
             file, size = next(iter(self._lru.items()))
             evicted += len(_members(file))
             self._drop_file(file)
-            if file in self._write_tags:
-                self._doomed[file] = size
+            writing = self._write_tags.get(file)
+            if writing is not None:
+                self._doomed[(file, writing)] = size
                 continue
             self._bytes -= size
             self._path(file).unlink(missing_ok=True)

@@ -1202,3 +1202,95 @@ class TestChunkCacheBounds:
             if leaked:
                 os.close(fd)
             assert not leaked
+
+
+class TestChunkCacheEdges:
+    """Rare orders of events: a file evicted twice while written, a read in the loop turn
+    after a GET failed, a cache file the disk cannot read."""
+
+    async def test_a_file_evicted_twice_while_written_is_counted_once(self, tmp_path, monkeypatch):
+        """A file evicted while written, fetched again into the same name and evicted again
+        before the first write ended: each write takes its own bytes off the count."""
+        body = os.urandom(2 * CHUNK)
+        disk = _SlowDisk(monkeypatch)
+        try:
+            async with _cache(
+                await _store(obj=body), tmp_path, max_bytes=CHUNK, memory_chunks=0
+            ) as cache:
+                obj = ObjectRef("obj", len(body))
+                await cache.read(obj, 0, 1)  # A, its write held
+                await cache.read(obj, CHUNK, 1)  # B evicts A while A is written
+                cache.invalidate(obj, 0, 0)
+                await cache.read(obj, 0, 1)  # A again, same file name: evicts B
+                cache.invalidate(obj, CHUNK, CHUNK)
+                await cache.read(obj, CHUNK, 1)  # B again: evicts A's second copy
+                disk.release.set()
+                await cache.idle()
+                on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.chunk"))
+                assert cache.cached_bytes == on_disk
+        finally:
+            disk.release.set()
+
+    async def test_a_read_just_after_a_failed_get_makes_a_new_one(self, tmp_path):
+        """A read that comes between the GET's failure and its cleanup does not take the old
+        failure: a failure is never cached."""
+        body = os.urandom(CHUNK)
+        inner = await _store(obj=body)
+        calls = 0
+        failed = asyncio.Event()
+
+        class FailOnce:
+            async def get_range(
+                self, key: str, start: int, end_inclusive: int, *, arrivals: object = None
+            ) -> bytes:
+                nonlocal calls
+                calls += 1
+                if calls == 1:
+                    failed.set()
+                    raise StorageError("the first GET failed")
+                return await inner.get_range(key, start, end_inclusive)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(inner, name)
+
+        async with _cache(FailOnce(), tmp_path) as cache:  # type: ignore[arg-type]
+            obj = ObjectRef("obj", CHUNK)
+            first = asyncio.create_task(cache.read(obj, 0, 1))
+
+            async def late() -> bytes | memoryview:
+                # steps of one loop turn each (no timer): the read comes in the turn after
+                # the one in which the GET failed, before the cache's cleanup of it ran
+                seen = False
+                while not seen:
+                    seen = failed.is_set()
+                    await asyncio.sleep(0)
+                return await cache.read(obj, 0, 1)
+
+            second = asyncio.create_task(late())
+            with pytest.raises(StorageError):
+                await first
+            assert await second == body[:1]
+        assert calls == 2
+
+    async def test_a_cache_file_the_disk_cannot_read_is_fetched_again(self, tmp_path, monkeypatch):
+        """EIO on a cached chunk: the read is answered from the bucket, which still has the
+        bytes, instead of failing (the broker would take a failure as final)."""
+        body = os.urandom(CHUNK)
+        store = await _store(obj=body)
+        async with _cache(store, tmp_path, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", CHUNK)
+            await cache.read(obj, 0, 1)
+            await cache.idle()
+            real = cache_module._pread
+
+            def broken(path: Path, offset: int, length: int) -> bytes:
+                raise OSError(5, "Input/output error")
+
+            monkeypatch.setattr(cache_module, "_pread", broken)
+            with capture_logs() as logs:
+                assert await cache.read(obj, 10, 5) == body[10:15]
+            monkeypatch.setattr(cache_module, "_pread", real)
+            assert store.calls["get_range"] == 2
+            assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+                "read_cache_read_failed"
+            ]
