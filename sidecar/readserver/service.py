@@ -440,7 +440,12 @@ class _SegmentMaps:
             found = self._maps[key] = _SegmentMap()
         return found if found is not None and found.end >= position else None
 
-    def added(self, count: int) -> None:
+    def added(self, key: str, smap: _SegmentMap, count: int) -> None:
+        """``count`` batches were added to ``smap``, the map of ``key``. Counted only while it
+        is still kept: a walk goes on with the map it holds, which another walk's batches or
+        a refetched chunk may have dropped meanwhile (its batches were taken off then)."""
+        if self._maps.get(key) is not smap:
+            return
         self._batches += count
         while self._batches > self.max_batches and len(self._maps) > 1:
             _, dropped = self._maps.popitem(last=False)
@@ -1382,7 +1387,7 @@ class ReadService:
             run_base = next_offset = -1
             span_done = False
             copies = {position // chunk_size: reader.copy}
-            recorded = 0
+            recorded, recording = 0, smap  # batches added to this map in this window
             while off + overhead <= n:
                 fields = unpack(data, off)
                 size = fields[1] + LOG_OVERHEAD
@@ -1423,8 +1428,8 @@ class ReadService:
                 if budget.exhausted:
                     budget.stopped = True
                     break
-            if recorded:
-                self._maps.added(recorded)
+            if recorded and recording is not None:
+                self._maps.added(obj.key, recording, recorded)
             if off > run_start:
                 yield Run([data[run_start:off]], run_base, next_offset)
             if budget.stopped or span_done:
@@ -1453,7 +1458,7 @@ class ReadService:
                     if position == smap.end and smap.add(
                         position, header.size, header.base_offset, header.last_offset, needed
                     ):
-                        self._maps.added(1)
+                        self._maps.added(obj.key, smap, 1)
                     else:
                         smap = None
                 budget.sent += header.size
