@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sidecar.config import RetentionConfig
+from sidecar.metadata.events import TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import RetentionManager
@@ -63,7 +65,11 @@ async def _orphaned(tmp_path) -> tuple[RemoteSegmentStore, MemoryObjectStore, li
     return store, objects, keys
 
 
-def _scrubber(store: RemoteSegmentStore, objects: MemoryObjectStore) -> OrphanScrubber:
+def _scrubber(
+    store: RemoteSegmentStore,
+    objects: MemoryObjectStore,
+    in_scope: Callable[[TopicIdPartition], bool] = lambda tp: True,
+) -> OrphanScrubber:
     return OrphanScrubber(
         objects=objects,
         store=store,
@@ -71,11 +77,33 @@ def _scrubber(store: RemoteSegmentStore, objects: MemoryObjectStore) -> OrphanSc
         owner=OWNER,
         object_grace_s=0,
         upload_grace_s=0,
+        in_scope=in_scope,
         now=lambda: datetime.now(UTC) + timedelta(days=1),
     )
 
 
 class TestScrubber:
+    async def test_a_stop_during_the_listing_ends_the_scrub_with_nothing_deleted(self, tmp_path):
+        """SIGTERM during an hour-long listing does not wait for it: the scrub ends at the
+        next key, and deletes nothing (its view of the prefix is partial)."""
+        store, objects, keys = await _orphaned(tmp_path)
+        try:
+            stop = asyncio.Event()
+
+            def in_scope(tp: TopicIdPartition) -> bool:
+                stop.set()  # the daemon is asked to stop while the scrub lists the prefix
+                return True
+
+            report = await _scrubber(store, objects, in_scope).scrub(stop=stop)
+            assert report.stopped
+            assert report.objects_listed < len(objects.objects)
+            assert report.orphans == []
+            assert set(objects.objects) == {*keys, MARKER}
+            assert not (await _scrubber(store, objects).scrub()).stopped  # the orphans go
+            assert set(objects.objects) == {MARKER}
+        finally:
+            store.close()
+
     async def test_a_real_scrub_is_refused_and_deletes_nothing(self, tmp_path):
         store, objects, keys = await _orphaned(tmp_path)
         try:

@@ -50,6 +50,18 @@ class Recorder:
         return self.changes[-1]
 
 
+async def _hinted_change(rec: Recorder, partition_dir: Path) -> tuple[str, object, object]:
+    """Create files in ``partition_dir`` until the detector reports a change (the observer's
+    thread may start watching after the first scan has ended)."""
+    for attempt in range(50):
+        (partition_dir / f"0000000000000000{attempt:04d}.snapshot").write_bytes(b"")
+        try:
+            return await rec.next(timeout=0.5)
+        except TimeoutError:
+            continue
+    raise AssertionError("no change reported after inotify events")
+
+
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     d = tmp_path / "data"
@@ -76,15 +88,7 @@ class TestLogDirDetector:
         await rec.next()
         # wait for the observer thread to be watching before we create a file
         await asyncio.wait_for(det.scanned.wait(), 10)
-        for attempt in range(50):
-            (log_dir / "orders-0" / f"0000000000000000{attempt:04d}.snapshot").write_bytes(b"")
-            try:
-                name, old, new = await rec.next(timeout=0.5)
-                break
-            except TimeoutError:
-                continue
-        else:
-            raise AssertionError("no change reported after inotify events")
+        name, old, new = await _hinted_change(rec, log_dir / "orders-0")
         stopping.set()
         await asyncio.wait_for(task, 10)
         assert name == "orders-0"
@@ -104,15 +108,7 @@ class TestLogDirDetector:
         await rec.next()
         await asyncio.wait_for(det.scanned.wait(), 10)
         assert det.watching
-        for attempt in range(50):
-            (log_dir / "orders-0" / f"0000000000000000{attempt:04d}.snapshot").write_bytes(b"")
-            try:
-                name, _, new = await rec.next(timeout=0.5)
-                break
-            except TimeoutError:
-                continue
-        else:
-            raise AssertionError("no change reported after inotify events")
+        name, _, new = await _hinted_change(rec, log_dir / "orders-0")
         stopping.set()
         await asyncio.wait_for(task, 10)
         assert name == "orders-0"
