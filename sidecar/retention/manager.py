@@ -107,6 +107,9 @@ _PD_STARTED = RemotePartitionDeleteState.DELETE_PARTITION_STARTED
 _PD_FINISHED = RemotePartitionDeleteState.DELETE_PARTITION_FINISHED
 #: events published at once while deleting a batch of segments
 _PUBLISH_CONCURRENCY = 16
+#: segments deleted per round of _delete: a stop is honoured between rounds, so SIGTERM during
+#: the deletion of a partition of thousands of segments waits for one round, not all of them
+_DELETE_BATCH = 256
 #: how long a sidecar is without the coordinator role before it drops the other partitions'
 #: metadata: longer than a rebalance, which revokes the role from its holder for a moment
 _NARROW_AFTER_S = 30.0
@@ -281,7 +284,7 @@ class RetentionManager:
                     self._listed(tp)
                 continue
             await self._guarded(
-                summary, tp, self._deletions(tp, marker, topic_ids, summary, candidates)
+                summary, tp, self._deletions(tp, marker, topic_ids, summary, candidates, stop)
             )
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
@@ -391,6 +394,7 @@ class RetentionManager:
         topic_ids: set[uuid.UUID] | None,
         summary: PassSummary,
         candidates: list[TopicIdPartition],
+        stop: asyncio.Event,
     ) -> None:
         """Partition deletion of ``tp`` (``marker``: its partition-delete event, read at the
         pass's start); or, when its topic id is missing from the all-topics listing, add it to
@@ -399,7 +403,7 @@ class RetentionManager:
             return
         if marker is not None and marker.state in (_PD_MARKED, _PD_STARTED):
             if self._processes(tp):
-                await self._delete_partition(tp, marker, summary)
+                await self._delete_partition(tp, marker, summary, stop)
             return
         if topic_ids is None:
             return
@@ -499,7 +503,9 @@ class RetentionManager:
             segments = doomed[tp]
             if not segments or not self._processes(tp):
                 continue
-            await self._guarded(summary, tp, self._delete_topic_partition(tp, segments, summary))
+            await self._guarded(
+                summary, tp, self._delete_topic_partition(tp, segments, summary, stop)
+            )
 
     def _live_segment_count(self) -> int:
         """Live segments of every partition of the store: this cluster's tiered segments
@@ -507,13 +513,22 @@ class RetentionManager:
         return sum(len(self._store.segments(tp)) for tp in self._store.partitions())
 
     async def _delete_topic_partition(
-        self, tp: TopicIdPartition, segments: Sequence[SegmentMetadata], summary: PassSummary
+        self,
+        tp: TopicIdPartition,
+        segments: Sequence[SegmentMetadata],
+        summary: PassSummary,
+        stop: asyncio.Event,
     ) -> None:
         log.info("topic_deleted_remote_cleanup", topic_id=str(tp.topic_id), segments=len(segments))
-        await self._delete(tp, [Expiry(s, DeleteReason.TOPIC_DELETED) for s in segments], summary)
+        items = [Expiry(s, DeleteReason.TOPIC_DELETED) for s in segments]
+        await self._delete(tp, items, summary, stop)
 
     async def _delete_partition(
-        self, tp: TopicIdPartition, marker: PartitionDeleteMetadata, summary: PassSummary
+        self,
+        tp: TopicIdPartition,
+        marker: PartitionDeleteMetadata,
+        summary: PassSummary,
+        stop: asyncio.Event,
     ) -> None:
         if self._config.dry_run:
             segments = await asyncio.to_thread(self._store.segments, tp)
@@ -524,9 +539,9 @@ class RetentionManager:
             await self._publish_partition_state(tp, _PD_STARTED)
         segments = await asyncio.to_thread(self._store.segments, tp)
         log.info("partition_delete_started", segments=len(segments))
-        await self._delete(
-            tp, [Expiry(s, DeleteReason.PARTITION_DELETED) for s in segments], summary
-        )
+        items = [Expiry(s, DeleteReason.PARTITION_DELETED) for s in segments]
+        if not await self._delete(tp, items, summary, stop):
+            return  # DELETE_PARTITION_STARTED stays: the next pass deletes the rest
         await self._publish_partition_state(tp, _PD_FINISHED)
         self._metrics.partition_deletions.inc()
         log.info("partition_delete_finished", segments=len(segments))
@@ -582,7 +597,7 @@ class RetentionManager:
             if start is None:
                 continue
             await self._guarded(
-                summary, tp, self._retain_partition(scan, tp, start, summary, at_risk)
+                summary, tp, self._retain_partition(scan, tp, start, summary, at_risk, stop)
             )
         self._publish_at_risk(at_risk)
 
@@ -593,6 +608,7 @@ class RetentionManager:
         log_start_offset: int,
         summary: PassSummary,
         at_risk: dict[str, int],
+        stop: asyncio.Event,
     ) -> None:
         view = self._cluster.view
         config = view.configs.get(scan.topic)
@@ -656,7 +672,7 @@ class RetentionManager:
             if floor is not None and not self._config.dry_run:
                 # first: tiering must not take these deletions for holes and upload them again
                 await asyncio.to_thread(self._store.raise_remote_floor, tp, floor)
-            await self._delete(tp, list(plan.deletions), summary)
+            await self._delete(tp, list(plan.deletions), summary, stop)
 
     def _read_store_facts(self, scan: PartitionScan, tp: TopicIdPartition, lso: int) -> _StoreFacts:
         """(worker thread) The highest remote offset of the lineage, the remote coverage and
@@ -765,6 +781,28 @@ class RetentionManager:
     # --- deleting segments
 
     async def _delete(
+        self,
+        tp: TopicIdPartition,
+        items: Sequence[Expiry],
+        summary: PassSummary,
+        stop: asyncio.Event,
+    ) -> bool:
+        """Delete ``items`` in rounds of :data:`_DELETE_BATCH`, in their order; True once all
+        are deleted, False when ``stop`` ended it between rounds (every round is whole, and
+        the rest is left for the next pass)."""
+        for first in range(0, len(items), _DELETE_BATCH):
+            if first and stop.is_set():
+                log.info(
+                    "remote_segment_deletion_stopped",
+                    deleted=first,
+                    left=len(items) - first,
+                    detail="the daemon is stopping: the next pass deletes the rest",
+                )
+                return False
+            await self._delete_round(tp, items[first : first + _DELETE_BATCH], summary)
+        return True
+
+    async def _delete_round(
         self, tp: TopicIdPartition, items: Sequence[Expiry], summary: PassSummary
     ) -> None:
         """DELETE_SEGMENT_STARTED for each (unless already) → delete the objects (and any open

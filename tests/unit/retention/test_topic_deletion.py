@@ -5,9 +5,11 @@ the store, as the read-back would) and the clock are stubs."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,8 +17,10 @@ from structlog.testing import capture_logs
 
 from sidecar.config import RetentionConfig
 from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
     RemoteLogSegmentId,
     RemoteLogSegmentState,
+    RemotePartitionDeleteState,
     SegmentMetadata,
     SegmentMetadataUpdate,
     TopicIdPartition,
@@ -25,7 +29,7 @@ from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention._kafka import TopicIdState
-from sidecar.retention.manager import RetentionManager
+from sidecar.retention.manager import _DELETE_BATCH, RetentionManager
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView
@@ -104,9 +108,12 @@ class _World:
             stale_after_s=3600,
         )
         stub: Any = SimpleNamespace
+        #: called with each event published, after the store applied it
+        self.on_publish: Callable[[Any], None] = lambda event: None
 
         async def publish_and_wait(event: Any) -> tuple[int, int]:
             self.store.apply([event])
+            self.on_publish(event)
             return 0, 0
 
         self.manager = RetentionManager(
@@ -320,5 +327,65 @@ class TestShareStop:
             assert [e["event"] for e in logs if "share" in e["event"]] == [
                 "topic_deletion_share_overridden"
             ]
+        finally:
+            world.close()
+
+
+class TestStopBetweenRounds:
+    """SIGTERM during the deletion of a large partition waits for one round of segments, not
+    for all of them; what is left is deleted by the next pass."""
+
+    @staticmethod
+    def _stop_after_first_round(world: _World) -> asyncio.Event:
+        stop = asyncio.Event()
+
+        def on_publish(event: Any) -> None:
+            if getattr(event, "state", None) is DELETE_FINISHED:
+                stop.set()  # set while the first round is still publishing: it ends whole
+
+        world.on_publish = on_publish
+        return stop
+
+    async def test_a_topic_deletion_stops_between_rounds(self, tmp_path):
+        world = _World(tmp_path, topic_deletion_grace_s=0.0, topic_deletion_override_share=True)
+        try:
+            tp = await world.tier("big", _DELETE_BATCH + 44)
+            world.vanish("big", TopicIdState.ABSENT)
+            stop = self._stop_after_first_round(world)
+            with capture_logs() as logs:
+                summary = await world.manager.run_once(stop)
+            assert summary.deleted == _DELETE_BATCH
+            assert len(world.store.segments(tp)) == 44
+            assert len(world.objects_of("big")) == 44 * len(ObjectSuffix)
+            stopped = [e for e in logs if e["event"] == "remote_segment_deletion_stopped"]
+            assert [(e["deleted"], e["left"]) for e in stopped] == [(_DELETE_BATCH, 44)]
+            world.on_publish = lambda event: None
+            assert (await world.manager.run_once()).deleted == 44
+            assert world.objects_of("big") == set()
+        finally:
+            world.close()
+
+    async def test_a_partition_deletion_stays_started_until_its_last_round(self, tmp_path):
+        world = _World(tmp_path)
+        try:
+            tp = await world.tier("big", _DELETE_BATCH + 1)
+            marker = PartitionDeleteMetadata(
+                topic_id_partition=tp,
+                broker_id=1,
+                event_timestamp_ms=0,
+                state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+            )
+            world.store.apply([marker])
+            stop = self._stop_after_first_round(world)
+            assert (await world.manager.run_once(stop)).deleted == _DELETE_BATCH
+            started = world.store.partition_delete(tp)
+            assert started is not None
+            assert started.state is RemotePartitionDeleteState.DELETE_PARTITION_STARTED
+            assert world.value("remote_partition_deletions_total") == 0
+            world.on_publish = lambda event: None
+            assert (await world.manager.run_once()).deleted == 1
+            assert world.objects_of("big") == set()
+            assert world.store.partition_delete(tp) is None  # FINISHED: the marker is gone
+            assert world.value("remote_partition_deletions_total") == 1
         finally:
             world.close()
