@@ -417,8 +417,15 @@ class _SegmentMap:
         return True
 
 
+#: what a segment map costs before its first batch, in batches: about 800 bytes (four arrays,
+#: the chunk-copy dict, the key and its place in the LRU) against 32 bytes per batch. Counted, so
+#: maps that stay empty (a walk from byte 0 that found no cached chunk) cannot grow unbounded.
+_MAP_COST = 25
+
+
 class _SegmentMaps:
-    """Segment maps by ``.log`` key, least recently used dropped beyond ``max_batches``."""
+    """Segment maps by ``.log`` key, least recently used dropped beyond ``max_batches`` (each
+    map counted as its batches plus :data:`_MAP_COST`)."""
 
     def __init__(self, max_batches: int) -> None:
         self.max_batches = max_batches
@@ -438,6 +445,7 @@ class _SegmentMaps:
         found = self.get(key)
         if found is None and position == 0:
             found = self._maps[key] = _SegmentMap()
+            self._count(_MAP_COST)
         return found if found is not None and found.end >= position else None
 
     def added(self, key: str, smap: _SegmentMap, count: int) -> None:
@@ -446,15 +454,20 @@ class _SegmentMaps:
         a refetched chunk may have dropped meanwhile (its batches were taken off then)."""
         if self._maps.get(key) is not smap:
             return
-        self._batches += count
-        while self._batches > self.max_batches and len(self._maps) > 1:
-            _, dropped = self._maps.popitem(last=False)
-            self._batches -= len(dropped)
+        self._count(count)
 
     def drop(self, key: str) -> None:
         found = self._maps.pop(key, None)
         if found is not None:
-            self._batches -= len(found)
+            self._batches -= len(found) + _MAP_COST
+
+    def _count(self, added: int) -> None:
+        """Count ``added`` more; drop the least recently used maps (never the newest) while
+        the count is over the budget."""
+        self._batches += added
+        while self._batches > self.max_batches and len(self._maps) > 1:
+            _, dropped = self._maps.popitem(last=False)
+            self._batches -= len(dropped) + _MAP_COST
 
 
 def _join(pieces: list[memoryview]) -> memoryview:
