@@ -318,6 +318,7 @@ class Daemon:
             client_kwargs={**options, **meta.consumer_kwargs()},
             on_undecodable=lambda *_: self.metrics.metadata_undecodable.inc(),
             on_error=lambda _: self._dependency_error("kafka", "metadata_tailer"),
+            on_expired=self.metrics.metadata_expired.inc,
             num_partitions=meta.num_partitions,
             # selective: only the broker's partitions' events are kept (the coordinator's all)
             scoped=meta.tailing == "selective",

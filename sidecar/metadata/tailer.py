@@ -2,10 +2,14 @@
 Kafka's ``ConsumerTask`` feeds ``RemoteLogMetadataCache`` (kafka-kip405-internals.md §2.3), but
 resuming from the offsets stored with the state instead of re-reading from offset 0.
 
-* A consumer with ``assign()`` (no group, no commits, ``auto_offset_reset=earliest``,
-  ``read_committed``) reads the metadata partitions the sidecar tracks (``track``/``untrack``:
-  those that hold its user partitions' events). Each partition resumes at the store's consumed
-  offset + 1, or at its beginning when it was never read.
+* A consumer with ``assign()`` (no group, no commits, ``read_committed``) reads the metadata
+  partitions the sidecar tracks (``track``/``untrack``: those that hold its user partitions'
+  events). Each partition resumes at the store's consumed offset + 1, or at its beginning when
+  it was never read. The consumer never resets a position itself (``auto_offset_reset=none``):
+  a partition that ends before that offset was truncated or recreated, which stops the tailer
+  (MetadataStoreError, below), at assignment or mid-run alike; one whose records were deleted
+  before they were read (``metadata_records_expired_unread``, ``on_expired``) goes on after
+  them.
 * Each fetch is decoded and applied to the store in one transaction, together with the consumed
   offsets (``asyncio.to_thread``: the loop keeps serving while SQLite writes).
 * A record that does not decode (MetadataFormatError, or a null value) never stops the tailer,
@@ -54,7 +58,7 @@ from types import TracebackType
 from typing import Any, Final, Self
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, OffsetOutOfRangeError
 
 from sidecar._aio import wait_any
 from sidecar.errors import MetadataPublishError
@@ -155,12 +159,14 @@ class MetadataTailer:
         max_batch_records: int = 5000,
         on_undecodable: UndecodableCallback | None = None,
         on_error: _ErrorCallback | None = None,
+        on_expired: Callable[[int], None] | None = None,
         retry_backoff_s: tuple[float, float] = (0.5, 30.0),
         num_partitions: int | None = None,
         scoped: bool = False,
     ) -> None:
         """``num_partitions``: the metadata topic's partition count, needed by ``want``;
-        ``scoped``: ``want`` limits what is applied (otherwise it only tracks)."""
+        ``scoped``: ``want`` limits what is applied (otherwise it only tracks);
+        ``on_expired(count)``: ``count`` records were deleted from the topic unread."""
         self.topic = topic
         self._num_partitions = num_partitions
         self._scoped = scoped
@@ -173,6 +179,7 @@ class MetadataTailer:
         self._max_records = max_batch_records
         self._on_undecodable = on_undecodable
         self._on_error = on_error
+        self._on_expired = on_expired
         self._backoff_initial_s, self._backoff_max_s = retry_backoff_s
         self._state = _State.NEW
         self._consumer: AIOKafkaConsumer | None = None
@@ -198,6 +205,8 @@ class MetadataTailer:
         self.rejected_events = 0
         #: decoded events skipped because their user partition is not wanted (since start)
         self.filtered_records = 0
+        #: records the metadata topic deleted before they were read (see _assign)
+        self.expired_records = 0
         #: the Kafka error of the last failed attempt, None once an attempt succeeds again
         self.last_error: str | None = None
 
@@ -217,7 +226,8 @@ class MetadataTailer:
             client_id=client_id(self.broker_id, "consumer"),
             group_id=None,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # an offset out of range is raised, not reset: see _out_of_range
+            auto_offset_reset="none",
             isolation_level="read_committed",
         )
         try:
@@ -534,13 +544,33 @@ class MetadataTailer:
         if not self._assigned:
             await _first(stopping.wait(), self._changed.wait())
             return
-        records = await self._fetch(consumer, stopping)
+        try:
+            records = await self._fetch(consumer, stopping)
+        except OffsetOutOfRangeError as exc:
+            self._out_of_range(exc)
+            return
         if records:
             await self._ingest(records)
         if self.last_error is not None:
             log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
             self.last_error = None
             self._notify()
+
+    def _out_of_range(self, exc: OffsetOutOfRangeError) -> None:
+        """A fetch position the partition no longer has: it was truncated or recreated under
+        the reading (the position is past its end), or its records were deleted before they
+        were read (before its beginning). The partitions are assigned again as new ones, whose
+        check tells which: the first stops the tailer, the second is logged and skipped."""
+        positions = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+        partitions = {tp.partition for tp in positions} or set(self._targets)
+        log.warning(
+            "metadata_fetch_out_of_range",
+            topic=self.topic,
+            positions={tp.partition: offset for tp, offset in positions.items()},
+        )
+        for p in partitions:
+            self._targets.pop(p, None)
+        self._changed.set()
 
     def _report_error(self, exc: KafkaError | MetadataStoreError, retry_in_s: float) -> None:
         error = f"{type(exc).__name__}: {exc}"
@@ -630,17 +660,25 @@ class MetadataTailer:
         tracked = frozenset(self._tracked)
         partitions = {p: TopicPartition(self.topic, p) for p in sorted(tracked)}
         consumer.assign(list(partitions.values()))
+        # every partition gets a position (or a reset to its beginning) before the next await:
+        # the consumer resets none itself (auto_offset_reset="none")
+        seeked: dict[int, int] = {}  # metadata partition -> offset the reading resumes at
+        from_beginning: list[TopicPartition] = []
         for p, tp in partitions.items():
             consumed = self._consumed.get(p)
             replay = self._replays.get(p)
             if p in restart and replay is not None:
-                await consumer.seek_to_beginning(tp)
+                from_beginning.append(tp)
             elif replay is not None:
-                consumer.seek(tp, replay.done + 1)
+                seeked[p] = replay.done + 1
             elif consumed is None:
-                await consumer.seek_to_beginning(tp)
+                from_beginning.append(tp)
             else:
-                consumer.seek(tp, consumed + 1)
+                seeked[p] = consumed + 1
+            if p in seeked:
+                consumer.seek(tp, seeked[p])
+        if from_beginning:
+            await consumer.seek_to_beginning(*from_beginning)
         new = [p for p in partitions if p not in self._targets]
         if new:
             tps = [partitions[p] for p in new]
@@ -657,6 +695,24 @@ class MetadataTailer:
                         f" but the partition ends at {ends[tp]}: the metadata topic was"
                         " recreated or truncated; remove the store to rebuild it from the topic"
                     )
+                resume = seeked.get(p)
+                if resume is not None and resume < beginnings[tp]:
+                    # deleted before they were read (the topic's retention, DeleteRecords):
+                    # what they said is missing from the store; the reading goes on after them
+                    log.error(
+                        "metadata_records_expired_unread",
+                        topic=self.topic,
+                        metadata_partition=p,
+                        from_offset=resume,
+                        to_offset=beginnings[tp] - 1,
+                        detail="the metadata topic deleted these records before the sidecar"
+                        " read them; its store may lack their events (rebuild it by removing"
+                        " it if the topic keeps every event)",
+                    )
+                    self.expired_records += beginnings[tp] - resume
+                    if self._on_expired is not None:
+                        self._on_expired(beginnings[tp] - resume)
+                    consumer.seek(tp, beginnings[tp])
                 self._targets[p] = ends[tp]
                 self._beginnings[p] = beginnings[tp]
                 replay = self._replays.get(p)

@@ -294,6 +294,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.metadata_expired = Counter(
+            "metadata_expired_records",
+            "Records of the remote log metadata topic deleted (its retention, DeleteRecords)"
+            " before the sidecar read them: their events are missing from its store.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.partitions_led = Gauge(
             "partitions_led",
             "Partitions of tiered topics (standalone or broker-driven) that this broker leads.",

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import structlog
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.errors import MetadataPublishError
@@ -427,6 +427,89 @@ class TestFailures:
                     await tailer.run(asyncio.Event())
                 with pytest.raises(MetadataPublishError, match="tailer"):
                     await tailer.wait_for_offset(0, 42)
+
+    async def test_topic_recreated_under_the_reading_stops_the_tailer(
+        self, kafka, metadata_topic, publisher_factory, tmp_path
+    ):
+        """The metadata topic deleted and created again while the tailer reads it: the fetch
+        position is past the new partition's end. The tailer stops with MetadataStoreError,
+        as at assignment, instead of reading the new topic from its beginning and skipping
+        its events at offsets the store counts as applied."""
+        tp = user_partition(0)
+        with RemoteSegmentStore(tmp_path) as store:
+            async with MetadataTailer(
+                bootstrap_servers=kafka.bootstrap_servers,
+                store=store,
+                broker_id=BROKER_ID,
+                topic=metadata_topic,
+            ) as tailer:
+                tailer.track({0})
+                run = asyncio.create_task(tailer.run(asyncio.Event()), name="metadata tailer")
+                publisher = await publisher_factory(read_back=tailer)
+                for i in range(3):
+                    await publisher.publish_and_wait(copy_started(tp, 10 * i, 10 * i + 9))
+                assert store.consumed_offsets() == {0: 2}
+                await _recreate(kafka, metadata_topic)
+                async with asyncio.timeout(120):
+                    with pytest.raises(MetadataStoreError, match="recreated or truncated"):
+                        await run
+
+    async def test_records_deleted_before_they_were_read_are_skipped_and_counted(
+        self, kafka, metadata_topic, publisher_factory, tmp_path
+    ):
+        """Records the topic deleted (DeleteRecords, its retention) while the sidecar was
+        away: the reading goes on after them, with an error logged and the records counted,
+        not a reading stuck on an offset the partition no longer has."""
+        tp = user_partition(0)
+        publisher = await publisher_factory()
+        segments = [copy_started(tp, 10 * i, 10 * i + 9) for i in range(3)]
+        offsets = [(await publisher.publish(segment))[1] for segment in segments]
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.delete_records(
+                {TopicPartition(metadata_topic, 0): RecordsToDelete(before_offset=offsets[2])}
+            )
+        finally:
+            await admin.close()
+        expired: list[int] = []
+        with RemoteSegmentStore(tmp_path) as store:
+            store.apply([segments[0]])
+            store.set_consumed({0: offsets[0]})
+        reading = tailing(kafka, metadata_topic, tmp_path, {0}, on_expired=expired.append)
+        with structlog.testing.capture_logs() as logs:
+            async with reading as (tailer, store):
+                await _caught_up(tailer, 0)
+                assert store.segment(segments[2].segment_id) is not None
+                assert store.segment(segments[1].segment_id) is None
+                assert store.consumed_offsets() == {0: offsets[2]}
+        assert expired == [offsets[2] - offsets[0] - 1]
+        assert tailer.expired_records == expired[0]
+        lines = [e for e in logs if e["event"] == "metadata_records_expired_unread"]
+        assert [(e["from_offset"], e["to_offset"], e["log_level"]) for e in lines] == [
+            (offsets[0] + 1, offsets[2] - 1, "error")
+        ]
+
+
+async def _recreate(kafka, topic: str) -> None:
+    """Delete ``topic`` and create it again as the sidecar does, once the broker has it gone."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+        async with asyncio.timeout(60):
+            while topic in await admin.list_topics():
+                await asyncio.sleep(0.1)  # polled: the broker sends no event when it is gone
+    finally:
+        await admin.close()
+    publisher = MetadataPublisher(
+        bootstrap_servers=kafka.bootstrap_servers,
+        broker_id=BROKER_ID,
+        topic=topic,
+        num_partitions=NUM_PARTITIONS,
+        replication_factor=1,
+    )
+    await publisher.ensure_topic()
 
 
 class TestKafkaTools:
