@@ -3,6 +3,7 @@ package io.github.kafkatieredsidecar.plugin;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.InterruptedIOException;
 import java.net.InetSocketAddress;
 import java.net.SocketAddress;
 import java.net.SocketTimeoutException;
@@ -226,7 +227,7 @@ final class SidecarHttp {
                         ByteBuffer.wrap(head.getBytes(StandardCharsets.US_ASCII)), deadline);
                 write(connection.channel, connection.selector, ByteBuffer.wrap(body), deadline);
             } catch (IOException e) {
-                if (connection.reused && !(e instanceof SocketTimeoutException)) {
+                if (connection.reused && !(e instanceof InterruptedIOException)) { // nor a timeout
                     throw new StaleConnectionException("idle connection closed: " + e);
                 }
                 throw e;
@@ -318,8 +319,17 @@ final class SidecarHttp {
         }
     }
 
-    /** Wait for the selector's one key until {@code deadline}; a timeout is an exception. */
+    /**
+     * Wait for the selector's one key until {@code deadline}; a timeout is an exception, and so
+     * is an interrupt. Kafka interrupts a copy or delete it gives up on (a leadership move, the
+     * partition stopped, broker shutdown), and {@code select} returns at once, forever, on an
+     * interrupted thread: without the check the caller would spin until its deadline. The flag
+     * stays set; the caller closes the connection, which tells the sidecar to give up too.
+     */
     private static void await(Selector selector, long deadline, String what) throws IOException {
+        if (Thread.currentThread().isInterrupted()) {
+            throw new InterruptedIOException("interrupted " + what);
+        }
         long remainingMs = (deadline - System.nanoTime()) / 1_000_000L;
         if (remainingMs <= 0 || selector.select(remainingMs) == 0 && System.nanoTime() >= deadline) {
             throw new SocketTimeoutException("timed out " + what);

@@ -11,6 +11,7 @@ import java.io.ByteArrayOutputStream;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.InterruptedIOException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
@@ -19,6 +20,7 @@ import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.ArrayBlockingQueue;
@@ -100,6 +102,33 @@ class SidecarRemoteStorageManagerTest {
         assertTrue(body.contains("\"log\":\"" + log + "\""), body);
         assertTrue(body.contains("\"txn_index\":null"), body);
         assertTrue(body.contains("\"leader_epoch_index\":\"MAoxCjAgMTAwCg==\""), body);
+    }
+
+    @Test
+    void anInterruptedCallGivesUpAtOnceAndKeepsTheFlag() throws Exception {
+        // Kafka interrupts a copy or delete it gives up on (RLMTaskWithFuture.cancel(true)); the
+        // sidecar does not answer here, so only the interrupt can end the wait before its deadline
+        sidecar.silent = true;
+        LogSegmentData data = new LogSegmentData(dir.resolve("a.log"), dir.resolve("a.index"),
+                dir.resolve("a.timeindex"), Optional.empty(), dir.resolve("b.snapshot"), ByteBuffer.allocate(0));
+        for (String call : List.of("copy", "delete")) {
+            Thread.currentThread().interrupt();
+            RemoteStorageException e;
+            try {
+                e = assertThrows(RemoteStorageException.class, () -> {
+                    if (call.equals("copy")) {
+                        rsm.copyLogSegmentData(metadata(), data);
+                    } else {
+                        rsm.deleteLogSegmentData(metadata());
+                    }
+                });
+            } finally {
+                assertTrue(Thread.interrupted(), call + ": the interrupt flag was cleared");
+            }
+            assertInstanceOf(RetriableRemoteStorageException.class, e, call);
+            // not the deadline's SocketTimeoutException, which the spinning wait ended with
+            assertEquals(InterruptedIOException.class, e.getCause().getClass(), call + ": " + e.getCause());
+        }
     }
 
     @Test
