@@ -384,7 +384,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             SidecarHttp.Response response = send(FETCH_SEGMENT, fetchBody(metadata, start, end, rangeEnd, true),
                     requestTimeoutMs, what, true);
             if (!response.json()) {
-                return response.body;
+                return whole(response, end - start + 1, what);
             }
             String answer;
             try (response) {
@@ -402,7 +402,23 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }
             }
         }
-        return stream(FETCH_SEGMENT, fetchBody(metadata, start, end, rangeEnd, false), what);
+        return whole(send(FETCH_SEGMENT, fetchBody(metadata, start, end, rangeEnd, false), requestTimeoutMs, what,
+                true), end - start + 1, what);
+    }
+
+    /**
+     * The body of a window's answer, which must be the {@code length} bytes asked for: a reader
+     * goes on at the byte after the window, so a shorter body would leave a gap in the stream
+     * that no check downstream sees (the batches before and after it may both be whole).
+     */
+    private static InputStream whole(SidecarHttp.Response response, long length, String what)
+            throws RemoteStorageException {
+        if (response.contentLength != length) {
+            SidecarHttp.closeQuietly(response);
+            throw new RemoteStorageException(what + ": the sidecar answered " + response.contentLength
+                    + " bytes for a window of " + length);
+        }
+        return response.body;
     }
 
     /**

@@ -142,6 +142,15 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
+    void aWindowAnsweredShortFailsTheFetchInsteadOfLeavingAGap() {
+        sidecar.answer(200, new byte[299_999]); // one byte short of 10..300009
+        RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                () -> rsm.fetchLogSegment(metadata(), 10, 300_009).close());
+        assertFalse(e instanceof RetriableRemoteStorageException, e.toString());
+        assertTrue(e.getMessage().contains("answered 299999 bytes for a window of 300000"), e.getMessage());
+    }
+
+    @Test
     void fetchStreamsTheBodyAndSendsAnInclusiveRange() throws Exception {
         byte[] payload = new byte[300_000];
         for (int i = 0; i < payload.length; i++) {
@@ -160,7 +169,7 @@ class SidecarRemoteStorageManagerTest {
 
     @Test
     void fetchWithoutEndAsksForOneWindowUpToTheSegmentEnd() throws Exception {
-        sidecar.answer(200, new byte[] {1});
+        sidecar.answerTruncated(200, new byte[] {1}, 999_995, false); // the window's length, then closed
         try (InputStream in = rsm.fetchLogSegment(metadata(), 5)) {
             assertEquals(1, in.read());
         }
@@ -520,7 +529,7 @@ class SidecarRemoteStorageManagerTest {
 
     @Test
     void aStallMidBodyEndsTheReadAtTheIdleDeadline() throws Exception {
-        sidecar.answerTruncated(200, new byte[100], 1000, true);
+        sidecar.answerTruncated(200, new byte[100], 1_000_000, true);
         try (InputStream in = rsm.fetchLogSegment(metadata(), 0)) {
             assertEquals(100, in.readNBytes(100).length);
             IOException e = assertThrows(IOException.class, in::read);
@@ -530,7 +539,7 @@ class SidecarRemoteStorageManagerTest {
 
     @Test
     void aTruncatedBodyIsAnErrorNotAShortRead() throws Exception {
-        sidecar.answerTruncated(200, new byte[100], 1000, false);
+        sidecar.answerTruncated(200, new byte[100], 1_000_000, false);
         try (InputStream in = rsm.fetchLogSegment(metadata(), 0)) {
             assertThrows(EOFException.class, in::readAllBytes);
         }
