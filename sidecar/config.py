@@ -27,7 +27,7 @@ import types
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import (
     AliasChoices,
@@ -263,6 +263,18 @@ class S3Config(_Section):
     def _endpoint_url(cls, value: str | None) -> str | None:
         return _endpoint(value)
 
+    @model_validator(mode="after")
+    def _key_pair(self) -> Self:
+        """One of the two keys alone would be dropped, and the default credential chain (say
+        the node's instance role, with other rights) used without a word."""
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            given = "access_key_id" if self.secret_access_key is None else "secret_access_key"
+            raise ValueError(
+                f"s3.{given} is set without its pair: give access_key_id and secret_access_key"
+                " together, or neither (the default AWS credential chain)"
+            )
+        return self
+
 
 ClientValue = str | int | float | bool
 
@@ -325,6 +337,16 @@ class RemoteLogMetadataConfig(_Section):
         validation_alias=_kafka_name("retention_ms", "remote.log.metadata.topic.retention.ms"),
         description="remote.log.metadata.topic.retention.ms",
     )
+
+    @field_validator("retention_ms")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError(
+                "must be -1 (keep every event, Kafka's default) or a positive number of ms, got 0"
+            )
+        return value
+
     consume_wait_ms: int = Field(
         120_000,
         gt=0,
@@ -708,6 +730,55 @@ class SidecarConfig(_Section):
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser()
 
+    @property
+    def read_socket_path(self) -> Path:
+        """The read socket's path: ``read_server.socket_path``, else ``<state_dir>/read.sock``."""
+        configured = self.read_server.socket_path
+        return configured if configured is not None else self.state_dir / "read.sock"
+
+    @property
+    def read_cache_dir(self) -> Path:
+        """The chunk cache's directory: ``read_server.cache_dir``, else
+        ``<state_dir>/read-cache``."""
+        configured = self.read_server.cache_dir
+        return configured if configured is not None else self.state_dir / "read-cache"
+
+    @model_validator(mode="after")
+    def _outside_log_dirs(self) -> Self:
+        """The daemon only reads the broker's log dirs: nothing of its own may be created in
+        one (the broker takes each directory there for a partition, and one not named
+        topic-partition fails its log loading), and the chunk cache, which removes the .tmp
+        files it finds below it, may hold none."""
+        own = {
+            "state_dir": (self.state_dir, False),
+            "read_server.cache_dir": (self.read_cache_dir, True),
+            "read_server.socket_path": (self.read_socket_path, False),
+        }
+        for name, (path, may_not_contain) in own.items():
+            for log_dir in self.broker.log_dirs:
+                for mine, theirs in {(_full(path), _full(log_dir)), (_real(path), _real(log_dir))}:
+                    if mine == theirs or mine.is_relative_to(theirs):
+                        raise ValueError(
+                            f"{name} ({path}) is inside broker.log_dirs entry {log_dir}: the"
+                            " sidecar never writes in the broker's log dirs; put it elsewhere"
+                        )
+                    if may_not_contain and theirs.is_relative_to(mine):
+                        raise ValueError(
+                            f"{name} ({path}) holds broker.log_dirs entry {log_dir}: the chunk"
+                            " cache removes the .tmp files it finds below it; put it elsewhere"
+                        )
+        return self
+
+
+def _full(path: Path) -> Path:
+    """``path`` made absolute and normalised, symlinks left as they are."""
+    return Path(os.path.normpath(Path.cwd() / path.expanduser()))
+
+
+def _real(path: Path) -> Path:
+    """``path`` with every symlink of its existing part resolved (reads metadata only)."""
+    return path.expanduser().resolve(strict=False)
+
 
 # ---------------------------------------------------------------------------------------------
 # loading
@@ -830,8 +901,10 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}: {dotted}: not a JSON object: {exc}") from None
-    elif raw.strip().lower() in {"null", "none"}:
-        value = None
+    elif raw.strip().lower() in {"null", "none"} and "SecretStr" not in str(
+        info and info.annotation
+    ):
+        value = None  # unset; never for a secret, whose value may be any text
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -909,6 +982,8 @@ def masked(config: SidecarConfig) -> dict[str, Any]:
             return {name: walk(getattr(value, name)) for name in type(value).model_fields}
         if isinstance(value, list | tuple):
             return [walk(v) for v in value]
+        if isinstance(value, Mapping):
+            return {str(k): walk(v) for k, v in value.items()}
         if isinstance(value, Path):
             return str(value)
         return value

@@ -57,15 +57,13 @@ _MAX_SOCKET_PATH: Final = 107
 
 
 def socket_path_for(config: SidecarConfig) -> Path:
-    """The read socket's path: ``read_server.socket_path``, else ``<state_dir>/read.sock``."""
-    configured = config.read_server.socket_path
-    return configured if configured is not None else config.state_dir / "read.sock"
+    """The read socket's path (:attr:`SidecarConfig.read_socket_path`)."""
+    return config.read_socket_path
 
 
 def cache_dir_for(config: SidecarConfig) -> Path:
-    """The chunk cache's directory: ``read_server.cache_dir``, else ``<state_dir>/read-cache``."""
-    configured = config.read_server.cache_dir
-    return configured if configured is not None else config.state_dir / "read-cache"
+    """The chunk cache's directory (:attr:`SidecarConfig.read_cache_dir`)."""
+    return config.read_cache_dir
 
 
 def build_app(

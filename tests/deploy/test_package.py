@@ -93,7 +93,7 @@ def test_wheel_installs_into_a_fresh_venv(wheel_venv: Path, tmp_path: Path):
     assert Path(where.strip()).is_relative_to(wheel_venv)
     config = tmp_path / "sidecar.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n[broker]\nlog_dirs = ["{tmp_path}"]\n'
+        f'state_dir = "{tmp_path / "state"}"\n[broker]\nlog_dirs = ["{tmp_path / "logs"}"]\n'
         '[tiering]\ninclude_topics = ["orders"]\n'
     )
     assert "[s3]" in _run(sidecar, "config", "check", "-c", config, cwd=tmp_path, env=env)

@@ -24,6 +24,7 @@ log_dirs = ["/var/lib/kafka/data"]
 
 [s3]
 bucket = "from-file"
+access_key_id = "key-id-from-file"
 secret_access_key = "very-secret-key"
 part_size_bytes = 8388608
 """
@@ -255,3 +256,91 @@ class TestKafkaNames:
         reloaded = load_config(again, environ={})
         assert reloaded.remote_log_metadata.producer == {"linger.ms": 5}
         assert reloaded.s3 == config.s3
+
+
+class TestOwnPathsOutsideTheLogDirs:
+    """The daemon never writes in the broker's log dirs: its state, socket and chunk cache
+    are refused there, symlinks followed, and the cache (which removes the .tmp files below
+    it) may not hold a log dir."""
+
+    @staticmethod
+    def _load(**overrides: str) -> SidecarConfig:
+        return load_config(None, environ={}, overrides=overrides)
+
+    @pytest.mark.parametrize(
+        ("key", "inside"),
+        [
+            ("state_dir", "sidecar"),
+            ("read_server.cache_dir", "cache"),
+            ("read_server.socket_path", "read.sock"),
+            ("state_dir", ""),
+        ],
+    )
+    def test_inside_a_log_dir_is_refused(self, tmp_path, key, inside):
+        logs = tmp_path / "logs"
+        with pytest.raises(ConfigError) as info:
+            self._load(
+                **{"broker.log_dirs": f"{tmp_path / 'other'},{logs}", key: str(logs / inside)}
+            )
+        assert f"{key} ({logs / inside}" in str(info.value)
+        assert f"inside broker.log_dirs entry {logs}" in str(info.value)
+        assert info.value.exit_code == 2
+
+    def test_through_a_symlink_is_refused(self, tmp_path):
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        (tmp_path / "link").symlink_to(logs)
+        with pytest.raises(ConfigError, match=r"inside broker\.log_dirs entry"):
+            self._load(**{"broker.log_dirs": str(logs), "state_dir": str(tmp_path / "link" / "s")})
+
+    def test_a_cache_that_holds_a_log_dir_is_refused(self, tmp_path):
+        with pytest.raises(ConfigError, match=r"read_server\.cache_dir .* holds broker\.log_dirs"):
+            self._load(
+                **{
+                    "broker.log_dirs": str(tmp_path / "data" / "logs"),
+                    "read_server.cache_dir": str(tmp_path / "data"),
+                }
+            )
+
+    def test_a_state_dir_beside_or_above_the_log_dirs_is_fine(self, tmp_path):
+        config = self._load(
+            **{"broker.log_dirs": str(tmp_path / "logs"), "state_dir": str(tmp_path)}
+        )
+        assert config.read_cache_dir == tmp_path / "read-cache"
+        assert config.read_socket_path == tmp_path / "read.sock"
+
+
+class TestValuesThatWouldMisbehaveLater:
+    def test_metadata_retention_of_zero_is_refused(self):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, environ={}, overrides={"remote_log_metadata.retention_ms": "0"})
+        assert "remote_log_metadata.retention_ms" in str(info.value)
+        assert "must be -1" in str(info.value)
+
+    @pytest.mark.parametrize("given", ["access_key_id", "secret_access_key"])
+    def test_one_s3_key_without_its_pair_is_refused(self, given):
+        with pytest.raises(ConfigError) as info:
+            load_config(None, environ={f"SIDECAR_S3__{given.upper()}": "k-123"})
+        assert f"s3.{given} is set without its pair" in str(info.value)
+        assert "k-123" not in str(info.value)
+
+    def test_a_secret_spelled_none_is_kept(self):
+        env = {"SIDECAR_S3__ACCESS_KEY_ID": "None", "SIDECAR_S3__SECRET_ACCESS_KEY": "null"}
+        config = load_config(None, environ=env)
+        assert config.s3.access_key_id is not None
+        assert config.s3.access_key_id.get_secret_value() == "None"
+        assert config.s3.secret_access_key is not None
+        assert config.s3.secret_access_key.get_secret_value() == "null"
+
+    def test_json_output_with_a_path_map(self, tmp_path):
+        """--json renders mappings of paths (broker.path_map) as JSON objects."""
+        result = _cli(
+            "config",
+            "check",
+            str(_write(tmp_path, GOOD)),
+            "--json",
+            "--set",
+            'broker.path_map={"/kafka/data": "/mnt/broker"}',
+        )
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["broker"]["path_map"] == {"/kafka/data": "/mnt/broker"}
