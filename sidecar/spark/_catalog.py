@@ -14,6 +14,7 @@ Runs in the planner process on the driver; no Spark here.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import uuid
@@ -36,6 +37,8 @@ from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import SegmentManifest
 
 __all__ = ["Catalog", "PartitionSpans", "build_catalog", "manifest_events"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,16 @@ def build_catalog(options: ReadOptions, reader: S3Reader | None = None) -> Catal
             options.metadata_topic,
             client_options=options.kafka_security.client_options(),
         )
+        if undecodable:
+            # the query goes on (the daemon skips them too), but not without a word: a lost
+            # COPY_SEGMENT_FINISHED ends a partition's archive a segment early
+            _log.warning(
+                "%d records of the metadata topic %s did not decode and were skipped; the"
+                " segments they describe are missing from this read (the sidecar's"
+                " metadata_undecodable_records_total counts them too)",
+                undecodable,
+                options.metadata_topic,
+            )
     else:
         events, manifests = _read_manifests(reader or S3Reader(options.s3), options)
     return catalog_from_events(options, events, manifests=manifests, undecodable=undecodable)

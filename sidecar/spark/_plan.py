@@ -30,7 +30,14 @@ from dataclasses import dataclass, replace
 from sidecar.errors import SidecarError
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.spark._catalog import Catalog, PartitionSpans
-from sidecar.spark._options import EARLIEST, LATEST, ReadOptions, SparkOptionError, TimestampSpec
+from sidecar.spark._options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    ReadOptions,
+    SparkOptionError,
+    TimestampSpec,
+)
 from sidecar.spark._read import ReadTask
 from sidecar.spark._s3 import S3Reader
 from sidecar.spark._segments import SegmentFiles, SegmentRef, segment_ref
@@ -124,6 +131,10 @@ def offset_for_timestamp(
         target = span.start_offset
         if index is not None:  # bound - 1: see _read.read_task
             target = max(target, index.lookup(timestamp_ms - 1).offset)
+        if target > span.end_offset:
+            # in the segment's tail past the span, which the lineage gave a later copy (a
+            # leader change): no record of this span qualifies
+            continue
         for header, records in files.batches(target, span.end_offset + 1):
             if header.max_timestamp < timestamp_ms:
                 continue
@@ -140,6 +151,23 @@ def _timestamp_for(spec: TimestampSpec, topic: str, partition: int, what: str) -
     if found is None:
         raise SparkOptionError(f"{what} does not name {topic}-{partition}")
     return found
+
+
+def _offset_for(spec: OffsetSpec, topic: str, partition: int, key: str) -> int:
+    """The offset ``spec`` gives ``topic-partition``. A JSON spec must name every partition
+    read, as in Spark's Kafka source: a partition left out (a misspelt topic) is an error,
+    not a silent earliest or latest."""
+    found = spec.per_partition.get((topic, partition))
+    if found is not None:
+        return found
+    if spec.is_json:
+        named = sorted(f"{t}-{p}" for t, p in spec.per_partition)
+        raise SparkOptionError(
+            f"{key} gives specific offsets, so it must name every partition read:"
+            f" {topic}-{partition} is missing (use -2 for earliest, -1 for latest);"
+            f" it names {', '.join(named[:20]) or 'none'}"
+        )
+    return spec.default
 
 
 def _archive_lso(options: ReadOptions, refs: Sequence[SegmentRef], reader: S3Reader) -> int | None:
@@ -189,8 +217,7 @@ def resolve_ranges(
                 found = end_available
             start = found
         else:
-            spec = options.starting
-            start = spec.per_partition.get((tp.topic, tp.partition), spec.default)
+            start = _offset_for(options.starting, tp.topic, tp.partition, "startingOffsets")
             if start == EARLIEST:
                 start = first
             elif start < first:
@@ -202,8 +229,7 @@ def resolve_ranges(
             found = offset_for_timestamp(part, refs, ts, reader)
             end = end_available if found is None else min(found, end_available)
         else:
-            spec = options.ending
-            end = spec.per_partition.get((tp.topic, tp.partition), spec.default)
+            end = _offset_for(options.ending, tp.topic, tp.partition, "endingOffsets")
             if end == LATEST:
                 end = end_available
             elif end > end_available:

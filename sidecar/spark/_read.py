@@ -17,6 +17,7 @@ client. The S3 client is created here, in the worker, never pickled.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,10 +39,14 @@ from sidecar.spark._segments import RemoteDataError, SegmentFiles, SegmentRef
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["ARROW_ROWS_PER_BATCH", "ReadTask", "arrow_schema", "read_task"]
+__all__ = ["ARROW_BYTES_PER_BATCH", "ARROW_ROWS_PER_BATCH", "ReadTask", "arrow_schema", "read_task"]
 
 #: rows per Arrow batch handed to Spark (at least; whole Kafka batches are added)
 ARROW_ROWS_PER_BATCH = 65_536
+#: key and value bytes per Arrow batch (at least; whole Kafka batches are added): large values
+#: end a batch before its rows do, so a batch stays far below the 2 GiB one binary array holds
+#: and the Python worker's memory stays bounded
+ARROW_BYTES_PER_BATCH = 64 * 1024 * 1024
 _CODEC_MASK = 0x07
 _ATTRIBUTES_LOW_BYTE = 22  # attributes are bytes 21-22 of a batch, big-endian
 
@@ -92,6 +97,7 @@ class _Columns:
     """Column lists for the rows of one Arrow batch, filled batch by batch."""
 
     __slots__ = (
+        "data_bytes",
         "headers",
         "keys",
         "no_timestamp",
@@ -110,6 +116,8 @@ class _Columns:
         self.headers: list[Any] = []
         self.no_timestamp = False
         """A batch with Kafka's NO_TIMESTAMP (-1), which the decoder reports as None."""
+        self.data_bytes = 0
+        """Bytes of the keys and values held."""
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -146,6 +154,7 @@ class _Columns:
         if header.base_timestamp < 0 or header.max_timestamp < 0:
             self.no_timestamp = True
         self.timestamp_types += [int(header.timestamp_type)] * (len(self.offsets) - count)
+        self.data_bytes += _bytes_after(self.keys, count) + _bytes_after(self.values, count)
 
     def extend(self, header: BatchHeader, records: list[Record], include_headers: bool) -> None:
         """Append already decoded records (the slow path: the edges of a range, errors)."""
@@ -156,6 +165,7 @@ class _Columns:
             self.values.append(r.value)
             if include_headers:
                 self.headers.append(r.headers or None)
+            self.data_bytes += len(r.key or b"") + len(r.value or b"")
         self.timestamp_types += [int(header.timestamp_type)] * len(records)
 
     def truncate(self, count: int) -> None:
@@ -222,6 +232,11 @@ def _bounded(batch: Buffer, header: BatchHeader) -> Buffer:
     return plain
 
 
+def _bytes_after(column: list[bytes | None], start: int) -> int:
+    """Bytes of the non-null items of ``column`` from ``start`` on."""
+    return sum(map(len, filter(None, itertools.islice(column, start, None))))
+
+
 def _checked(batch: Buffer, header: BatchHeader) -> list[Record]:
     """``sidecar.kafka.records``' decoder: typed errors (as RemoteDataError) for bad bytes."""
     try:
@@ -255,6 +270,8 @@ def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.Rec
         index = files.time_index()
         if index is not None:
             lo = max(lo, index.lookup(min_ts - 1).offset)
+        if lo >= hi:
+            return  # the first record late enough lies past the range (a later copy's part)
     aborted = _aborted_lookup(task) if task.read_committed else {}
     include_headers = task.include_headers
     columns = _Columns()
@@ -273,7 +290,7 @@ def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.Rec
             columns.extend(header, records, include_headers)
         else:
             columns.add(header, batch, include_headers)
-        if len(columns) >= ARROW_ROWS_PER_BATCH:
+        if len(columns) >= ARROW_ROWS_PER_BATCH or columns.data_bytes >= ARROW_BYTES_PER_BATCH:
             yield columns.to_batch(task, schema)
             columns = _Columns()
     if len(columns):

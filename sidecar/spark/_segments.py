@@ -264,6 +264,8 @@ class SegmentFiles:
         current one is walked (at most one GET ahead, so memory stays bounded for 1 GiB
         segments). A batch larger than the prefetched bytes gets a GET of its own size. The
         sizes default to ``WINDOW_BYTES`` and ``FIRST_WINDOW_BYTES``."""
+        if lo >= hi:
+            return
         window = max(1, WINDOW_BYTES if window is None else window)
         first_window = max(1, FIRST_WINDOW_BYTES if first_window is None else first_window)
         start, end = self.byte_range(lo, hi)

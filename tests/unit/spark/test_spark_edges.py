@@ -1,0 +1,232 @@
+"""The Spark source at the edges a leader change and odd input make: a timestamp whose first
+record lies in a segment's tail that the lineage gave to a later copy, JSON offsets that leave a
+partition out, Arrow batches of large values, and metadata records that did not decode."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.kafka.records import BatchHeader, Record, TimestampType
+from sidecar.metadata.events import (
+    RemoteLogSegmentId,
+    RemoteLogSegmentState,
+    SegmentMetadata,
+    SegmentMetadataUpdate,
+    TopicIdPartition,
+)
+from sidecar.spark import _catalog
+from sidecar.spark._catalog import build_catalog, catalog_from_events
+from sidecar.spark._options import SparkOptionError, parse_options
+from sidecar.spark._plan import PushedFilters, plan_reads
+from sidecar.spark._read import (
+    ARROW_BYTES_PER_BATCH,
+    ARROW_ROWS_PER_BATCH,
+    _Columns,
+    read_task,
+)
+from sidecar.storage.keys import KeyLayout, ObjectSuffix
+from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
+from sidecar.testing import TestRecord, build_batch, write_segment
+from tests.unit.spark.test_spark_source import BASE, FakeReader
+
+TOPIC_ID = uuid.UUID(int=7)
+TP = TopicIdPartition(TOPIC_ID, "orders", 0)
+LAYOUT = KeyLayout(prefix="p/")
+
+
+def _batch(base: int, epoch: int = 0) -> bytes:
+    """Ten records from ``base``, record n stamped 1000 + n."""
+    return build_batch(
+        [
+            TestRecord(key=b"k", value=str(base + i).encode(), timestamp=1000 + base + i)
+            for i in range(10)
+        ],
+        base_timestamp=1000 + base,
+        leader_epoch=epoch,
+    )
+
+
+class _Archive:
+    """Segments of orders-0 in the bucket layout, with their metadata events."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.reader = FakeReader({})
+        self.events: list[Any] = []
+
+    def add(self, base: int, batches: list[bytes], epochs: tuple[tuple[int, int], ...]) -> None:
+        sid = uuid.uuid4()
+        where = self.tmp_path / str(sid)
+        where.mkdir()
+        next_offset, max_ts = write_segment(where, base, batches, index_interval_bytes=1)
+        files = {p.suffix: p.read_bytes() for p in where.iterdir()}
+
+        def key(suffix: ObjectSuffix) -> str:
+            return LAYOUT.segment_key(
+                topic="orders",
+                topic_id=TOPIC_ID,
+                partition=0,
+                base_offset=base,
+                segment_id=sid,
+                suffix=suffix,
+            )
+
+        packed, ranges = pack_indexes(
+            {IndexKind.OFFSET_INDEX: files[".index"], IndexKind.TIME_INDEX: files[".timeindex"]}
+        )
+        log = files[".log"]
+        manifest = SegmentManifest(
+            topic="orders",
+            topic_id=TOPIC_ID,
+            partition=0,
+            segment_id=sid,
+            start_offset=base,
+            end_offset=next_offset - 1,
+            max_timestamp_ms=max_ts,
+            size_bytes=len(log),
+            leader_epochs=epochs,
+            txn_index_empty=True,
+            broker_id=1,
+            event_timestamp_ms=1,
+            log=ObjectEntry(key(ObjectSuffix.LOG), len(log), 0),
+            indexes=ObjectEntry(key(ObjectSuffix.INDEXES), len(packed), 0, ranges),
+        )
+        self.reader.objects[key(ObjectSuffix.LOG)] = log
+        self.reader.objects[key(ObjectSuffix.INDEXES)] = packed
+        self.reader.objects[key(ObjectSuffix.MANIFEST)] = manifest.to_json()
+        segment_id = RemoteLogSegmentId(TP, sid)
+        self.events += [
+            SegmentMetadata(
+                segment_id=segment_id,
+                start_offset=base,
+                end_offset=next_offset - 1,
+                broker_id=1,
+                max_timestamp_ms=max_ts,
+                event_timestamp_ms=1,
+                segment_leader_epochs=epochs,
+                segment_size_in_bytes=len(log),
+            ),
+            SegmentMetadataUpdate(
+                segment_id=segment_id,
+                broker_id=1,
+                event_timestamp_ms=2,
+                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+            ),
+        ]
+
+    def offsets(self, extra: dict[str, str] | None = None, pushed: PushedFilters | None = None):
+        options = parse_options({**BASE, **(extra or {})})
+        catalog = catalog_from_events(options, self.events)
+        tasks = plan_reads(options, catalog, pushed or PushedFilters(), self.reader)
+        return [
+            o
+            for t in tasks
+            for b in read_task(t, self.reader)
+            for o in b.column("offset").to_pylist()
+        ]
+
+
+def _after_a_leader_change(tmp_path: Path) -> _Archive:
+    """The old leader (epoch 0) copied 0..199; the new leader (epoch 1 from 250), which rolled
+    its log at 100, copied 100..299. The lineage reads the first for 0..99 only."""
+    archive = _Archive(tmp_path)
+    archive.add(0, [_batch(b) for b in range(0, 200, 10)], ((0, 0),))
+    archive.add(
+        100,
+        [_batch(b) for b in range(100, 250, 10)]
+        + [_batch(b, epoch=1) for b in range(250, 300, 10)],
+        ((0, 100), (1, 250)),
+    )
+    return archive
+
+
+class TestTimestampInATailGivenToALaterCopy:
+    """The time index of the first copy points into its tail (past 99) for any timestamp first
+    reached there: that means nothing of its span qualifies, not a corrupt index."""
+
+    def test_whole_archive(self, tmp_path):
+        assert _after_a_leader_change(tmp_path).offsets() == list(range(300))
+
+    def test_starting_timestamp(self, tmp_path):
+        archive = _after_a_leader_change(tmp_path)
+        assert archive.offsets({"startingTimestamp": "1160"}) == list(range(160, 300))
+
+    def test_ending_timestamp(self, tmp_path):
+        archive = _after_a_leader_change(tmp_path)
+        assert archive.offsets({"endingTimestamp": "1160"}) == list(range(160))
+
+    def test_pushed_timestamp_filter(self, tmp_path):
+        archive = _after_a_leader_change(tmp_path)
+        pushed = PushedFilters().narrow_min_timestamp(1160)
+        assert archive.offsets(pushed=pushed) == list(range(160, 300))
+
+
+class TestJsonOffsets:
+    def test_a_partition_left_out_is_an_error(self, tmp_path):
+        archive = _Archive(tmp_path)
+        archive.add(0, [_batch(0), _batch(10)], ((0, 0),))
+        for key in ("startingOffsets", "endingOffsets"):
+            with pytest.raises(SparkOptionError, match=f"{key} gives specific offsets") as info:
+                archive.offsets({key: '{"ordrs": {"0": 8}}'})
+            assert "orders-0 is missing" in str(info.value)
+            assert "ordrs-0" in str(info.value)
+
+    def test_every_partition_named(self, tmp_path):
+        archive = _Archive(tmp_path)
+        archive.add(0, [_batch(0), _batch(10)], ((0, 0),))
+        extra = {
+            "startingOffsets": '{"orders": {"0": 8}}',
+            "endingOffsets": '{"orders": {"0": -1}}',
+        }
+        assert archive.offsets(extra) == list(range(8, 20))
+
+
+def test_an_arrow_batch_ends_at_its_bytes_before_its_rows(tmp_path):
+    """Large values end a batch long before 65,536 rows: far from the 2 GiB one array holds."""
+    value = b"x" * (1024 * 1024)
+    records = 3 * ARROW_BYTES_PER_BATCH // len(value) // 2  # one and a half batches' bytes
+    archive = _Archive(tmp_path)
+    archive.add(
+        0, [build_batch([TestRecord(key=None, value=value)]) for _ in range(records)], ((0, 0),)
+    )
+    options = parse_options(BASE)
+    catalog = catalog_from_events(options, archive.events)
+    (task,) = plan_reads(options, catalog, PushedFilters(), archive.reader)
+    sizes = [b.num_rows for b in read_task(task, archive.reader)]
+    assert sizes == [
+        ARROW_BYTES_PER_BATCH // len(value),
+        records - ARROW_BYTES_PER_BATCH // len(value),
+    ]
+    assert sizes[0] < ARROW_ROWS_PER_BATCH
+
+
+def test_the_columns_count_key_and_value_bytes():
+    columns = _Columns()
+    header = BatchHeader(0, 0, 0, 0, 2, 0, 0, 0, 0, 0, -1, -1, -1, 2)
+    columns.extend(
+        header,
+        [
+            Record(0, 1000, TimestampType.CREATE_TIME, b"kk", b"vvv", ()),
+            Record(1, 1000, TimestampType.CREATE_TIME, None, None, ()),
+        ],
+        False,
+    )
+    assert columns.data_bytes == 5
+
+
+def test_undecodable_metadata_records_are_reported(monkeypatch, caplog):
+    from sidecar.spark import _metadata_topic
+
+    monkeypatch.setattr(_metadata_topic, "read_metadata_events", lambda *a, **k: ([], 3))
+    options = parse_options(
+        {"subscribe": "orders", "s3.bucket": "b", "kafka.bootstrap.servers": "127.0.0.1:1"}
+    )
+    with caplog.at_level(logging.WARNING, logger=_catalog.__name__):
+        catalog = build_catalog(options)
+    assert catalog.undecodable_events == 3
+    assert any("3 records of the metadata topic" in r.getMessage() for r in caplog.records)
