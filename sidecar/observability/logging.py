@@ -25,7 +25,9 @@ _REDACTED = "**********"
 
 
 class _SecretRedactor:
-    """Replace any configured secret value that appears in an event's values."""
+    """Replace any configured secret value that appears in an event's values, nested ones
+    (dicts, lists) too. It runs last, after exceptions are rendered to text, so tracebacks and
+    exception messages are redacted as well."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
@@ -36,14 +38,20 @@ class _SecretRedactor:
         if not self._secrets:
             return event_dict
         for key, value in list(event_dict.items()):
-            text = value if isinstance(value, str) else None
-            if text is None:
-                continue
-            for secret in self._secrets:
-                if secret in text:
-                    text = text.replace(secret, _REDACTED)
-            event_dict[key] = text
+            event_dict[key] = self._redact(value)
         return event_dict
+
+    def _redact(self, value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in self._secrets:
+                if secret in value:
+                    value = value.replace(secret, _REDACTED)
+            return value
+        if isinstance(value, dict):
+            return {self._redact(k): self._redact(v) for k, v in value.items()}
+        if isinstance(value, list | tuple | set | frozenset):
+            return [self._redact(v) for v in value]
+        return value  # numbers, None, ...: a renderer turns anything else into text below
 
 
 class _RepeatFilter(logging.Filter):
@@ -81,32 +89,35 @@ def configure_logging(
     """Configure structlog and the stdlib root logger once, at process start."""
     out = stream if stream is not None else sys.stderr
     use_console = fmt == "console" or (fmt == "auto" and out.isatty())
+    # exceptions become text before the last processors (third-party records' too, whose
+    # exc_info JSON would otherwise show as a tuple's repr), so the redactor sees tracebacks
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.stdlib.add_logger_name,
-        _SecretRedactor(secrets),
+        structlog.processors.StackInfoRenderer(),
+        structlog.processors.format_exc_info,
     ]
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=out.isatty())
         if use_console
-        else structlog.processors.JSONRenderer()
+        else structlog.processors.JSONRenderer(default=str)
     )
     structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info if not use_console else _passthrough,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=False,
     )
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            _Stringify(),
+            _SecretRedactor(secrets),
+            renderer,
+        ],
     )
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
@@ -119,8 +130,25 @@ def configure_logging(
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
 
 
-def _passthrough(logger: Any, method_name: str, event_dict: Any) -> Any:
-    return event_dict
+class _Stringify:
+    """Values of no JSON type (exceptions, paths, UUIDs) as their text, before the redactor:
+    a secret inside such a value's text is redacted like any other."""
+
+    _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)
+
+    def __call__(
+        self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        for key, value in list(event_dict.items()):
+            event_dict[key] = self._plain(value)
+        return event_dict
+
+    def _plain(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: self._plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._plain(v) for v in value]
+        return value if isinstance(value, self._PLAIN) else str(value)
 
 
 def get_logger(name: str) -> Any:

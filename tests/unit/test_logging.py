@@ -47,6 +47,31 @@ class TestLogging:
         assert "s3cr3t-value" not in text
         assert text.count("**********") == 2
 
+    def test_secrets_are_redacted_in_nested_values_and_tracebacks(self):
+        """Inside dicts and lists, in an exception's message and traceback (ours and a
+        library's, whose traceback is rendered as text, not lost), and in any value's text."""
+        out = io.StringIO()
+        configure_logging(level="INFO", fmt="json", stream=out, secrets=["s3cr3t-value"])
+        log = get_logger("x")
+        log.warning("nested", failing={"s3": ["key s3cr3t-value"]}, pair=("s3cr3t-value", 1))
+        try:
+            _refuse()
+        except RuntimeError as exc:
+            log.exception("ours")
+            logging.getLogger("some.library").exception("theirs")
+            error = exc
+        log.error("as a value", error=error)
+        text = out.getvalue()
+        assert "s3cr3t-value" not in text
+        nested, ours, theirs, value = (json.loads(line) for line in text.splitlines())
+        assert nested["failing"] == {"s3": ["key **********"]}
+        assert nested["pair"] == ["**********", 1]
+        for record in (ours, theirs):
+            assert "Traceback (most recent call last)" in record["exception"]
+            assert "RuntimeError: refused **********" in record["exception"]
+        assert "exc_info" not in theirs
+        assert value["error"] == "refused **********"
+
     def test_console_format(self):
         """fmt=console renders a human-readable line, not JSON."""
         out = io.StringIO()
@@ -56,3 +81,7 @@ class TestLogging:
         assert "hello" in line
         assert "topic" in line
         assert not line.lstrip().startswith("{")
+
+
+def _refuse() -> None:
+    raise RuntimeError("refused s3cr3t-value")
