@@ -146,6 +146,10 @@ _ERROR_CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _ERROR_MESSAGE = re.compile(rb"<Message>([^<]{0,1024})</Message>")
 #: how long a presigned ranged GET stays valid (it is sent at once; retries presign anew)
 _PRESIGN_EXPIRES_S = 900
+#: the slowest rate an upload attempt's deadline allows for its body (1 Mbit/s: a few Mbit/s
+#: of uplink shared by the uploads in flight); a stalled send ends sooner, at the sendfile
+#: stall check. Reads keep the plain request timeout: a reader waits on them
+_SLOWEST_LINK_BYTES_PER_S = 128 * 1024
 #: our operation names (error messages) → the ``operation`` label (the S3 API's names)
 _OPERATION_LABELS: dict[str, str] = {
     "put": "put_object",
@@ -536,22 +540,33 @@ class S3ObjectStore:
 
     # -- the request boundary ------------------------------------------------------------
 
-    async def _call(self, op: str, key: str | None, request: Callable[[Any], Awaitable[T]]) -> T:
-        """One logical operation: attempts with a timeout each, errors mapped, retried."""
+    async def _call(
+        self,
+        op: str,
+        key: str | None,
+        request: Callable[[Any], Awaitable[T]],
+        *,
+        body_bytes: int = 0,
+    ) -> T:
+        """One logical operation: attempts with a timeout each, errors mapped, retried. An
+        attempt that sends ``body_bytes`` (a part, a single PUT) gets longer: the request
+        timeout plus the time the body takes at :data:`_SLOWEST_LINK_BYTES_PER_S`, so a slow
+        or crowded link is not retried into failure while a stalled one still ends."""
         if not key and op not in _PREFIX_OPERATIONS:
             # botocore's parameter validation is off: an empty key would address the bucket
             raise StorageError(f"{self._where(op, key)}: the object key is empty")
         client = await self._ensure_client()
         operation = _OPERATION_LABELS[op]
+        timeout_s = self._timeout_s + body_bytes / _SLOWEST_LINK_BYTES_PER_S
 
         async def attempt() -> T:
             started = time.perf_counter()
             try:
                 try:
-                    async with asyncio.timeout(self._timeout_s):
+                    async with asyncio.timeout(timeout_s):
                         result = await request(client)
                 except _CLIENT_ERRORS as exc:
-                    raise self._error(op, key, exc) from exc
+                    raise self._error(op, key, exc, timeout_s=timeout_s) from exc
             except BaseException as exc:
                 self._measure(operation, started, exc)
                 raise
@@ -589,7 +604,9 @@ class S3ObjectStore:
             text = text.replace(secret, "**********")
         return text
 
-    def _error(self, op: str, key: str | None, exc: BaseException) -> StorageError:
+    def _error(
+        self, op: str, key: str | None, exc: BaseException, *, timeout_s: float | None = None
+    ) -> StorageError:
         """The sidecar error for a client failure (the caller chains it ``from exc``)."""
         where = self._where(op, key)
         if isinstance(exc, ClientError):
@@ -611,7 +628,7 @@ class S3ObjectStore:
         if isinstance(exc, FlexibleChecksumError):
             return ChecksumMismatchError(f"{where}: {self._redact(str(exc))}")
         if isinstance(exc, TimeoutError) and not isinstance(exc, BotoCoreError):
-            return StorageError(f"{where} timed out after {self._timeout_s} s")
+            return StorageError(f"{where} timed out after {timeout_s or self._timeout_s:.3g} s")
         return StorageError(f"{where} failed: {type(exc).__name__}: {self._redact(str(exc))}")
 
     # -- ObjectStore ---------------------------------------------------------------------
@@ -642,7 +659,7 @@ class S3ObjectStore:
                 client.put_object(Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum),
             )
 
-        response = await self._call("put", key, request)
+        response = await self._call("put", key, request, body_bytes=size)
         returned = response.get("ChecksumCRC32C")
         if returned is None:
             await self._unechoed(key, size, whole=crc, parts=[(0, size, crc)])
@@ -818,7 +835,7 @@ class S3ObjectStore:
                 ),
             )
 
-        response = await self._call("upload_part", key, request)
+        response = await self._call("upload_part", key, request, body_bytes=len(body))
         returned = response.get("ChecksumCRC32C")
         if returned is None and self._checksum_echo == "refuse":
             self._count_unechoed("refused")

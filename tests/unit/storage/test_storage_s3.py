@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Self
 
@@ -332,6 +333,27 @@ class _RecordingServer(_LoopbackServer):
             return
         extra = f"x-amz-checksum-crc32c: {echo}\r\n".encode() if echo else b""
         writer.write(b'HTTP/1.1 200 OK\r\nETag: "e"\r\n' + extra + b"Content-Length: 0\r\n\r\n")
+
+
+class TestSlowLinks:
+    async def test_an_upload_attempt_gets_time_for_its_body(self) -> None:
+        """An attempt that sends a body is not cut at request_timeout_s while the body moves
+        (a slow or crowded uplink would fail every attempt of a large part): its deadline is
+        the timeout plus the body's time at the slowest rate allowed. An attempt without a
+        body keeps the plain timeout."""
+        sent: list[float] = []
+
+        async def slow_send(client: Any) -> str:
+            sent.append(time.perf_counter())
+            await asyncio.sleep(0.6)  # twice the request timeout; 2 s allowed for the body
+            return "done"
+
+        async with _store(request_timeout_s=0.3, max_attempts=1) as store:
+            found = await store._call("put", "k", slow_send, body_bytes=256 * 1024)
+            with pytest.raises(StorageError, match=r"put s3://unit/k timed out after 0\.3 s"):
+                await store._call("put", "k", slow_send)
+        assert found == "done"
+        assert len(sent) == 2
 
 
 class TestPerRequestWork:
