@@ -146,6 +146,8 @@ _ERROR_CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _ERROR_MESSAGE = re.compile(rb"<Message>([^<]{0,1024})</Message>")
 #: how long a presigned ranged GET stays valid (it is sent at once; retries presign anew)
 _PRESIGN_EXPIRES_S = 900
+#: how long an upload cancelled mid-way may spend aborting its multipart upload
+_ABORT_WHEN_CANCELLED_S = 5.0
 #: the slowest rate an upload attempt's deadline allows for its body (1 Mbit/s: a few Mbit/s
 #: of uplink shared by the uploads in flight); a stalled send ends sooner, at the sendfile
 #: stall check. Reads keep the plain request timeout: a reader waits on them
@@ -734,8 +736,10 @@ class S3ObjectStore:
                         ]
                     },
                 )
-            except BaseException:
-                await self._abort_quietly(key, upload_id)
+            except BaseException as exc:
+                await self._abort_quietly(
+                    key, upload_id, hurry=isinstance(exc, asyncio.CancelledError)
+                )
                 raise
         whole = combine_parts([(p.crc32c, p.length) for p in uploaded])
         returned = response.get("ChecksumCRC32C")
@@ -895,11 +899,24 @@ class S3ObjectStore:
         if self._metrics is not None:
             self._metrics.s3_unechoed_uploads.labels(resolution).inc()
 
-    async def _abort_quietly(self, key: str, upload_id: str) -> None:
+    async def _abort_quietly(self, key: str, upload_id: str, *, hurry: bool = False) -> None:
+        """Abort an upload that failed; one that was cancelled (a stop, a forced one perhaps)
+        gets :data:`_ABORT_WHEN_CANCELLED_S` at most, not the whole retry policy, so the
+        daemon's stop does not wait on an unreachable store. What is left is the scrub's."""
         try:
-            await self.abort_multipart_upload(key, upload_id)
-        except (StorageError, RuntimeError) as exc:
-            log.warning("multipart_abort_failed", key=key, upload_id=upload_id, error=str(exc))
+            if hurry:
+                async with asyncio.timeout(_ABORT_WHEN_CANCELLED_S):
+                    await self.abort_multipart_upload(key, upload_id)
+            else:
+                await self.abort_multipart_upload(key, upload_id)
+        except (StorageError, RuntimeError, TimeoutError) as exc:
+            log.warning(
+                "multipart_abort_failed",
+                key=key,
+                upload_id=upload_id,
+                error=str(exc) or type(exc).__name__,
+                detail="the orphan scrub aborts it after retention.multipart_grace_s",
+            )
 
     async def _delete_quietly(self, key: str) -> None:
         try:

@@ -33,6 +33,7 @@ from sidecar.errors import (
 )
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import open_store
+from sidecar.storage import s3 as s3_module
 from sidecar.storage._crc import crc32c, encode_checksum
 from sidecar.storage._parts import FilePartBody, PartChangedError, PartReader
 from sidecar.storage.s3 import S3ObjectStore, _arrivals_hook, _is_transient
@@ -354,6 +355,67 @@ class TestSlowLinks:
                 await store._call("put", "k", slow_send)
         assert found == "done"
         assert len(sent) == 2
+
+
+class _HangingMultipart(_LoopbackServer):
+    """Starts multipart uploads, then answers nothing: neither a part nor an abort (a store
+    that became unreachable mid-upload). ``parts`` is set once a part's request came in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.parts = asyncio.Event()
+
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.lines.append(line)
+        if line.startswith("POST") and "?uploads" in line:
+            body = (
+                b"<InitiateMultipartUploadResult><Bucket>unit</Bucket><Key>k</Key>"
+                b"<UploadId>u1</UploadId></InitiateMultipartUploadResult>"
+            )
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            return
+        if "partNumber=" in line:
+            self.parts.set()
+        await asyncio.Event().wait()  # until the client goes away
+
+
+class TestCancelledUploads:
+    async def test_a_cancelled_upload_spends_little_time_on_its_abort(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A stop (a forced one: the second SIGTERM) cancels uploads in flight. Each tries
+        to abort its multipart upload once, briefly, instead of under the whole retry policy
+        (4 attempts of request_timeout_s against a store that does not answer)."""
+        monkeypatch.setattr(s3_module, "_ABORT_WHEN_CANCELLED_S", 0.3)
+        path = tmp_path / "segment.log"
+        path.write_bytes(b"x" * (11 * 1024 * 1024))  # three parts of 5 MiB
+        async with _HangingMultipart() as server, _store(
+            endpoint_url=f"http://127.0.0.1:{server.port}",
+            request_timeout_s=30.0,
+            max_attempts=4,
+        ) as store:
+            upload = asyncio.create_task(store.put_file("k", path, part_size=5 * 1024 * 1024))
+            await server.parts.wait()
+            with capture_logs() as logs:
+                upload.cancel()
+                done, _ = await asyncio.wait({upload}, timeout=20)
+        assert upload in done
+        assert upload.cancelled()
+        assert any(line.startswith("DELETE") and "uploadId=u1" in line for line in server.lines)
+        failed = [e for e in logs if e["event"] == "multipart_abort_failed"]
+        assert len(failed) == 1
+        assert "multipart_grace_s" in failed[0]["detail"]
 
 
 class TestPerRequestWork:
