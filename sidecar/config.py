@@ -168,6 +168,18 @@ class KafkaConfig(_Section):
     )
 
     @model_validator(mode="after")
+    def _stale_after_refresh(self) -> KafkaConfig:
+        # a view older than the refresh interval is the normal case between refreshes: with
+        # a shorter limit, uploads would pause for most of every interval
+        if self.metadata_stale_after_s <= self.metadata_refresh_interval_s:
+            raise ValueError(
+                f"metadata_stale_after_s ({self.metadata_stale_after_s}) must be longer than"
+                f" metadata_refresh_interval_s ({self.metadata_refresh_interval_s}), a few"
+                " intervals (the defaults are 60 and 10)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sasl_complete(self) -> KafkaConfig:
         sasl = self.security_protocol.startswith("SASL_")
         if sasl and self.sasl_mechanism is None:
@@ -728,7 +740,12 @@ class SidecarConfig(_Section):
     @field_validator("state_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
-        return value.expanduser()
+        # a relative path would depend on the working directory, which the daemon (systemd:
+        # /) and the CLI's status, read and quarantine commands need not share
+        value = value.expanduser()
+        if not value.is_absolute():
+            raise ValueError(f"must be an absolute path, got {value}")
+        return value
 
     @property
     def read_socket_path(self) -> Path:

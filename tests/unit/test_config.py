@@ -332,6 +332,20 @@ class TestValuesThatWouldMisbehaveLater:
         assert config.s3.secret_access_key is not None
         assert config.s3.secret_access_key.get_secret_value() == "null"
 
+    def test_a_stale_limit_within_the_refresh_interval_is_refused(self):
+        overrides = {
+            "kafka.metadata_refresh_interval_s": "30",
+            "kafka.metadata_stale_after_s": "20",
+        }
+        with pytest.raises(ConfigError, match=r"metadata_stale_after_s \(20.0\) must be longer"):
+            load_config(None, environ={}, overrides=overrides)
+
+    def test_a_relative_state_dir_is_refused(self):
+        with pytest.raises(ConfigError, match=r"state_dir.*must be an absolute path, got state"):
+            load_config(None, environ={}, overrides={"state_dir": "state"})
+        home = load_config(None, environ={}, overrides={"state_dir": "~/sidecar"}).state_dir
+        assert home == Path.home() / "sidecar"
+
     def test_json_output_with_a_path_map(self, tmp_path):
         """--json renders mappings of paths (broker.path_map) as JSON objects."""
         result = _cli(

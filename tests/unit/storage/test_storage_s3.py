@@ -400,11 +400,14 @@ class TestCancelledUploads:
         monkeypatch.setattr(s3_module, "_ABORT_WHEN_CANCELLED_S", 0.3)
         path = tmp_path / "segment.log"
         path.write_bytes(b"x" * (11 * 1024 * 1024))  # three parts of 5 MiB
-        async with _HangingMultipart() as server, _store(
-            endpoint_url=f"http://127.0.0.1:{server.port}",
-            request_timeout_s=30.0,
-            max_attempts=4,
-        ) as store:
+        async with (
+            _HangingMultipart() as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}",
+                request_timeout_s=30.0,
+                max_attempts=4,
+            ) as store,
+        ):
             upload = asyncio.create_task(store.put_file("k", path, part_size=5 * 1024 * 1024))
             await server.parts.wait()
             with capture_logs() as logs:
