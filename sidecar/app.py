@@ -272,6 +272,15 @@ class Daemon:
                 "broker.broker_id is not set and no meta.properties with node.id/broker.id was"
                 f" found in {[str(d) for d in self.config.broker.log_dirs]}"
             )
+        for log_dir in missing:
+            # the daemon starts (another log dir may be fine, a mount may come late), but a
+            # dir it cannot see is tiered by nobody: say so, once, where the operator looks
+            log.error(
+                "broker_log_dir_missing",
+                log_dir=log_dir,
+                detail="not a directory here: nothing in it is tiered; check broker.log_dirs"
+                " and the volume mount (the selected_partitions gauge counts what is seen)",
+            )
         return broker_id
 
     async def run(self) -> None:

@@ -108,3 +108,23 @@ async def test_gauges_follow_discovery_and_removal(tmp_path: Path, log_dir: Path
     assert after[0] == PARTITIONS - 1
     assert after[3] < before[3]
     assert gauges() == after
+
+
+def test_a_missing_log_dir_is_logged_as_an_error(tmp_path: Path) -> None:
+    """With broker_id given, a log dir that is not there does not stop the start (another may
+    be fine), but it is named in an error line: nothing in it would be tiered."""
+    from structlog.testing import capture_logs
+
+    there = tmp_path / "logs"
+    there.mkdir()
+    gone = tmp_path / "unmounted"
+    config = SidecarConfig.model_validate(
+        {
+            "state_dir": str(tmp_path / "state"),
+            "broker": {"log_dirs": [str(there), str(gone)], "broker_id": 1},
+        }
+    )
+    with capture_logs() as logs:
+        assert Daemon(config)._broker_id(None) == 1
+    missing = [e for e in logs if e["event"] == "broker_log_dir_missing"]
+    assert [(e["log_dir"], e["log_level"]) for e in missing] == [(str(gone), "error")]
