@@ -548,6 +548,9 @@ class MetadataTailer:
             records = await self._fetch(consumer, stopping)
         except OffsetOutOfRangeError as exc:
             self._out_of_range(exc)
+            # the next assignment asks for the partitions' bounds; should the position still be
+            # refused (a leader still catching up), the loop must not hammer the brokers
+            await wait_any(stopping, within=self._backoff_initial_s)
             return
         if records:
             await self._ingest(records)
