@@ -631,6 +631,8 @@ class S3ObjectStore:
             return ChecksumMismatchError(f"{where}: {self._redact(str(exc))}")
         if isinstance(exc, TimeoutError) and not isinstance(exc, BotoCoreError):
             return StorageError(f"{where} timed out after {timeout_s or self._timeout_s:.3g} s")
+        if isinstance(exc, ReadTimeoutError):  # the client's: no byte of the answer in time
+            return StorageError(f"{where} timed out: no answer for {self._timeout_s:.3g} s")
         return StorageError(f"{where} failed: {type(exc).__name__}: {self._redact(str(exc))}")
 
     # -- ObjectStore ---------------------------------------------------------------------

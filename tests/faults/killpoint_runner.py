@@ -90,8 +90,8 @@ def install(trigger: _Trigger) -> None:
     call: Callable[..., Any] = S3ObjectStore._call
 
     @functools.wraps(call)
-    async def _call(self: Any, op: str, key: str | None, request: Any) -> Any:
-        result = await call(self, op, key, request)
+    async def _call(self: Any, op: str, key: str | None, request: Any, **kwargs: Any) -> Any:
+        result = await call(self, op, key, request, **kwargs)
         if op == "upload_part":
             trigger.reached("mid_multipart", key=key)
         return result

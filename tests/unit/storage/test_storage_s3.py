@@ -130,6 +130,11 @@ class TestErrorMapping:
         assert type(error) is StorageError
         assert _is_transient(error) is transient
 
+    def test_both_timeouts_say_timed_out(self) -> None:
+        """The attempt's deadline and the client's read timeout read the same to an operator."""
+        for exc in (ReadTimeoutError(endpoint_url="http://x"), TimeoutError()):
+            assert "timed out" in str(_mapped(_store(), exc))
+
     def test_response_checksum_error(self) -> None:
         """botocore's own checksum failure is ChecksumMismatchError."""
         error = _mapped(_store(), FlexibleChecksumError(error_msg="mismatch"))
