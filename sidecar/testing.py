@@ -64,7 +64,9 @@ class TestRecord:
 
     key: bytes | None = None
     value: bytes | None = b""
-    headers: Sequence[tuple[str, bytes | None]] = ()
+    headers: Sequence[tuple[str | bytes, bytes | None]] = ()
+    """(key, value); a key given as bytes is written as is (not UTF-8, say, as non-Java
+    producers can write)"""
     timestamp: int | None = None
 
 
@@ -94,7 +96,7 @@ def _encode_record(record: TestRecord, offset_delta: int, timestamp_delta: int) 
     body += _encode_bytes(record.value)
     body += encode_varint(len(record.headers))
     for key, value in record.headers:
-        body += _encode_bytes(key.encode())
+        body += _encode_bytes(key if isinstance(key, bytes) else key.encode())
         body += _encode_bytes(value)
     return encode_varint(len(body)) + bytes(body)
 

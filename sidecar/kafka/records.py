@@ -33,6 +33,7 @@ import crc32c
 from sidecar.errors import CorruptRecordError, MissingToolError, TruncatedFileError
 from sidecar.kafka._codecs import MAX_DECOMPRESSED_BATCH_BYTES, inflate
 from sidecar.kafka._io import open_with_deleted_fallback, read_at, unreadable
+from sidecar.kafka._lenient import walk_records
 
 __all__ = [
     "BATCH_HEADER",
@@ -650,12 +651,61 @@ def _decode(data: Buffer, header: BatchHeader, *, path: str | None, limit: int) 
         raise _missing_codec(header, exc) from exc
     except CorruptRecordError:
         raise  # a control record's key, already named at the batch
+    except UnicodeDecodeError:
+        # a header key that is not UTF-8 (not from a Java producer): read as Java's consumer
+        # reads it, the bad bytes replaced
+        decoded = _decode_leniently(view, header, path=path, limit=limit)
     except Exception as exc:
         raise _undecodable(header, exc, path=path) from exc
     if header.base_timestamp < 0 or header.max_timestamp < 0:
         # aiokafka reports Kafka's NO_TIMESTAMP (-1) as None; keep Kafka's -1
         decoded = [r._replace(timestamp=-1) if r.timestamp is None else r for r in decoded]
     return decoded
+
+
+def _decode_leniently(
+    view: memoryview, header: BatchHeader, *, path: str | None, limit: int
+) -> list[Record]:
+    """The batch's records walked in Python (:mod:`sidecar.kafka._lenient`), header keys that
+    are not UTF-8 decoded with U+FFFD; only after the compiled decoder refused one."""
+    codec = header.attributes & _CODEC_MASK
+    payload: Buffer = view[RECORD_BATCH_OVERHEAD:]
+    try:
+        if codec:
+            inflated = inflate(codec, view[RECORD_BATCH_OVERHEAD:], limit)
+            # None: the compiled decoder decompressed it within the limit a moment ago
+            payload = inflated if inflated is not None else _decompress(codec, bytes(payload))
+        raw = walk_records(payload, header.record_count)
+    except Exception as exc:
+        raise _undecodable(header, exc, path=path) from exc
+    control = header.attributes & _CONTROL_MASK
+    timestamp_type = header.timestamp_type
+    no_timestamp = header.base_timestamp < 0 or header.max_timestamp < 0
+    found: list[Record] = []
+    for r in raw:
+        if no_timestamp:
+            timestamp = -1
+        elif timestamp_type is TimestampType.LOG_APPEND_TIME:
+            timestamp = header.max_timestamp
+        else:
+            timestamp = header.base_timestamp + r.timestamp_delta
+        kind = _control_type(r.key, path=path, position=header.position) if control else None
+        offset = header.base_offset + r.offset_delta
+        found.append(Record(offset, timestamp, timestamp_type, r.key, r.value, r.headers, kind))
+    return found
+
+
+def _decompress(codec: int, payload: bytes) -> bytes:
+    """``payload`` decompressed by aiokafka's codec functions (the compiled decoder's own)."""
+    from aiokafka import codec as codecs
+
+    decode = {
+        1: codecs.gzip_decode,
+        2: codecs.snappy_decode,
+        3: codecs.lz4_decode,
+        4: codecs.zstd_decode,
+    }[codec]
+    return bytes(decode(payload))
 
 
 def _bounded(view: memoryview, header: BatchHeader, limit: int) -> Buffer:
@@ -698,7 +748,7 @@ def _missing_codec(header: BatchHeader, exc: Exception) -> MissingToolError:
 
 def _undecodable(header: BatchHeader, exc: Exception, *, path: str | None) -> CorruptRecordError:
     # aiokafka raises CorruptRecordException, the codecs raise their own errors (OSError,
-    # EOFError, zlib.error, cramjam.DecompressionError), header keys raise UnicodeDecodeError,
+    # EOFError, zlib.error, cramjam.DecompressionError), the lenient walk raises ValueError,
     # a decompression bomb raises BatchTooLargeError: all mean the same thing here.
     return CorruptRecordError(
         f"cannot decode record batch at offset {header.base_offset} "

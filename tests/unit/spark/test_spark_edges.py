@@ -230,3 +230,15 @@ def test_undecodable_metadata_records_are_reported(monkeypatch, caplog):
         catalog = build_catalog(options)
     assert catalog.undecodable_events == 3
     assert any("3 records of the metadata topic" in r.getMessage() for r in caplog.records)
+
+
+def test_a_header_key_that_is_not_utf8_reads_as_sparks_kafka_source_reads_it(tmp_path):
+    """Kafka's Java consumer (under Spark's Kafka source too) replaces the bad bytes."""
+    record = TestRecord(key=b"k", value=b"v", headers=((b"h\xff\xfe", b"1"),), timestamp=1000)
+    archive = _Archive(tmp_path)
+    archive.add(0, [build_batch([record])], ((0, 0),))
+    options = parse_options({**BASE, "includeHeaders": "true"})
+    catalog = catalog_from_events(options, archive.events)
+    (task,) = plan_reads(options, catalog, PushedFilters(), archive.reader)
+    (batch,) = read_task(task, archive.reader)
+    assert batch.column("headers").to_pylist() == [[{"key": "h\ufffd\ufffd", "value": b"1"}]]
