@@ -351,11 +351,11 @@ class TestSlowLinks:
 
         async def slow_send(client: Any) -> str:
             sent.append(time.perf_counter())
-            await asyncio.sleep(0.6)  # twice the request timeout; 2 s allowed for the body
+            await asyncio.sleep(0.6)  # twice the request timeout; 64 s allowed for the body
             return "done"
 
         async with _store(request_timeout_s=0.3, max_attempts=1) as store:
-            found = await store._call("put", "k", slow_send, body_bytes=256 * 1024)
+            found = await store._call("put", "k", slow_send, body_bytes=8 * 1024 * 1024)
             with pytest.raises(StorageError, match=r"put s3://unit/k timed out after 0\.3 s"):
                 await store._call("put", "k", slow_send)
         assert found == "done"
