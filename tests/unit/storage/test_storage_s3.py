@@ -370,6 +370,20 @@ class _HangingMultipart(_LoopbackServer):
         super().__init__()
         self.lines: list[str] = []
         self.parts = asyncio.Event()
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        await super()._handle(reader, writer)
+
+    async def __aexit__(self, *exc: object) -> None:
+        # every connection's handler has seen its client go away (the store is closed by now)
+        # and closed its end before the server goes: nothing is left to the garbage collector
+        await super().__aexit__(*exc)
+        if self._connections:
+            await asyncio.wait(self._connections)
 
     async def _answer(
         self,
@@ -392,7 +406,9 @@ class _HangingMultipart(_LoopbackServer):
             return
         if "partNumber=" in line:
             self.parts.set()
-        await asyncio.Event().wait()  # until the client goes away
+        while await reader.read(65536):  # no answer, ever: until the client goes away
+            pass
+        raise ConnectionResetError("the client went away")
 
 
 class TestCancelledUploads:
