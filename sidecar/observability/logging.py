@@ -51,7 +51,10 @@ class _SecretRedactor:
             return {self._redact(k): self._redact(v) for k, v in value.items()}
         if isinstance(value, list | tuple | set | frozenset):
             return [self._redact(v) for v in value]
-        return value  # numbers, None, ...: a renderer turns anything else into text below
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        # of no JSON type (an exception, a path): its text, which may hold a secret
+        return self._redact(str(value))
 
 
 class _RepeatFilter(logging.Filter):
@@ -114,7 +117,6 @@ def configure_logging(
         foreign_pre_chain=shared,
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-            _Stringify(),
             _SecretRedactor(secrets),
             renderer,
         ],
@@ -128,27 +130,6 @@ def configure_logging(
     # chatty libraries stay at WARNING unless we debug
     for noisy in ("aiokafka", "botocore", "aiobotocore", "watchdog", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
-
-
-class _Stringify:
-    """Values of no JSON type (exceptions, paths, UUIDs) as their text, before the redactor:
-    a secret inside such a value's text is redacted like any other."""
-
-    _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)
-
-    def __call__(
-        self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
-    ) -> MutableMapping[str, Any]:
-        for key, value in list(event_dict.items()):
-            event_dict[key] = self._plain(value)
-        return event_dict
-
-    def _plain(self, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: self._plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._plain(v) for v in value]
-        return value if isinstance(value, self._PLAIN) else str(value)
 
 
 def get_logger(name: str) -> Any:

@@ -114,15 +114,20 @@ def metadata_topic_name(topic_name: str) -> str:
 async def metadata_topic(kafka, metadata_topic_name: str) -> str:
     """The metadata topic, created by ensure_topic (before any consumer asks for it: a Metadata
     request for a missing topic would let the broker auto-create it with its defaults)."""
+    await _create_metadata_topic(kafka, metadata_topic_name)
+    return metadata_topic_name
+
+
+async def _create_metadata_topic(kafka, topic: str) -> None:
+    """``topic`` created as the sidecar creates it (5 partitions, replication factor 1)."""
     publisher = MetadataPublisher(
         bootstrap_servers=kafka.bootstrap_servers,
         broker_id=BROKER_ID,
-        topic=metadata_topic_name,
+        topic=topic,
         num_partitions=NUM_PARTITIONS,
         replication_factor=1,
     )
     await publisher.ensure_topic()
-    return metadata_topic_name
 
 
 @pytest.fixture
@@ -502,14 +507,7 @@ async def _recreate(kafka, topic: str) -> None:
                 await asyncio.sleep(0.1)  # polled: the broker sends no event when it is gone
     finally:
         await admin.close()
-    publisher = MetadataPublisher(
-        bootstrap_servers=kafka.bootstrap_servers,
-        broker_id=BROKER_ID,
-        topic=topic,
-        num_partitions=NUM_PARTITIONS,
-        replication_factor=1,
-    )
-    await publisher.ensure_topic()
+    await _create_metadata_topic(kafka, topic)
 
 
 class TestKafkaTools:

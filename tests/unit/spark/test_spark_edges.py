@@ -12,13 +12,6 @@ from typing import Any
 import pytest
 
 from sidecar.kafka.records import BatchHeader, Record, TimestampType
-from sidecar.metadata.events import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentState,
-    SegmentMetadata,
-    SegmentMetadataUpdate,
-    TopicIdPartition,
-)
 from sidecar.spark import _catalog
 from sidecar.spark._catalog import build_catalog, catalog_from_events
 from sidecar.spark._options import SparkOptionError, parse_options
@@ -32,10 +25,8 @@ from sidecar.spark._read import (
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
 from sidecar.testing import TestRecord, build_batch, write_segment
-from tests.unit.spark.test_spark_source import BASE, FakeReader
+from tests.unit.spark.test_spark_source import BASE, TOPIC_ID, FakeReader, _segment
 
-TOPIC_ID = uuid.UUID(int=7)
-TP = TopicIdPartition(TOPIC_ID, "orders", 0)
 LAYOUT = KeyLayout(prefix="p/")
 
 
@@ -99,25 +90,9 @@ class _Archive:
         self.reader.objects[key(ObjectSuffix.LOG)] = log
         self.reader.objects[key(ObjectSuffix.INDEXES)] = packed
         self.reader.objects[key(ObjectSuffix.MANIFEST)] = manifest.to_json()
-        segment_id = RemoteLogSegmentId(TP, sid)
-        self.events += [
-            SegmentMetadata(
-                segment_id=segment_id,
-                start_offset=base,
-                end_offset=next_offset - 1,
-                broker_id=1,
-                max_timestamp_ms=max_ts,
-                event_timestamp_ms=1,
-                segment_leader_epochs=epochs,
-                segment_size_in_bytes=len(log),
-            ),
-            SegmentMetadataUpdate(
-                segment_id=segment_id,
-                broker_id=1,
-                event_timestamp_ms=2,
-                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-            ),
-        ]
+        self.events += _segment(
+            base, next_offset - 1, epochs=epochs, size=len(log), max_ts=max_ts, sid=sid
+        )
 
     def offsets(self, extra: dict[str, str] | None = None, pushed: PushedFilters | None = None):
         options = parse_options({**BASE, **(extra or {})})
