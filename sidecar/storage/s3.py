@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import os
 import re
 import time
@@ -312,6 +313,18 @@ def _utc(value: object) -> datetime | None:
 def _etag(response: dict[str, Any]) -> str | None:
     etag = response.get("ETag")
     return str(etag).strip('"') if etag else None
+
+
+def _multipart_etag(part_etags: Sequence[str]) -> str | None:
+    """The entity tag S3 gives a multipart object: the MD5 of its parts' MD5s, then ``-N``;
+    None when a part's tag is not an MD5 (encrypted objects on some stores)."""
+    try:
+        digests = b"".join(bytes.fromhex(e.strip('"')) for e in part_etags)
+    except ValueError:
+        return None
+    if len(digests) != 16 * len(part_etags):
+        return None
+    return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(part_etags)}"
 
 
 def _trim_per_request_hooks(client: Any) -> None:
@@ -721,22 +734,8 @@ class S3ObjectStore:
                 uploaded = await self._upload_parts(
                     key, upload_id, reader, parts, concurrency, known
                 )
-                response = await self._request(
-                    "complete_multipart_upload",
-                    key,
-                    "complete_multipart_upload",
-                    Key=key,
-                    UploadId=upload_id,
-                    MultipartUpload={
-                        "Parts": [
-                            {
-                                "PartNumber": p.number,
-                                "ETag": p.etag,
-                                "ChecksumCRC32C": encode_checksum(p.crc32c),
-                            }
-                            for p in uploaded
-                        ]
-                    },
+                response = await self._complete_multipart_upload(
+                    key, upload_id, uploaded, reader.size
                 )
             except BaseException as exc:
                 await self._abort_quietly(
@@ -766,6 +765,65 @@ class S3ObjectStore:
                     f"completed upload does not match the parts we sent"
                 )
         return ObjectInfo(key, reader.size, whole, _etag(response), None)
+
+    async def _complete_multipart_upload(
+        self, key: str, upload_id: str, uploaded: Sequence[_UploadedPart], size: int
+    ) -> dict[str, Any]:
+        """Complete the upload. A store may complete it and lose the answer; the repeated
+        request then finds no such upload (MinIO and others; SeaweedFS and Amazon S3 answer
+        it again). The object at ``key`` is then checked: when it has our size and the
+        multipart checksum or entity tag that our parts make, it is our upload, done once,
+        not an error that would upload the segment again."""
+        try:
+            response: dict[str, Any] = await self._request(
+                "complete_multipart_upload",
+                key,
+                "complete_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={
+                    "Parts": [
+                        {
+                            "PartNumber": p.number,
+                            "ETag": p.etag,
+                            "ChecksumCRC32C": encode_checksum(p.crc32c),
+                        }
+                        for p in uploaded
+                    ]
+                },
+            )
+        except StorageError as exc:
+            if _error_code(exc.__cause__) != "NoSuchUpload":
+                raise
+            stored = await self._stored_upload(key, uploaded, size)
+            if stored is None:
+                raise
+            log.info(
+                "multipart_completed_unanswered",
+                key=key,
+                upload_id=upload_id,
+                detail="the completion's answer was lost; the stored object is this upload's",
+            )
+            return stored
+        return response
+
+    async def _stored_upload(
+        self, key: str, uploaded: Sequence[_UploadedPart], size: int
+    ) -> dict[str, Any] | None:
+        """The object at ``key`` as a completion's answer, if it is the one ``uploaded`` make:
+        our size, and the composite CRC-32C or the MD5-of-MD5s entity tag of our parts."""
+        try:
+            head = await self._request("head", key, "head_object", Key=key, ChecksumMode="ENABLED")
+        except KeyNotFoundError:
+            return None
+        stored = head.get("ChecksumCRC32C")
+        etag = _etag(head)
+        ours = stored == composite_checksum(p.crc32c for p in uploaded) or (
+            etag is not None and etag == _multipart_etag([p.etag for p in uploaded])
+        )
+        if int(head["ContentLength"]) != size or not ours:
+            return None
+        return {"ETag": head.get("ETag"), "ChecksumCRC32C": stored}
 
     async def _create_multipart_upload(self, key: str) -> str:
         response = await self._request(

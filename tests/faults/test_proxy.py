@@ -113,3 +113,28 @@ async def test_faults_beyond_the_retry_budget_surface_as_errors(s3, fault_proxy,
         with pytest.raises(StorageError, match="SlowDown"):
             await store.put(s3_prefix + "obj", b"x")
     assert fault_proxy.stats()["injected"] == {"slow_down": 3}
+
+
+@pytest.mark.parametrize("fault", ["truncate", "reset"])
+async def test_a_completion_whose_answer_is_lost_is_not_uploaded_again(
+    s3, fault_proxy, s3_prefix, fault
+):
+    """The store completes the upload but its answer never arrives: the repeated completion
+    finds no such upload. The object at the key is the one the parts make (its multipart
+    ETag and composite checksum say so), so the upload counts as done, once."""
+    metrics = Metrics(CollectorRegistry())
+    body = os.urandom(11 * 1024 * 1024 + 123)
+    path = fault_proxy.log_path.parent / "big"
+    path.write_bytes(body)
+    async with proxied_store(s3, fault_proxy, metrics=metrics) as store:
+        fault_proxy.set({"fault": fault, "op": "CompleteMultipartUpload"})
+        info = await store.put_file(s3_prefix + "big", path, part_size=5 * 1024 * 1024)
+        assert info.size == len(body)
+        assert await store.get(s3_prefix + "big") == body
+        assert [u async for u in store.list_multipart_uploads(s3_prefix)] == []
+        await store.delete([s3_prefix + "big"])
+    stats = fault_proxy.stats()
+    assert stats["injected"] == {fault: 1}, stats
+    ops = stats["requests"]
+    assert ops.get("CreateMultipartUpload") == 1, ops
+    assert ops.get("UploadPart") == 3, ops

@@ -4,6 +4,7 @@ refused connections on loopback (on injected sleep), configuration and secrets."
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import socket
 import time
@@ -34,7 +35,7 @@ from sidecar.errors import (
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import open_store
 from sidecar.storage import s3 as s3_module
-from sidecar.storage._crc import crc32c, encode_checksum
+from sidecar.storage._crc import composite_checksum, crc32c, encode_checksum
 from sidecar.storage._parts import FilePartBody, PartChangedError, PartReader
 from sidecar.storage.s3 import S3ObjectStore, _arrivals_hook, _is_transient
 
@@ -362,14 +363,13 @@ class TestSlowLinks:
         assert len(sent) == 2
 
 
-class _HangingMultipart(_LoopbackServer):
-    """Starts multipart uploads, then answers nothing: neither a part nor an abort (a store
-    that became unreachable mid-upload). ``parts`` is set once a part's request came in."""
+class _AwaitedServer(_LoopbackServer):
+    """A loopback server that, when it closes, waits for its connections' handlers: the store
+    is closed by then, every handler has seen its client go away and closed its end, and
+    nothing is left to the garbage collector."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lines: list[str] = []
-        self.parts = asyncio.Event()
         self._connections: set[asyncio.Task[Any]] = set()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -379,11 +379,19 @@ class _HangingMultipart(_LoopbackServer):
         await super()._handle(reader, writer)
 
     async def __aexit__(self, *exc: object) -> None:
-        # every connection's handler has seen its client go away (the store is closed by now)
-        # and closed its end before the server goes: nothing is left to the garbage collector
         await super().__aexit__(*exc)
         if self._connections:
             await asyncio.wait(self._connections)
+
+
+class _HangingMultipart(_AwaitedServer):
+    """Starts multipart uploads, then answers nothing: neither a part nor an abort (a store
+    that became unreachable mid-upload). ``parts`` is set once a part's request came in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.parts = asyncio.Event()
 
     async def _answer(
         self,
@@ -440,6 +448,133 @@ class TestCancelledUploads:
         failed = [e for e in logs if e["event"] == "multipart_abort_failed"]
         assert len(failed) == 1
         assert "multipart_grace_s" in failed[0]["detail"]
+
+
+def _reply(status: str, body: bytes = b"", headers: str = "") -> bytes:
+    return f"HTTP/1.1 {status}\r\n{headers}Content-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+class _LostCompletion(_AwaitedServer):
+    """A multipart S3 that completes an upload and then loses the answer (the connection
+    closes); the repeated completion finds no such upload, as MinIO answers. ``stored``
+    changes the bytes it keeps; ``echo`` says whether HEAD returns the composite CRC-32C
+    (else only the MD5-of-MD5s entity tag); ``complete`` False never completes at all."""
+
+    def __init__(self, *, stored: Any = None, echo: bool = True, complete: bool = True) -> None:
+        super().__init__()
+        self.parts: dict[int, bytes] = {}
+        self.object: bytes | None = None
+        self.lines: list[str] = []
+        self._stored = stored or (lambda body: body)
+        self._echo = echo
+        self._complete = complete
+
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.lines.append(line)
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        method, target, _ = line.split(" ", 2)
+        query = target.partition("?")[2]
+        if method == "POST" and query == "uploads":
+            xml = (
+                b"<InitiateMultipartUploadResult><UploadId>u1</UploadId>"
+                b"</InitiateMultipartUploadResult>"
+            )
+            writer.write(_reply("200 OK", xml))
+        elif method == "PUT" and "partNumber=" in query:
+            number = int(re.search(r"partNumber=(\d+)", query).group(1))  # type: ignore[union-attr]
+            self.parts[number] = body
+            echo = encode_checksum(crc32c(body))
+            tag = hashlib.md5(body).hexdigest()  # noqa: S324 - S3's entity tag
+            writer.write(
+                _reply("200 OK", headers=f'ETag: "{tag}"\r\nx-amz-checksum-crc32c: {echo}\r\n')
+            )
+        elif method == "POST" and query.startswith("uploadId="):
+            if self.parts and self._complete:
+                self.object = self._stored(b"".join(b for _, b in sorted(self.parts.items())))
+                self.parts.clear()
+                raise ConnectionResetError("the answer is lost")
+            error = b"<Error><Code>NoSuchUpload</Code><Message>gone</Message></Error>"
+            writer.write(_reply("404 Not Found", error))
+        elif method == "HEAD":
+            if self.object is None:
+                writer.write(_reply("404 Not Found"))
+                return
+            chunks = [self.object[i : i + 5 * MiB] for i in range(0, len(self.object), 5 * MiB)]
+            digests = b"".join(hashlib.md5(c).digest() for c in chunks)  # noqa: S324
+            tag = f"{hashlib.md5(digests).hexdigest()}-{len(chunks)}"  # noqa: S324
+            extra = f'ETag: "{tag}"\r\n'
+            if self._echo:
+                crcs = composite_checksum(crc32c(c) for c in chunks)
+                extra += f"x-amz-checksum-crc32c: {crcs}\r\n"
+            writer.write(
+                f"HTTP/1.1 200 OK\r\n{extra}Content-Length: {len(self.object)}\r\n\r\n".encode()
+            )
+        elif method == "GET" and self.object is not None:
+            first, last = (int(x) for x in headers["range"].removeprefix("bytes=").split("-"))
+            data = self.object[first : last + 1]
+            writer.write(
+                _reply(
+                    "206 Partial Content",
+                    data,
+                    f"Content-Range: bytes {first}-{first + len(data) - 1}/{len(self.object)}\r\n",
+                )
+            )
+        elif method == "DELETE":
+            writer.write(_reply("204 No Content"))
+        else:
+            writer.write(_reply("501 Not Implemented"))
+
+
+class TestLostCompletion:
+    """A completion whose answer is lost is repeated and finds no such upload; the object the
+    first one made counts as this upload when it is ours, and only then."""
+
+    @staticmethod
+    async def _upload(server: _LostCompletion, path: Any) -> Any:
+        async with _store(
+            endpoint_url=f"http://127.0.0.1:{server.port}", sleep=FakeSleep()
+        ) as store:
+            return await store.put_file("k", path, part_size=5 * MiB)
+
+    @pytest.mark.parametrize("echo", [True, False], ids=["checksum", "etag"])
+    async def test_the_object_the_lost_answer_made_is_the_upload(
+        self, tmp_path: Any, echo: bool
+    ) -> None:
+        data = bytes(range(256)) * (11 * MiB // 256) + b"tail"
+        path = tmp_path / "segment.log"
+        path.write_bytes(data)
+        async with _LostCompletion(echo=echo) as server:
+            with capture_logs() as logs:
+                info = await self._upload(server, path)
+        assert server.object == data
+        assert info.size == len(data)
+        assert info.crc32c == crc32c(data)
+        assert sum(line.startswith("POST /unit/k?uploadId=") for line in server.lines) == 2
+        assert sum(line.startswith("POST /unit/k?uploads") for line in server.lines) == 1
+        assert not any(line.startswith("DELETE") for line in server.lines)
+        assert [e["event"] for e in logs].count("multipart_completed_unanswered") == 1
+
+    async def test_another_object_at_the_key_is_not_taken_for_it(self, tmp_path: Any) -> None:
+        path = tmp_path / "segment.log"
+        path.write_bytes(b"a" * (11 * MiB))
+        async with _LostCompletion(stored=lambda b: b[:-1] + b"b") as server:
+            with pytest.raises(StorageError, match="NoSuchUpload"):
+                await self._upload(server, path)
+
+    async def test_an_upload_that_never_completed_stays_an_error(self, tmp_path: Any) -> None:
+        path = tmp_path / "segment.log"
+        path.write_bytes(b"a" * (11 * MiB))
+        async with _LostCompletion(complete=False) as server:
+            with pytest.raises(StorageError, match="NoSuchUpload"):
+                await self._upload(server, path)
+        assert server.object is None
+        assert any(line.startswith("DELETE /unit/k?uploadId=u1") for line in server.lines)
 
 
 class TestPerRequestWork:
