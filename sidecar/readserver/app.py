@@ -54,6 +54,8 @@ LOOPBACK: Final = "127.0.0.1"
 SOCKET_MODE: Final = 0o660
 #: sun_path is 108 bytes on Linux, NUL included
 _MAX_SOCKET_PATH: Final = 107
+#: how long a connect to an existing socket file may take before it counts as a live server
+_PROBE_TIMEOUT_S: Final = 1.0
 
 
 def socket_path_for(config: SidecarConfig) -> Path:
@@ -110,6 +112,31 @@ def _cache_file_offer(directory: Path, broker_directory: Path | None) -> CacheFi
     return None
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) of the file at ``path``, None when there is none."""
+    try:
+        status = path.lstat()
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _answers(path: Path) -> bool:
+    """Whether a process listens on the Unix socket at ``path`` (a full backlog counts: its
+    connect does not finish in time). A socket file nobody listens on refuses at once."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(_PROBE_TIMEOUT_S)
+    try:
+        probe.connect(os.fspath(path))
+    except TimeoutError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def _bind_unix_socket(path: Path) -> socket.socket:
     """A Unix stream socket bound at ``path`` with mode 0660, listening."""
     if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
@@ -117,7 +144,12 @@ def _bind_unix_socket(path: Path) -> socket.socket:
             f"read_server.socket_path {path} is longer than {_MAX_SOCKET_PATH} bytes,"
             " the limit of a Unix socket path; configure a shorter one"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"read_server.socket_path {path}: cannot create its directory: {exc}"
+        ) from exc
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
@@ -125,6 +157,11 @@ def _bind_unix_socket(path: Path) -> socket.socket:
     else:
         if not stat.S_ISSOCK(mode):
             raise ConfigError(f"read_server.socket_path {path} exists and is not a socket")
+        if _answers(path):
+            raise ConfigError(
+                f"read_server.socket_path {path}: another process listens on it (a running"
+                " sidecar or read server); stop it, or configure another socket path"
+            )
         path.unlink()  # a stale socket from an earlier run
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -256,6 +293,7 @@ class ReadServer:
         sock: socket.socket | None = None
         try:
             sock = await asyncio.to_thread(_bind_unix_socket, self.socket_path)
+            sock_identity = _identity(self.socket_path)
             await web.SockSite(runner, sock).start()
             if self.tcp_port is not None:
                 tcp = web.TCPSite(runner, LOOPBACK, self.tcp_port, reuse_address=True)
@@ -274,6 +312,9 @@ class ReadServer:
         finally:
             await runner.cleanup()
             if sock is not None:
+                bound = _identity(self.socket_path)
                 sock.close()
-                with contextlib.suppress(FileNotFoundError):
-                    self.socket_path.unlink()
+                if bound is not None and bound == sock_identity:
+                    # only our own socket file: a path another server took since is theirs
+                    with contextlib.suppress(FileNotFoundError):
+                        self.socket_path.unlink()

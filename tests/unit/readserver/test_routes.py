@@ -61,7 +61,11 @@ class Running:
 
 
 async def _start(
-    remote: Remote, tmp_path: Path, *, limits: ReadLimits | None = None
+    remote: Remote,
+    tmp_path: Path,
+    *,
+    limits: ReadLimits | None = None,
+    socket_path: Path | None = None,
 ) -> AsyncIterator[Running]:
     chunks = ChunkCache(
         objects=remote.objects,
@@ -75,7 +79,7 @@ async def _start(
         store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks, lineage_ttl_s=0
     )
     metrics = Metrics()
-    socket_path = tmp_path / "r.sock"
+    socket_path = socket_path or tmp_path / "r.sock"
     server = ReadServer(
         service=service, socket_path=socket_path, limits=limits, metrics=metrics, tcp_port=0
     )
@@ -132,6 +136,29 @@ class TestSocket:
         with pytest.raises(ConfigError, match="not a socket"):
             async for _ in _start(remote, tmp_path):
                 pass
+
+    async def test_a_socket_another_server_listens_on_is_not_taken(self, remote, tmp_path):
+        """A second server on a live server's socket path refuses to start; the first keeps
+        its socket and serves on."""
+        async for run in _start(remote, tmp_path):
+            second = tmp_path / "second"
+            second.mkdir()
+            with pytest.raises(ConfigError, match="another process listens"):
+                async for _ in _start(remote, second, socket_path=run.socket):
+                    pass
+            assert (await run.get("/v1/version"))[0] == 200
+        assert not run.socket.exists()
+
+    async def test_a_socket_file_replaced_under_the_server_is_left_on_stop(self, remote, tmp_path):
+        """On stop the server removes its own socket file, not one that took the path since."""
+        import socket
+
+        async for run in _start(remote, tmp_path):
+            run.socket.unlink()
+            other = socket.socket(socket.AF_UNIX)
+            other.bind(str(run.socket))
+        other.close()
+        assert stat.S_ISSOCK(run.socket.lstat().st_mode)
 
     async def test_loopback_tcp_serves_the_same_api(self, running):
         """With a TCP port, the API answers on 127.0.0.1 too."""
