@@ -96,6 +96,13 @@ FULL = {
             "sasl_username": "tiered-sidecar",
         },
         "remote_log_metadata": {"remote.log.metadata.producer.linger.ms": 5},
+        # a list of tables: the bucket keeps more than the broker's disks for these topics
+        "retention": {
+            "overrides": [
+                {"topics": ["orders-.*", "audit"], "retention_ms": 7776000000},
+                {"topics": ["clicks"], "retention_bytes": -1},
+            ]
+        },
     },
     "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
     "prometheusRule": {"enabled": True, "additionalRuleLabels": {"team": "streaming"}},
@@ -131,10 +138,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "container-plugin": merged(
         FULL, {"sidecar": {"mode": "container"}, "plugin": {"enabled": True}}
     ),
+    "single-broker-kraft-plugin-no-files": merged(
+        example("single-broker-kraft-plugin.yaml"),
+        {"config": {"read_server": {"offer_cache_files": False}}},
+    ),
 }
 WITH_KAFKA = [
     "single-broker-kraft",
     "single-broker-kraft-plugin",
+    "single-broker-kraft-plugin-no-files",
     "native",
     "container",
     "container-plugin",
@@ -252,6 +264,11 @@ class TestLintAndRender:
         config = load_config(path, environ=SECRET_ENV)
         assert config.metrics.host == "0.0.0.0"
         assert str(config.state_dir) == "/var/lib/kafka-tiered-sidecar"
+        overrides = SCENARIOS[scenario].get("config", {}).get("retention", {}).get("overrides")
+        assert [
+            o.model_dump(include={"topics", "retention_ms", "retention_bytes"}, exclude_unset=True)
+            for o in config.retention.overrides
+        ] == (overrides or [])
 
     @pytest.mark.parametrize("scenario", SCENARIOS)
     def test_no_secret_is_inlined(self, scenario):
@@ -596,13 +613,15 @@ class TestBrokerPlugin:
         assert mounts["tiered-sidecar-cache"]["readOnly"] is True
         assert {"name": "tiered-sidecar-cache", "mountPath": cache} in sidecar["volumeMounts"]
 
-    def test_broker_properties_are_sidecar_broker_configs(self, tmp_path):
+    @pytest.mark.parametrize("scenario", [SCENARIO, "single-broker-kraft-plugin-no-files"])
+    def test_broker_properties_are_sidecar_broker_configs(self, tmp_path, scenario):
         """The broker's KAFKA_* variables carry exactly what `sidecar broker-config` prints for
-        the rendered sidecar.toml, and no other tiered-storage property."""
-        kafka = containers_by_name(pod_spec(self.SCENARIO))["kafka"]
+        the rendered sidecar.toml, and no other tiered-storage property (also when the chunk
+        cache's files are not offered: the plugin then does not ask for them)."""
+        kafka = containers_by_name(pod_spec(scenario))["kafka"]
         env = {e["name"]: e.get("value") for e in kafka["env"]}
         expected = broker_config(
-            sidecar_toml(self.SCENARIO), tmp_path, "--plugin-jar", str(DEFAULT_PLUGIN_JAR)
+            sidecar_toml(scenario), tmp_path, "--plugin-jar", str(DEFAULT_PLUGIN_JAR)
         )
         assert {env_name(k): v for k, v in expected} == {
             name: value

@@ -110,17 +110,15 @@ The sidecar's configuration as a dict: chart defaults < values.config < what the
 {{/*
 Render a dict as TOML: scalars and lists first, then one [table] per nested dict, without blank
 lines (they would carry trailing spaces once indented). Values go through toJson, so whole
-numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML basic strings.
+numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML basic strings;
+a list of tables (retention.overrides) is a list of inline tables.
 */}}
 {{- define "kafka-tiered-sidecar.toml" -}}
 {{- $table := .table }}
 {{- $header := .header }}
 {{- range $key, $value := $table }}
 {{- if and (not (kindIs "map" $value)) (not (kindIs "invalid" $value)) }}
-{{- if and (kindIs "slice" $value) (gt (len $value) 0) (kindIs "map" (first $value)) }}
-{{- fail (printf "config: %s%s is a list of tables, which the sidecar's config has none of" $header $key) }}
-{{- end }}
-{{ include "kafka-tiered-sidecar.tomlKey" $key }} = {{ toJson $value }}
+{{ include "kafka-tiered-sidecar.tomlKey" $key }} = {{ include "kafka-tiered-sidecar.tomlValue" $value }}
 {{- end }}
 {{- end }}
 {{- range $key, $value := $table }}
@@ -129,6 +127,30 @@ numbers stay integers (Helm's toToml writes 9464 as 9464.0) and strings are TOML
 [{{ $name }}]
 {{- include "kafka-tiered-sidecar.toml" (dict "table" $value "header" (printf "%s." $name)) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A TOML value on one line: a table (an entry of a list of tables such as retention.overrides) as
+an inline table, a list item by item, anything else through toJson.
+*/}}
+{{- define "kafka-tiered-sidecar.tomlValue" -}}
+{{- if kindIs "map" . }}
+{{- $pairs := list }}
+{{- range $key, $value := . }}
+{{- if not (kindIs "invalid" $value) }}
+{{- $pairs = append $pairs (printf "%s = %s" (include "kafka-tiered-sidecar.tomlKey" $key) (include "kafka-tiered-sidecar.tomlValue" $value)) }}
+{{- end }}
+{{- end }}
+{{- printf "{ %s }" (join ", " $pairs) }}
+{{- else if kindIs "slice" . }}
+{{- $items := list }}
+{{- range . }}
+{{- $items = append $items (include "kafka-tiered-sidecar.tomlValue" .) }}
+{{- end }}
+{{- printf "[%s]" (join ", " $items) }}
+{{- else }}
+{{- toJson . }}
 {{- end }}
 {{- end }}
 
@@ -316,6 +338,9 @@ sidecar.toml (tests/deploy compares the two). Defaults are the sidecar's own.
   "rlmm.config.remote.log.metadata.topic.num.partitions" (toString (int64 (hasKey $meta "num_partitions" | ternary $meta.num_partitions 50)))
   "rlmm.config.remote.log.metadata.topic.replication.factor" (toString (int64 (hasKey $meta "replication_factor" | ternary $meta.replication_factor 3)))
   "rlmm.config.remote.log.metadata.topic.retention.ms" (toString (int64 (hasKey $meta "retention_ms" | ternary $meta.retention_ms -1))) }}
+{{- if and (hasKey $read "offer_cache_files") (not $read.offer_cache_files) }}
+{{- $_ := set $props "rsm.config.fetch.files" "false" }}
+{{- end }}
 {{- toJson $props }}
 {{- end }}
 
