@@ -12,8 +12,10 @@ named ``sidecar…`` injects into every pod of its namespace (``SIDECAR_PORT=tcp
 without ``__`` that ends in ``SERVICE_HOST``, ``SERVICE_PORT[_NAME]``, ``PORT`` or
 ``PORT_<n>_<TCP|UDP|SCTP>[_ADDR|_PORT|_PROTO]`` (see :data:`SERVICE_LINK`).
 
-Secrets are ``SecretStr``: they print as ``**********`` in ``repr``, in ``sidecar config check``,
-in logs and in errors. This module does no I/O beyond reading the file it is given.
+Secrets are ``SecretStr``: they print as ``**********`` in ``repr``, in ``--json`` output, in
+logs and in errors, and as a comment in ``sidecar config check``'s TOML (so that it loads back
+with the secrets from the environment); the mask itself is refused as a secret. This module does
+no I/O beyond reading the file it is given.
 """
 
 from __future__ import annotations
@@ -79,6 +81,20 @@ def _compiled(patterns: list[str]) -> list[str]:
         except re.error as exc:
             raise ValueError(f"{pattern!r} is not a valid regex: {exc}") from None
     return patterns
+
+
+#: what a secret prints as (repr, ``config check``, :func:`masked`)
+SECRET_MASK = "**********"  # noqa: S105 - the mask, not a password
+
+
+def _not_the_mask(value: SecretStr | None) -> SecretStr | None:
+    """A secret that is the mask itself was copied from printed output: refused, not sent."""
+    if value is not None and value.get_secret_value() == SECRET_MASK:
+        raise ValueError(
+            f"is {SECRET_MASK}, the mask printed in place of a secret, not the secret: set the"
+            " real value, or leave it out and give it in the environment"
+        )
+    return value
 
 
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -156,6 +172,7 @@ class KafkaConfig(_Section):
     )
     sasl_username: str | None = Field(None, description="SASL user name")
     sasl_password: SecretStr | None = Field(None, description="SASL password (secret)")
+    _sasl_password_not_masked = field_validator("sasl_password")(_not_the_mask)
     ssl_cafile: Path | None = Field(None, description="CA bundle for SSL listeners")
     ssl_certfile: Path | None = Field(None, description="client certificate for mutual TLS")
     ssl_keyfile: Path | None = Field(None, description="client private key for mutual TLS")
@@ -238,6 +255,7 @@ class S3Config(_Section):
         None, description="access key; None = the default AWS credential chain (IRSA, env, ...)"
     )
     secret_access_key: SecretStr | None = Field(None, description="secret key (secret)")
+    _keys_not_masked = field_validator("access_key_id", "secret_access_key")(_not_the_mask)
     path_style: bool = Field(True, description="path-style addressing (needed by most non-AWS)")
     hash_prefix: bool = Field(
         False, description="spread keys under 4-hex-digit prefixes (S3 request-rate partitions)"
@@ -994,7 +1012,7 @@ def masked(config: SidecarConfig) -> dict[str, Any]:
 
     def walk(value: Any) -> Any:
         if isinstance(value, SecretStr):
-            return "**********"
+            return SECRET_MASK
         if isinstance(value, BaseModel):
             return {name: walk(getattr(value, name)) for name in type(value).model_fields}
         if isinstance(value, list | tuple):
@@ -1024,8 +1042,13 @@ def to_toml(data: Mapping[str, Any]) -> str:
         return json.dumps(str(value))
 
     def line(key: str, value: Any) -> str:
-        # TOML has no null: an unset setting is a comment, so the output loads back as is
-        return f"# {key} = (unset)" if value is None else f"{key} = {scalar(value)}"
+        # TOML has no null: an unset setting is a comment, so the output loads back as is;
+        # so is a set secret, which loading back would otherwise take for the mask itself
+        if value is None:
+            return f"# {key} = (unset)"
+        if value == SECRET_MASK:
+            return f"# {key} = (set; a secret, not shown)"
+        return f"{key} = {scalar(value)}"
 
     lines = [line(k, v) for k, v in data.items() if not isinstance(v, Mapping)]
     for section, values in data.items():

@@ -158,7 +158,7 @@ class TestConfigCheckCommand:
         assert result.returncode == 0, result.stderr
         assert 'bucket = "from-file"' in result.stdout
         assert "very-secret-key" not in result.stdout
-        assert "**********" in result.stdout
+        assert "# secret_access_key = (set; a secret, not shown)" in result.stdout
 
     def test_unknown_key_exits_2_naming_it(self, tmp_path):
         """An unknown key exits with code 2 and names the key."""
@@ -256,6 +256,47 @@ class TestKafkaNames:
         reloaded = load_config(again, environ={})
         assert reloaded.remote_log_metadata.producer == {"linger.ms": 5}
         assert reloaded.s3 == config.s3
+
+
+class TestMaskedSecrets:
+    """Secrets print as a mask; printed output loaded back never sends the mask as one."""
+
+    def test_effective_output_loads_back_with_the_secrets_from_the_environment(self, tmp_path):
+        result = _cli("config", "check", str(_write(tmp_path, GOOD)), "--effective")
+        assert result.returncode == 0, result.stderr
+        assert "very-secret-key" not in result.stdout
+        assert "# secret_access_key = (set; a secret, not shown)" in result.stdout
+        again = tmp_path / "effective.toml"
+        again.write_text(result.stdout)
+        environ = {
+            "SIDECAR_S3__ACCESS_KEY_ID": "id-from-env",
+            "SIDECAR_S3__SECRET_ACCESS_KEY": "key-from-env",
+            "SIDECAR_KAFKA__SASL_PASSWORD": "pass-from-env",
+        }
+        reloaded = load_config(again, environ=environ)
+        assert reloaded.s3.access_key_id is not None
+        assert reloaded.s3.access_key_id.get_secret_value() == "id-from-env"
+        assert reloaded.s3.secret_access_key is not None
+        assert reloaded.s3.secret_access_key.get_secret_value() == "key-from-env"
+        assert reloaded.kafka.sasl_password is not None
+        assert reloaded.kafka.sasl_password.get_secret_value() == "pass-from-env"
+        assert reloaded.s3.bucket == "from-file"
+
+    @pytest.mark.parametrize(
+        ("key", "text"),
+        [
+            ("s3.access_key_id", '[s3]\naccess_key_id = "**********"\nsecret_access_key = "x"\n'),
+            (
+                "s3.secret_access_key",
+                '[s3]\naccess_key_id = "x"\nsecret_access_key = "**********"\n',
+            ),
+            ("kafka.sasl_password", '[kafka]\nsasl_password = "**********"\n'),
+        ],
+    )
+    def test_the_mask_as_a_secret_is_refused(self, tmp_path, key, text):
+        with pytest.raises(ConfigError, match=r"the mask printed in place of a secret") as info:
+            load_config(_write(tmp_path, text), environ={})
+        assert key in str(info.value)
 
 
 class TestOwnPathsOutsideTheLogDirs:
