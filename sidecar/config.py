@@ -930,7 +930,7 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{source}: {dotted}: not a JSON list: {exc}") from None
         else:
-            value = [item.strip() for item in raw.split(",") if item.strip()]
+            value = _comma_list(raw)
     elif info is not None and "dict[" in str(info.annotation) and raw.strip().startswith("{"):
         try:
             value = json.loads(raw)
@@ -947,6 +947,31 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
             raise ConfigError(f"{source}: {part!r} is not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _comma_list(raw: str) -> list[str]:
+    """A comma-separated list, split only at commas outside brackets and not escaped, so that a
+    regex keeps its ``{1,3}``, ``[,;]`` or ``(a|b,c)``; a JSON list takes anything else."""
+    items: list[str] = []
+    current: list[str] = []
+    depth = 0
+    escaped = False
+    for char in raw:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    items.append("".join(current))
+    return [item.strip() for item in items if item.strip()]
 
 
 def _describe(exc: ValidationError, path: Path | None, sources: Mapping[str, str]) -> str:

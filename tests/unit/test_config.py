@@ -258,6 +258,26 @@ class TestKafkaNames:
         assert reloaded.s3 == config.s3
 
 
+class TestListsFromTheEnvironment:
+    """A list from SIDECAR_* or --set splits at commas, but not inside a regex's brackets."""
+
+    @pytest.mark.parametrize(
+        ("raw", "expected"),
+        [
+            ("orders, events-.*", ["orders", "events-.*"]),
+            (r"events-\d{1,3},audit", [r"events-\d{1,3}", "audit"]),
+            (r"x[,;]y,(a|b,c)", [r"x[,;]y", "(a|b,c)"]),
+            (r"a\,b,c", [r"a\,b", "c"]),
+            ('["a,b", "c"]', ["a,b", "c"]),
+        ],
+    )
+    def test_include_topics(self, raw, expected):
+        config = load_config(None, environ={"SIDECAR_TIERING__INCLUDE_TOPICS": raw})
+        assert config.tiering.include_topics == expected
+        config = load_config(None, environ={}, overrides={"tiering.include_topics": raw})
+        assert config.tiering.include_topics == expected
+
+
 class TestMaskedSecrets:
     """Secrets print as a mask; printed output loaded back never sends the mask as one."""
 
