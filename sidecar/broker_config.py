@@ -109,7 +109,31 @@ def broker_config_command(
         out.write(_CACHE_NOTE.format(directory=_broker_cache_dir(config)))
     for key, value in props.items():
         out.write(f"{key}={value}\n")
+    if config.kafka.security_protocol != "PLAINTEXT":
+        out.write(_SECURED_NOTE.format(protocol=config.kafka.security_protocol, listener=listener))
+        for key in _SECURED_KEYS[config.kafka.security_protocol]:
+            out.write(f"# {_RLMM_CLIENT}{key}=\n")
     return 0
+
+
+_RLMM_CLIENT: Final = "rlmm.config.remote.log.metadata.common.client."
+#: what Kafka's metadata manager's clients need on a secured listener: the broker gives them
+#: only the listener's bootstrap.servers and security.protocol, none of its credentials
+_SECURED_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
+    "SSL": ("ssl.truststore.location", "ssl.truststore.password"),
+    "SASL_PLAINTEXT": ("sasl.mechanism", "sasl.jaas.config"),
+    "SASL_SSL": (
+        "sasl.mechanism",
+        "sasl.jaas.config",
+        "ssl.truststore.location",
+        "ssl.truststore.password",
+    ),
+}
+_SECURED_NOTE: Final = (
+    "# This sidecar reaches Kafka over {protocol}. If listener {listener} does too, Kafka's\n"
+    "# metadata manager needs client credentials of its own: the broker passes it only the\n"
+    "# listener's address and security.protocol. Set these (values are secrets):\n"
+)
 
 
 _CACHE_NOTE: Final = (

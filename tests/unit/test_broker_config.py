@@ -85,6 +85,38 @@ class TestBrokerConfig:
         assert _properties(off)["rsm.config.fetch.files"] == "false"
         assert "read access" not in off
 
+    @pytest.mark.parametrize(
+        ("protocol", "keys"),
+        [
+            ("PLAINTEXT", []),
+            ("SASL_PLAINTEXT", ["sasl.mechanism", "sasl.jaas.config"]),
+            ("SSL", ["ssl.truststore.location", "ssl.truststore.password"]),
+        ],
+    )
+    def test_a_secured_cluster_names_the_metadata_managers_credentials(
+        self, tmp_path, protocol, keys
+    ):
+        """Kafka gives its metadata manager the listener's address and protocol, not the
+        broker's credentials: on a secured cluster the output names the client settings to
+        add, as comments (their values are secrets), and the properties stay the same."""
+        overrides = {"state_dir": str(tmp_path), "kafka.security_protocol": protocol}
+        if protocol.startswith("SASL"):
+            overrides |= {"kafka.sasl_mechanism": "PLAIN", "kafka.sasl_username": "u"}
+        config = load_config(
+            None, environ={"SIDECAR_KAFKA__SASL_PASSWORD": "p"}, overrides=overrides
+        )
+        out = io.StringIO()
+        broker_config_command(config, plugin_jar=Path("/p.jar"), listener="INT", tcp=False, out=out)
+        named = [
+            line.removeprefix("# rlmm.config.remote.log.metadata.common.client.").rstrip("=")
+            for line in out.getvalue().splitlines()
+            if line.startswith("# rlmm.config.")
+        ]
+        assert named == keys
+        assert _properties(out.getvalue()) == broker_properties(
+            config, plugin_jar=Path("/p.jar"), listener="INT"
+        )
+
     def test_a_renamed_metadata_topic_is_refused(self):
         """Kafka's metadata manager cannot use another topic: say so instead of splitting."""
         config = load_config(None, environ={}, overrides={"remote_log_metadata.topic": "other"})
