@@ -154,6 +154,23 @@ class TestUnitDirectives:
         """The directive is set once, to the hardened value."""
         assert single(key) == expected
 
+    def test_lasting_errors_are_not_restarted_forever(self):
+        """A configuration error and a prefix owned by another cluster stay until an operator
+        acts: the unit fails instead of restarting every RestartSec."""
+        from sidecar.errors import ConfigError
+        from sidecar.storage.ownership import PrefixOwnershipError
+
+        codes = {int(code) for code in single("RestartPreventExitStatus").split()}
+        assert codes == {ConfigError.exit_code, PrefixOwnershipError.exit_code}
+
+    def test_the_broker_config_step_runs_with_the_units_settings(self):
+        """The install comment runs broker-config with the unit's environment file and its
+        installed script: without them it prints the defaults' socket path, not the unit's."""
+        text = UNIT.read_text()
+        assert ". /etc/kafka-tiered-sidecar/kafka-tiered-sidecar.env" in text
+        assert "/opt/kafka-tiered-sidecar/bin/sidecar broker-config'" in text
+        assert "pip install kafka-tiered-sidecar\n" not in text
+
     def test_system_call_filter_allows_only_system_service(self):
         """The first SystemCallFilter= is the @system-service allow list."""
         assert values("SystemCallFilter")[0] == "@system-service"
