@@ -50,6 +50,21 @@ class TestMissingTools:
         assert "apt-get install -y maven" in result.stderr
 
 
+class TestPluginBuild:
+    def test_missing_maven_stops_the_build_saying_what_to_install(self, tmp_path):
+        """`make plugin` (a step of both README commands) without Maven names the package to
+        install instead of make's "No such file or directory"."""
+        result = subprocess.run(
+            ["make", "-s", "plugin", f"MVN={tmp_path / 'no-mvn'}"],
+            cwd=STACK.parents[2],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode != 0
+        assert "install Maven: sudo apt-get install -y maven" in result.stderr
+
+
 class TestClusterId:
     def test_cluster_ids_never_start_with_a_dash(self):
         """Generated cluster ids are base64url UUIDs that StorageTool cannot mistake for flags."""
