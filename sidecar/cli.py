@@ -655,7 +655,13 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
         return code
     print(render_status_header(document))
-    print(render_status(document["partitions"], all_partitions=args.all), end="")
+    config_args = ["-c", str(args.file)] if args.file is not None else []
+    for override in args.overrides or ():
+        config_args += ["--set", override]
+    rendered = render_status(
+        document["partitions"], all_partitions=args.all, config_args=config_args
+    )
+    print(rendered, end="")
     return code
 
 

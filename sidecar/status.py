@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import shlex
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -128,7 +129,9 @@ def _or_dash(value: float | None, spec: str = "") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -> str:
+def render_status(
+    rows: list[dict[str, Any]], *, all_partitions: bool = False, config_args: Sequence[str] = ()
+) -> str:
     """A table for people: selected partitions (or all of them with ``all_partitions``)."""
     header = (
         f"{'PARTITION':<40} {'MODE':<13} {'LEADER':<6} {'LOCAL':>5} {'TIERED':>6} "
@@ -157,13 +160,18 @@ def render_status(rows: list[dict[str, Any]], *, all_partitions: bool = False) -
         )
     if len(lines) == 1:
         lines.append("(no partition selected for tiering; --all shows every partition)")
-    lines += _quarantine_lines(rows, all_partitions=all_partitions)
+    lines += _quarantine_lines(rows, all_partitions=all_partitions, config_args=config_args)
     return "\n".join(lines) + "\n"
 
 
-def _quarantine_lines(rows: list[dict[str, Any]], *, all_partitions: bool) -> list[str]:
-    """The quarantined segments below the table, each with the command that clears it."""
+def _quarantine_lines(
+    rows: list[dict[str, Any]], *, all_partitions: bool, config_args: Sequence[str]
+) -> list[str]:
+    """The quarantined segments below the table, each with the command that clears it, with
+    ``config_args`` (the status command's ``-c`` and ``--set``: the quarantine file lives in
+    their state_dir)."""
     lines: list[str] = []
+    config = "".join(f" {shlex.quote(a)}" for a in config_args)
     for row in rows:
         if not (all_partitions or row["selected"]):
             continue
@@ -176,7 +184,7 @@ def _quarantine_lines(rows: list[dict[str, Any]], *, all_partitions: bool) -> li
                 f" {since:%Y-%m-%dT%H:%M:%SZ}): {q['reason']}"
             )
             lines.append(
-                f"    sidecar quarantine clear --topic {row['topic']}"
+                f"    sidecar quarantine clear{config} --topic {shlex.quote(row['topic'])}"
                 f" --partition {row['partition']} --offset {q['base_offset']}"
             )
     if lines:

@@ -123,3 +123,9 @@ class TestStatusText:
         assert "orders-3 segment 100..199 (4096 bytes, local only" in text
         assert "sidecar quarantine clear --topic orders --partition 3 --offset 100" in text
         assert "QUARANTINED" not in render_status([{**row, "quarantined_segments": []}])
+        # the status command's own config arguments: the quarantine file is in its state_dir
+        text = render_status([row], config_args=["-c", "/etc/my sidecar.toml"])
+        assert (
+            "sidecar quarantine clear -c '/etc/my sidecar.toml' --topic orders --partition 3"
+            " --offset 100" in text
+        )
