@@ -26,6 +26,7 @@ __all__ = [
     "RootTaskExitedError",
     "acquire_in_thread",
     "capture_signals",
+    "failures",
     "freeze_startup_heap",
     "guard",
     "wait_any",
@@ -111,6 +112,18 @@ def capture_signals(stopping: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+def failures(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions a task group ended with, nested groups flattened, cancellations left
+    out: what a supervisor reports when its root tasks fail."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found.extend(failures(exc))
+        elif not isinstance(exc, asyncio.CancelledError):
+            found.append(exc)
+    return found
 
 
 async def wait_any(*events: asyncio.Event, within: float) -> None:

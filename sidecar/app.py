@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import __version__
-from sidecar._aio import capture_signals, freeze_startup_heap, guard, wait_any
+from sidecar._aio import capture_signals, failures, freeze_startup_heap, guard, wait_any
 from sidecar.broker_config import PLUGIN_CLASS
 from sidecar.config import SidecarConfig, kafka_client_options, secret_values
 from sidecar.errors import ConfigError, SidecarError
@@ -819,7 +819,7 @@ def run_daemon(config: SidecarConfig) -> int:
         return 130
     except BaseExceptionGroup as group:
         # each root task's traceback was logged by guard(); this is the one-line summary
-        leaves = _leaves(group)
+        leaves = failures(group)
         for exc in leaves:
             log.error("sidecar_failed", error=str(exc), error_type=type(exc).__name__)  # noqa: TRY400
         codes = {exc.exit_code for exc in leaves if isinstance(exc, SidecarError)}
@@ -828,13 +828,3 @@ def run_daemon(config: SidecarConfig) -> int:
         log.error("sidecar_failed", error=str(exc), error_type=type(exc).__name__)  # noqa: TRY400
         return exc.exit_code
     return 0
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    found: list[BaseException] = []
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found.extend(_leaves(exc))
-        elif not isinstance(exc, asyncio.CancelledError):
-            found.append(exc)
-    return found

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sidecar._aio import capture_signals, freeze_startup_heap, guard
+from sidecar._aio import capture_signals, failures, freeze_startup_heap, guard
 from sidecar.config import SidecarConfig, load_config
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.metadata.store import RemoteSegmentStore
@@ -98,6 +98,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SidecarError as exc:
         print(f"sidecar.readserver: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BaseExceptionGroup as group:
+        # the root tasks' failures (guard() logged each traceback): one line each
+        leaves = failures(group)
+        if not leaves or not all(isinstance(exc, SidecarError) for exc in leaves):
+            raise
+        for leaf in leaves:
+            print(f"sidecar.readserver: error: {leaf}", file=sys.stderr)
+        codes = {leaf.exit_code for leaf in leaves if isinstance(leaf, SidecarError)}
+        return codes.pop() if len(codes) == 1 else 1
     except KeyboardInterrupt:
         return 130
     log.info("read_server_stopped")

@@ -36,3 +36,38 @@ class TestPackage:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True
         ).stdout
         assert out.strip() == "[]"
+
+
+class TestStandaloneServer:
+    """``python -m sidecar.readserver`` as an operator runs it."""
+
+    def test_a_socket_it_cannot_create_is_one_error_line_and_exit_2(self, tmp_path) -> None:
+        """A failure inside the server's task group (here its socket's directory) ends with
+        the configuration error's line and exit code, not a traceback."""
+        (tmp_path / "file").write_text("a file, not a directory")
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sidecar.readserver",
+                "--set",
+                f"state_dir={tmp_path / 'state'}",
+                "--set",
+                f"read_server.socket_path={tmp_path / 'file' / 'r.sock'}",
+                "--set",
+                "s3.endpoint_url=http://127.0.0.1:9",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert result.returncode == 2, result.stderr
+        # guard() logs the traceback inside one JSON line; nothing prints one raw
+        assert not any(line.startswith("Traceback") for line in result.stderr.splitlines())
+        assert (
+            result.stderr.strip()
+            .splitlines()[-1]
+            .startswith("sidecar.readserver: error: read_server.socket_path ")
+        )
