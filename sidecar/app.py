@@ -75,6 +75,9 @@ __all__ = ["Daemon", "run_daemon", "upload_throttle"]
 
 log = get_logger(__name__)
 
+#: the longest wait between two tries of a startup step (the broker's identity, Kafka)
+_STARTUP_RETRY_MAX_S = 10.0
+
 
 def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | None:
     """The daemon's one upload bandwidth cap (``tiering.max_upload_bytes_per_second``), for the
@@ -284,11 +287,28 @@ class Daemon:
         return broker_id
 
     async def run(self) -> None:
-        """Run every root task until SIGTERM/SIGINT, then stop them in order."""
+        """Run every root task until SIGTERM/SIGINT, then stop them in order. /healthz is
+        served from the start, also while the sidecar waits for its broker."""
+        with capture_signals(self.stopping):
+            async with asyncio.TaskGroup() as tg:
+                infra = self._infra_stop
+                tg.create_task(
+                    guard(self.health.run(infra), name="health server", stopping=infra),
+                    name="health server",
+                )
+                try:
+                    await self._start()
+                finally:
+                    infra.set()
+
+    async def _start(self) -> None:
         config = self.config
-        identity = await asyncio.to_thread(read_broker_identity, config.broker.log_dirs)
-        broker_id = self._broker_id(identity)
-        with capture_signals(self.stopping), bind_context(broker_id=broker_id):
+        deadline = time.monotonic() + config.broker.startup_wait_s
+        started = await self._await_broker(deadline)
+        if started is None:
+            return  # stopped while waiting
+        identity, broker_id = started
+        with bind_context(broker_id=broker_id):
             log.info(
                 "sidecar_starting",
                 version=__version__,
@@ -296,10 +316,55 @@ class Daemon:
                 cluster_id=identity.cluster_id if identity else None,
             )
             async with AsyncExitStack() as resources:
-                await self._run_with(resources, broker_id)
+                await self._run_with(resources, broker_id, deadline)
             log.info("sidecar_stopped")
 
-    async def _run_with(self, resources: AsyncExitStack, broker_id: int) -> None:
+    async def _waiting(self, what: str, error: SidecarError, deadline: float, delay: float) -> bool:
+        """Wait out one retry of a startup step that ``error`` failed; False when the step
+        should give up (``broker.startup_wait_s`` spent: the error then ends the daemon) or
+        the daemon is stopping (True means: try again)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise error
+        self.readiness.set("startup", False, reason=f"waiting for {what}: {error}")
+        log.warning(
+            "waiting_for_broker",
+            waiting_for=what,
+            error=str(error),
+            gives_up_in_s=round(left),
+            detail="the broker may still be starting; broker.startup_wait_s bounds the wait",
+        )
+        await wait_any(self.stopping, within=min(delay, left))
+        return not self.stopping.is_set()
+
+    async def _await_broker(self, deadline: float) -> tuple[MetaProperties | None, int] | None:
+        """The broker's identity and id, waiting while its log dirs have no meta.properties
+        yet (a broker formatting its storage beside a sidecar that started first)."""
+        delay = 1.0
+        while True:
+            identity = await asyncio.to_thread(read_broker_identity, self.config.broker.log_dirs)
+            try:
+                return identity, self._broker_id(identity)
+            except ConfigError as exc:
+                if not await self._waiting("the broker's meta.properties", exc, deadline, delay):
+                    return None
+            delay = min(delay * 2, _STARTUP_RETRY_MAX_S)
+
+    async def _await_kafka(self, kafka: RetentionKafka, deadline: float) -> bool:
+        """Wait until the cluster answers (its cluster id); False when stopped meanwhile."""
+        delay = 1.0
+        while True:
+            try:
+                await kafka.cluster_id()
+            except SidecarError as exc:
+                if not await self._waiting("Kafka", exc, deadline, delay):
+                    return False
+                delay = min(delay * 2, _STARTUP_RETRY_MAX_S)
+                continue
+            self.readiness.set("startup", True)
+            return True
+
+    async def _run_with(self, resources: AsyncExitStack, broker_id: int, deadline: float) -> None:
         config = self.config
         meta = config.remote_log_metadata
         options = kafka_client_options(config.kafka)
@@ -319,6 +384,8 @@ class Daemon:
             client_options=options,
         )
         resources.push_async_callback(retention_kafka.aclose)
+        if not await self._await_kafka(retention_kafka, deadline):
+            return
         tailer = MetadataTailer(
             bootstrap_servers=bootstrap,
             store=store,
@@ -538,10 +605,9 @@ class Daemon:
                 ("cluster watcher", cluster.run(infra)),
                 # remote log metadata → local store; read-back for the publisher
                 ("metadata tailer", tailer.run(infra)),
-                # component health → /readyz
+                # component health → /readyz (/metrics, /healthz and /readyz are served by
+                # the health server that run() started first)
                 ("readiness probe", self._probe(cluster, tailer, objects, infra)),
-                # /metrics, /healthz, /readyz for Prometheus and the kubelet
-                ("health server", self.health.run(infra)),
                 # tiered reads over the local socket, from the store and the bucket
                 ("read server", read_server.run(infra)),
                 # how long the loop is held: everything above shares it

@@ -240,6 +240,13 @@ class BrokerConfig(_Section):
         description="broker-driven topics: upload each segment's .log on roll, so the broker's"
         " copy call binds it with a copy inside the store instead of uploading then",
     )
+    startup_wait_s: float = Field(
+        300.0,
+        ge=0,
+        description="at start, how long to wait for the broker (its meta.properties, a Kafka"
+        " connection) while serving /healthz, as beside a broker that starts with the sidecar;"
+        " then exit as before; 0 = exit at once",
+    )
 
 
 class S3Config(_Section):

@@ -332,6 +332,8 @@ class TestSmallFixes:
             "127.0.0.1:1",
             "--set",
             f"state_dir={tmp_path / 'state'}",
+            "--set",
+            "broker.startup_wait_s=0",  # no wait for a broker that formats its storage
             "--log-format",
             "json",
         )
