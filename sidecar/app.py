@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ from sidecar.storage.keys import KeyLayout
 from sidecar.storage.ownership import PrefixOwner, PrefixOwnershipError, claim_prefix
 from sidecar.storage.throttle import TokenBucket
 from sidecar.tiering.brokercopy import BrokerCopier
-from sidecar.tiering.cluster import ClusterWatcher, TopicSelector
+from sidecar.tiering.cluster import ClusterUnavailableError, ClusterWatcher, TopicSelector
 from sidecar.tiering.detector import LogDirDetector
 from sidecar.tiering.eager import EagerStager, StagingLedger
 from sidecar.tiering.quarantine import Quarantine
@@ -77,6 +78,37 @@ log = get_logger(__name__)
 
 #: the longest wait between two tries of a startup step (the broker's identity, Kafka)
 _STARTUP_RETRY_MAX_S = 10.0
+
+
+class _KafkaUnreachableError(ClusterUnavailableError):
+    """No bootstrap server accepted a connection (refused, timed out, not resolvable)."""
+
+
+async def _connect_once(servers: Sequence[str], options: dict[str, Any], timeout_ms: int) -> None:
+    """Open (and authenticate) one connection to the first bootstrap server that takes it,
+    then close it. :class:`_KafkaUnreachableError` when none could be reached; a server
+    that answered but refused us is a :class:`ClusterUnavailableError` that says why.
+    aiokafka's own bootstrap reports both alike ("Unable to bootstrap"), hence this probe."""
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import KafkaError
+
+    problems: list[str] = []
+    for server in servers:
+        host, _, port = server.rpartition(":")
+        try:
+            conn = await create_conn(
+                host.strip("[]"), int(port), request_timeout_ms=timeout_ms, **options
+            )
+        except ssl.SSLError as exc:  # something listens there and the handshake failed
+            raise ClusterUnavailableError(f"{server}: TLS handshake failed: {exc}") from exc
+        except (OSError, TimeoutError) as exc:
+            problems.append(f"{server}: {exc or type(exc).__name__}")
+            continue
+        except KafkaError as exc:  # e.g. SaslAuthenticationFailed
+            raise ClusterUnavailableError(f"{server} refused the connection: {exc!r}") from exc
+        conn.close()
+        return
+    raise _KafkaUnreachableError("no bootstrap server could be reached: " + "; ".join(problems))
 
 
 def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | None:
@@ -350,13 +382,18 @@ class Daemon:
                     return None
             delay = min(delay * 2, _STARTUP_RETRY_MAX_S)
 
-    async def _await_kafka(self, kafka: RetentionKafka, deadline: float) -> bool:
-        """Wait until the cluster answers (its cluster id); False when stopped meanwhile."""
+    async def _await_kafka(self, deadline: float) -> bool:
+        """Wait while no bootstrap server can be reached (:func:`_connect_once`); False when
+        stopped meanwhile. A server that answers but refuses us (credentials, a certificate
+        that does not verify) ends the daemon at once, as before: no broker start fixes it."""
+        kafka = self.config.kafka
         delay = 1.0
         while True:
             try:
-                await kafka.cluster_id()
-            except SidecarError as exc:
+                await _connect_once(
+                    kafka.bootstrap_servers, kafka_client_options(kafka), kafka.request_timeout_ms
+                )
+            except _KafkaUnreachableError as exc:
                 if not await self._waiting("Kafka", exc, deadline, delay):
                     return False
                 delay = min(delay * 2, _STARTUP_RETRY_MAX_S)
@@ -384,7 +421,7 @@ class Daemon:
             client_options=options,
         )
         resources.push_async_callback(retention_kafka.aclose)
-        if not await self._await_kafka(retention_kafka, deadline):
+        if not await self._await_kafka(deadline):
             return
         tailer = MetadataTailer(
             bootstrap_servers=bootstrap,
