@@ -59,13 +59,17 @@ def sidecar_env(s3: Any) -> dict[str, str]:
 
 @dataclass
 class SidecarProcess:
-    """A running `sidecar run` whose JSON log lines are read on demand."""
+    """A running `sidecar run` whose JSON log is read as it comes, by a task of its own: the
+    pipe never fills while a test waits on something else (a full pipe would block the
+    daemon's logging, and with it its event loop)."""
 
     proc: asyncio.subprocess.Process
     log_path: Path
     events: list[dict[str, Any]] = field(default_factory=list)
     raw: list[str] = field(default_factory=list)
-    _cursor: int = 0
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _reader: asyncio.Task[None] | None = None
+    _eof: bool = False
 
     @classmethod
     async def start(
@@ -86,20 +90,23 @@ class SidecarProcess:
             stderr=subprocess.STDOUT,
             env=env,
         )
-        return cls(proc, log_path)
+        process = cls(proc, log_path)
+        process._reader = asyncio.create_task(process._read_all())
+        return process
 
-    async def _read_line(self, timeout: float) -> bool:
+    async def _read_all(self) -> None:
         assert self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        if not line:
-            return False
-        text = line.decode()
-        self.raw.append(text)
         with self.log_path.open("a") as out:
-            out.write(text)
-        with contextlib.suppress(json.JSONDecodeError):
-            self.events.append(json.loads(text))
-        return True
+            while line := await self.proc.stdout.readline():
+                text = line.decode()
+                self.raw.append(text)
+                out.write(text)
+                out.flush()
+                with contextlib.suppress(json.JSONDecodeError):
+                    self.events.append(json.loads(text))
+                self._changed.set()
+        self._eof = True
+        self._changed.set()
 
     def matching(self, name: str, **match: Any) -> list[dict[str, Any]]:
         return [
@@ -109,36 +116,36 @@ class SidecarProcess:
         ]
 
     async def wait_for(self, name: str, *, count: int = 1, timeout: float = 60, **match: Any):
-        """Read the log until ``count`` events ``name`` (with the given fields) were logged."""
+        """Wait until ``count`` events ``name`` (with the given fields) were logged."""
         deadline = time.monotonic() + timeout
-        while len(self.matching(name, **match)) < count:
+        while True:
+            self._changed.clear()
+            if len(self.matching(name, **match)) >= count:
+                return self.matching(name, **match)[:count]
+            if self._eof:
+                raise AssertionError(
+                    f"sidecar exited before {name}; log:\n" + "".join(self.raw[-60:])
+                )
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(
                     f"{len(self.matching(name, **match))}/{count} {name} {match} within "
                     f"{timeout} s; last log lines:\n" + "".join(self.raw[-40:])
                 )
-            try:
-                alive = await self._read_line(remaining)
-            except TimeoutError:
-                continue
-            if not alive:
-                raise AssertionError(
-                    f"sidecar exited before {name}; log:\n" + "".join(self.raw[-60:])
-                )
-        return self.matching(name, **match)[:count]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
 
     async def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.returncode is None:
             self.proc.send_signal(sig)
-        while True:
-            try:
-                if not await self._read_line(timeout):
-                    break
-            except TimeoutError:
-                self.proc.kill()
-                break
-        return await self.proc.wait()
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except TimeoutError:
+            self.proc.kill()
+        code = await self.proc.wait()
+        if self._reader is not None:
+            await self._reader  # the rest of the log, up to EOF
+        return code
 
     async def kill(self) -> None:
         if self.proc.returncode is None:

@@ -426,7 +426,7 @@ class TestCancelledUploads:
         """A stop (a forced one: the second SIGTERM) cancels uploads in flight. Each tries
         to abort its multipart upload once, briefly, instead of under the whole retry policy
         (4 attempts of request_timeout_s against a store that does not answer)."""
-        monkeypatch.setattr(s3_module, "_ABORT_WHEN_CANCELLED_S", 0.3)
+        monkeypatch.setattr(s3_module, "_ABORT_WHEN_CANCELLED_S", 2.0)
         path = tmp_path / "segment.log"
         path.write_bytes(b"x" * (11 * 1024 * 1024))  # three parts of 5 MiB
         async with (
