@@ -17,6 +17,7 @@ from sidecar.kafka.checkpoints import (
     PartitionMetadata,
     ProducerSnapshot,
     ProducerSnapshotEntry,
+    check_producer_snapshot,
     decode_kafka_uuid,
     encode_kafka_uuid,
     epoch_entries_in_range,
@@ -32,6 +33,7 @@ from sidecar.kafka.checkpoints import (
     read_meta_properties,
     read_partition_metadata,
     read_producer_snapshot,
+    verify_producer_snapshot,
 )
 from sidecar.kafka.indexes import (
     ABORTED_TXN_ENTRY,
@@ -124,6 +126,7 @@ __all__ = [
     "TimestampType",
     "TopicPartition",
     "TxnIndex",
+    "check_producer_snapshot",
     "classify_dir_name",
     "decode_batches",
     "decode_kafka_uuid",
@@ -153,4 +156,5 @@ __all__ = [
     "scan_log_dir",
     "scan_partition_dir",
     "segment_file_name",
+    "verify_producer_snapshot",
 ]

@@ -100,7 +100,12 @@ def read_small_file(
             raise unreadable(path, exc) from exc
     with fh:
         try:
-            data = fh.read(limit + 1)
+            # asked for its size (plus one byte, to see it grew), not the limit: a read of
+            # limit + 1 bytes allocates that much up front, for every small file
+            size = os.fstat(fh.fileno()).st_size
+            data = fh.read(min(size, limit) + 1)
+            if len(data) > size and len(data) <= limit:  # it grew meanwhile: the rest
+                data += fh.read(limit + 1 - len(data))
         except OSError as exc:
             raise unreadable(path, exc) from exc
     if len(data) > limit:

@@ -40,6 +40,7 @@ __all__ = [
     "PartitionMetadata",
     "ProducerSnapshot",
     "ProducerSnapshotEntry",
+    "check_producer_snapshot",
     "decode_kafka_uuid",
     "encode_kafka_uuid",
     "epoch_entries_in_range",
@@ -55,6 +56,7 @@ __all__ = [
     "read_meta_properties",
     "read_partition_metadata",
     "read_producer_snapshot",
+    "verify_producer_snapshot",
 ]
 
 _INT32 = (-(2**31), 2**31 - 1)
@@ -494,13 +496,9 @@ class ProducerSnapshot:
     entries: tuple[ProducerSnapshotEntry, ...]
 
 
-def parse_producer_snapshot(data: bytes, *, path: str | None = None) -> ProducerSnapshot:
-    """Parse and CRC-check a producer snapshot, as ``ProducerStateManager.readSnapshot``.
-
-    Raises ``TruncatedFileError`` for a file shorter than its header or entry count says (an
-    in-place write in progress looks like this too), ``SnapshotFormatError`` for a version other
-    than 1, a CRC mismatch, a negative count or bytes after the last entry.
-    """
+def check_producer_snapshot(data: bytes, *, path: str | None = None) -> None:
+    """The checks of :func:`parse_producer_snapshot` (version, CRC, size), without building
+    an entry per producer: what deciding whether a segment may be tiered needs."""
     if len(data) < PRODUCER_SNAPSHOT_HEADER.size:
         raise TruncatedFileError(
             f"producer snapshot of {len(data)} bytes is shorter than its "
@@ -538,6 +536,17 @@ def parse_producer_snapshot(data: bytes, *, path: str | None = None) -> Producer
             path=path,
             position=expected,
         )
+
+
+def parse_producer_snapshot(data: bytes, *, path: str | None = None) -> ProducerSnapshot:
+    """Parse and CRC-check a producer snapshot, as ``ProducerStateManager.readSnapshot``.
+
+    Raises ``TruncatedFileError`` for a file shorter than its header or entry count says (an
+    in-place write in progress looks like this too), ``SnapshotFormatError`` for a version other
+    than 1, a CRC mismatch, a negative count or bytes after the last entry.
+    """
+    check_producer_snapshot(data, path=path)
+    version, crc, _ = PRODUCER_SNAPSHOT_HEADER.unpack_from(data)
     entries = tuple(
         ProducerSnapshotEntry(*fields)
         for fields in PRODUCER_SNAPSHOT_ENTRY.iter_unpack(
@@ -550,6 +559,14 @@ def parse_producer_snapshot(data: bytes, *, path: str | None = None) -> Producer
 def read_producer_snapshot(path: Path) -> ProducerSnapshot:
     """Read and check a ``<offset>.snapshot`` (with the ``.deleted`` fallback)."""
     return parse_producer_snapshot(
+        read_small_file(path, deleted_fallback=True, error=SnapshotFormatError), path=str(path)
+    )
+
+
+def verify_producer_snapshot(path: Path) -> None:
+    """Read a ``<offset>.snapshot`` (with the ``.deleted`` fallback) and check it as
+    :func:`read_producer_snapshot` does, without parsing its entries."""
+    check_producer_snapshot(
         read_small_file(path, deleted_fallback=True, error=SnapshotFormatError), path=str(path)
     )
 

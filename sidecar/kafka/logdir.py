@@ -38,7 +38,7 @@ from sidecar.kafka.checkpoints import (
     read_leader_epoch_checkpoint,
     read_meta_properties,
     read_partition_metadata,
-    read_producer_snapshot,
+    verify_producer_snapshot,
 )
 from sidecar.kafka.indexes import OFFSET_INDEX_ENTRY, TIME_INDEX_ENTRY, index_tail
 
@@ -576,7 +576,7 @@ def _check_snapshot(
         facts.fail(NotReadyReason.SNAPSHOT_MISSING)
         return
     try:
-        read_producer_snapshot(snapshot_path)
+        verify_producer_snapshot(snapshot_path)
     except SegmentVanishedError as exc:
         facts.fail(NotReadyReason.VANISHED, exc)
         return

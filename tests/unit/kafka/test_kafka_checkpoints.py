@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
 
 from sidecar.errors import CheckpointFormatError, SnapshotFormatError, TruncatedFileError
+from sidecar.kafka import _io as io_module
+from sidecar.kafka._io import read_small_file
 from sidecar.kafka.checkpoints import (
     PRODUCER_SNAPSHOT_ENTRY,
     EpochEntry,
     MetaProperties,
     PartitionMetadata,
     ProducerSnapshotEntry,
+    check_producer_snapshot,
     decode_kafka_uuid,
     encode_kafka_uuid,
     epoch_entries_in_range,
@@ -31,6 +36,7 @@ from sidecar.kafka.checkpoints import (
     read_meta_properties,
     read_partition_metadata,
     read_producer_snapshot,
+    verify_producer_snapshot,
 )
 
 E = EpochEntry
@@ -368,11 +374,13 @@ class TestProducerSnapshot:
             pytest.param(lambda d: b"", TruncatedFileError, "shorter than", 0, id="empty-file"),
         ],
     )
-    def test_rejects(self, mutate, error, fragment: str, position: int) -> None:  # type: ignore[no-untyped-def]
-        """Bad snapshots raise a typed error naming the file and byte."""
+    @pytest.mark.parametrize("check", [parse_producer_snapshot, check_producer_snapshot])
+    def test_rejects(self, mutate, error, fragment: str, position: int, check) -> None:  # type: ignore[no-untyped-def]
+        """Bad snapshots raise a typed error naming the file and byte (parsed, or only checked
+        as the log-dir scan does)."""
         data = mutate(format_producer_snapshot([ENTRY]))
         with pytest.raises(error, match=fragment) as info:
-            parse_producer_snapshot(data, path="/d/t-0/00000000000000000010.snapshot")
+            check(data, path="/d/t-0/00000000000000000010.snapshot")
         assert info.value.path == "/d/t-0/00000000000000000010.snapshot"
         assert info.value.position == position
 
@@ -384,14 +392,15 @@ class TestProducerSnapshot:
             pytest.param(-1, b"", SnapshotFormatError, 6, id="negative-count"),
         ],
     )
+    @pytest.mark.parametrize("check", [parse_producer_snapshot, check_producer_snapshot])
     def test_count_mismatch(
-        self, count: int, extra: bytes, error: type[Exception], position: int
+        self, count: int, extra: bytes, error: type[Exception], position: int, check: Any
     ) -> None:
         """A count that does not match the bytes (with a valid CRC) is reported where it breaks."""
         body = struct.pack(">i", count) + PRODUCER_SNAPSHOT_ENTRY.pack(*ENTRY) + extra
         data = struct.pack(">hI", 1, crc32c.crc32c(body)) + body
         with pytest.raises(error) as info:
-            parse_producer_snapshot(data)
+            check(data)
         assert info.value.position == position  # type: ignore[attr-defined]
 
     def test_read_with_deleted_fallback(self, tmp_path: Path) -> None:
@@ -402,3 +411,40 @@ class TestProducerSnapshot:
         assert read_producer_snapshot(tmp_path / "00000000000000000010.snapshot").entries == (
             ENTRY,
         )
+        verify_producer_snapshot(tmp_path / "00000000000000000010.snapshot")
+
+
+class TestSmallFiles:
+    """Small files are read whole up to a limit, and no more is allocated than they hold."""
+
+    @pytest.mark.parametrize("size", [0, 1, 99, 100])
+    def test_up_to_the_limit_reads_the_whole_file(self, tmp_path: Path, size: int) -> None:
+        path = tmp_path / "f"
+        path.write_bytes(bytes(range(size % 256)) * (size // 256) + bytes(range(size % 256)))
+        assert read_small_file(path, deleted_fallback=False, limit=100) == path.read_bytes()
+
+    def test_over_the_limit_is_refused(self, tmp_path: Path) -> None:
+        path = tmp_path / "f"
+        path.write_bytes(b"x" * 101)
+        with pytest.raises(TruncatedFileError, match="larger than the 100-byte limit"):
+            read_small_file(path, deleted_fallback=False, limit=100)
+
+    def test_a_file_that_grows_while_read_is_read_to_the_limit(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Its size is taken before the read: bytes appended after that are read too (up to
+        the limit, past which it is refused)."""
+        path = tmp_path / "f"
+        path.write_bytes(b"a" * 10)
+        real_fstat = os.fstat
+
+        def fstat_then_grow(fd: int) -> os.stat_result:
+            result = real_fstat(fd)
+            with path.open("ab") as out:
+                out.write(b"b" * 20)
+            return result
+
+        monkeypatch.setattr(io_module.os, "fstat", fstat_then_grow)
+        assert read_small_file(path, deleted_fallback=False, limit=100) == b"a" * 10 + b"b" * 20
+        with pytest.raises(TruncatedFileError, match="limit"):
+            read_small_file(path, deleted_fallback=False, limit=40)
