@@ -11,6 +11,7 @@ document, so ``--json --records`` holds the whole dump in memory (use text outpu
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import os
@@ -29,7 +30,12 @@ from sidecar.errors import (
     SidecarError,
     UnreadableFileError,
 )
-from sidecar.kafka._io import open_with_deleted_fallback, read_at, unreadable
+from sidecar.kafka._io import (
+    open_with_deleted_fallback,
+    read_at,
+    stat_with_deleted_fallback,
+    unreadable,
+)
 from sidecar.kafka.indexes import OffsetIndex, TimeIndex, TxnIndex
 from sidecar.kafka.logdir import (
     FileKind,
@@ -500,9 +506,15 @@ def _verify_offset_index(
                 position=len(index.data),
             )
         )
-    problems.extend(index.validate(log_size=log_size, end_offset=end_offset))
+    bound = log_size
+    if target.is_active:
+        # the broker appends to the .log before it indexes what it appended: entries read
+        # after the walk may point past the size taken before it, never past the size now
+        with contextlib.suppress(OSError, SidecarError):
+            bound = max(log_size, stat_with_deleted_fallback(target.log_path)[0].st_size)
+    problems.extend(index.validate(log_size=bound, end_offset=end_offset))
     for i, (offset, position) in enumerate(index):
-        if position >= log_size or not batches:
+        if position >= log_size or not batches:  # past the walked bytes: no batch to check
             continue
         if position not in batches:
             problems.append(
@@ -846,6 +858,8 @@ def _epochs_text(epochs: list[list[int]]) -> str:
 def _timestamp_text(ms: int | None) -> str:
     if ms is None:
         return "-"
+    if ms < 0:  # Kafka's NO_TIMESTAMP (-1: data converted from the v0 format), not a date
+        return str(ms)
     try:
         moment = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC)
     except (OverflowError, OSError, ValueError):

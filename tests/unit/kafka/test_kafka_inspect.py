@@ -292,6 +292,29 @@ class TestVerify:
             ("IndexFormatError", str(index), 8)
         ]
 
+    def test_an_active_segment_indexed_while_verified_is_fine(
+        self, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The broker appends to the active .log, then indexes it: an entry read after the
+        walk may point past the size taken before it. Past the size now it is still wrong."""
+        log = seg_path(log_dir, 9)
+        index = seg_path(log_dir, 9, FileKind.INDEX)
+        walked = log.stat().st_size
+        real_read = inspect_module.OffsetIndex.read
+
+        def append_then_read(path: Path, **kwargs: Any) -> Any:
+            with log.open("ab") as out:  # the broker's next append, during the verify
+                out.write(batch(1, first=11))
+            return real_read(path, **kwargs)
+
+        monkeypatch.setattr(inspect_module.OffsetIndex, "read", staticmethod(append_then_read))
+        target = SegmentTarget(log, 9, None)
+        index.write_bytes(OFFSET_INDEX_ENTRY.pack(2, walked))
+        assert verify_segment(target) == []
+        index.write_bytes(OFFSET_INDEX_ENTRY.pack(2, 10_000_000))
+        problems = verify_segment(target)
+        assert any("outside the" in str(p) for p in problems), problems
+
     def test_index_entry_not_at_batch(self, log_dir: Path) -> None:
         """An index entry pointing into the middle of a batch is reported."""
         index = seg_path(log_dir, 0, FileKind.INDEX)
@@ -498,3 +521,9 @@ class TestRows:
             "position": 12,
         }
         json.dumps(row)
+
+
+def test_no_timestamp_is_shown_as_such() -> None:
+    """-1 (NO_TIMESTAMP, data converted from the v0 format) is not a date in 1969."""
+    assert inspect_module._timestamp_text(-1) == "-1"
+    assert inspect_module._timestamp_text(T0) == "2023-11-14T22:13:20.000Z"
