@@ -521,7 +521,12 @@ def _walk(
     end = src.end
     while position < end:
         remaining = end - position
-        head = src.read(position, RECORD_BATCH_OVERHEAD)
+        try:
+            head = src.read(position, RECORD_BATCH_OVERHEAD)
+        except TruncatedFileError:
+            if tolerate_tail:  # an active segment truncated under the walk (a follower's)
+                return
+            raise
         try:
             header = parse_batch_header(head, position=position, path=src.path, available=remaining)
         except (TruncatedFileError, CorruptRecordError) as exc:

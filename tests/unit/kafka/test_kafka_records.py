@@ -306,6 +306,32 @@ class TestIterBatches:
         assert (info.value.path, info.value.position) == (str(path), second)
         assert [h.position for h in iter_batches(path, tolerate_tail=True)] == [0]
 
+    def test_a_file_truncated_under_the_walk(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A follower truncates its active segment while it is walked: the next window comes
+        back short. A tolerant walk ends there; a strict one says the file shrank."""
+        monkeypatch.setattr(records_module, "_CRC_CHUNK", 256)  # a window per batch or so
+        one = build_batch(RECORDS)
+        path = tmp_path / "00000000000000000000.log"
+
+        def walk(tolerate: bool) -> list[int]:
+            # past what the file object's own buffer (8 KiB) holds from its first read
+            path.write_bytes(_segment(*[one] * 200))
+            seen = []
+            for header in iter_batches(path, tolerate_tail=tolerate):
+                seen.append(header.position)
+                if len(seen) == 2:
+                    with path.open("r+b") as fh:
+                        fh.truncate(len(one))
+            return seen
+
+        seen = walk(True)
+        assert seen == [i * len(one) for i in range(len(seen))]
+        assert 2 <= len(seen) < 200
+        with pytest.raises(TruncatedFileError, match="shrank"):
+            walk(False)
+
     def test_truncated_header(self) -> None:
         """A file ending inside the 17 bytes before magic is truncated, not corrupt."""
         seg = _segment(build_batch(RECORDS)) + b"\x00\x00\x00\x00\x00\x00\x00\x07\x00\x00"
