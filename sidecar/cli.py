@@ -638,12 +638,12 @@ def _status(args: argparse.Namespace) -> int:
             document = json.load(response)
     except urllib.error.HTTPError as exc:
         print(
-            f"sidecar: {url} answered {exc.code}: {exc.read().decode(errors='replace')}",
+            f"sidecar: error: {url} answered {exc.code}: {exc.read().decode(errors='replace')}",
             file=sys.stderr,
         )
         return 1
     except OSError as exc:
-        print(f"sidecar: cannot reach the running sidecar at {url}: {exc}", file=sys.stderr)
+        print(f"sidecar: error: cannot reach the running sidecar at {url}: {exc}", file=sys.stderr)
         return 1
     code = 0 if document.get("ready") else 1  # a sidecar that is not ready is a finding
     if args.json:

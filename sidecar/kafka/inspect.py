@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -602,12 +603,21 @@ def _iter_batches(
 # rendering
 
 
-def run_inspect(path: Path, *, as_json: bool, verify: bool, records: bool, out: TextIO) -> int:
+def run_inspect(
+    path: Path,
+    *,
+    as_json: bool,
+    verify: bool,
+    records: bool,
+    out: TextIO,
+    err: TextIO | None = None,
+) -> int:
     """Inspect ``path`` and write the result to ``out``.
 
     Returns 0 when all is well, 1 when problems were found (every problem with ``verify``; only
     those met while listing otherwise), 2 when ``path`` does not exist or is not a log dir,
-    partition dir or ``.log`` file. Files the broker deleted while they were being read
+    partition dir or ``.log`` file (said on ``err``, stderr by default, or as a JSON document
+    on ``out``). Files the broker deleted while they were being read
     (``SegmentVanishedError``: retention or topic deletion racing the scan) are listed under
     ``vanished``; they are the broker at work, not problems.
     """
@@ -616,8 +626,8 @@ def run_inspect(path: Path, *, as_json: bool, verify: bool, records: bool, out: 
     except _NotALogPath as exc:
         if as_json:
             out.write(json.dumps({"error": str(exc)}) + "\n")
-        else:
-            out.write(f"error: {exc}\n")
+        else:  # on stderr, as every command's errors: stdout stays the listing
+            (err if err is not None else sys.stderr).write(f"sidecar: error: {exc}\n")
         return EXIT_NOT_A_LOG_DIR
     problems: list[SidecarError] = []
     if isinstance(target, SegmentTarget):

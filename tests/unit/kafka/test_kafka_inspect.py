@@ -82,16 +82,24 @@ def seg_path(log_dir: Path, offset: int, kind: FileKind = FileKind.LOG) -> Path:
     return log_dir / PART / segment_file_name(offset, kind)
 
 
-def inspect(path: Path, **flags: bool) -> tuple[int, str]:
-    out = io.StringIO()
+def inspect_streams(path: Path, **flags: bool) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of ``sidecar inspect``."""
+    out, err = io.StringIO(), io.StringIO()
     code = run_inspect(
         path,
         as_json=flags.get("as_json", False),
         verify=flags.get("verify", False),
         records=flags.get("records", False),
         out=out,
+        err=err,
     )
-    return code, out.getvalue()
+    return code, out.getvalue(), err.getvalue()
+
+
+def inspect(path: Path, **flags: bool) -> tuple[int, str]:
+    """Exit code and everything written (stdout, then stderr)."""
+    code, out, err = inspect_streams(path, **flags)
+    return code, out + err
 
 
 def inspect_json(path: Path, **flags: bool) -> tuple[int, dict[str, Any]]:
@@ -124,9 +132,11 @@ class TestTargets:
     )
     def test_not_a_log_dir_exits_2(self, log_dir: Path, make: Any, fragment: str) -> None:
         """A missing path or something that is not Kafka data exits 2 with a reason."""
-        code, text = inspect(make(log_dir))
+        code, out, err = inspect_streams(make(log_dir))
         assert code == EXIT_NOT_A_LOG_DIR
-        assert fragment in text
+        assert out == ""  # errors go to stderr, as every command's do
+        assert err.startswith("sidecar: error: ")
+        assert fragment in err
         code, doc = inspect_json(make(log_dir))
         assert code == EXIT_NOT_A_LOG_DIR
         assert fragment in doc["error"]
