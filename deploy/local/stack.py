@@ -26,6 +26,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import random
 import re
 import secrets
 import shutil
@@ -278,8 +279,38 @@ def spark_kafka_versions(spark_version: str | None = None) -> dict[str, str]:
 # ports and processes
 
 
+#: the lowest port :func:`free_port` hands out (below it: well-known and registered services)
+_PORT_FLOOR = 15000
+#: ports this process handed out already: never twice, even before their server binds them
+_handed_out: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The first port of the kernel's ephemeral range (source ports of outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(*, also_free_offset: int | None = None, below: int = 55535) -> int:
-    """Return a free loopback TCP port; with ``also_free_offset``, port+offset is free too."""
+    """Return a free loopback TCP port; with ``also_free_offset``, port+offset is free too.
+
+    The port comes from below the kernel's ephemeral range when there is room: a server that
+    gives its port up to restart (a broker in a test) would otherwise find it taken by the
+    source port of some outgoing connection meanwhile. A port is handed out once per process.
+    """
+    offset = also_free_offset or 0
+    ceiling = min(below, _ephemeral_floor() - offset)
+    if ceiling - _PORT_FLOOR >= 1000:
+        rng = random.Random()  # noqa: S311 - spreading ports, not a secret
+        for _ in range(200):
+            port = rng.randrange(_PORT_FLOOR, ceiling)
+            if port in _handed_out or (port + offset) in _handed_out:
+                continue
+            if port_is_free(port) and (offset == 0 or port_is_free(port + offset)):
+                _handed_out.update({port, port + offset})
+                return port
     for _ in range(200):
         with socket.socket() as s:
             s.bind((LOOPBACK, 0))

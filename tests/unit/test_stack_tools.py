@@ -111,3 +111,19 @@ class TestJvmFlags:
         assert "-XX:+UseSerialGC" not in production
         assert {"-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Xmx1g", "-Xms1g"} <= set(production)
         assert production[-1] == "kafka.Kafka"
+
+
+class TestFreePorts:
+    def test_ports_come_from_below_the_ephemeral_range_and_never_twice(self):
+        """A restarting test broker must find its port again: ports are picked below the
+        range the kernel takes outgoing connections' source ports from, and handed out once."""
+        from tests.conftest import stack
+
+        floor = stack._ephemeral_floor()
+        ports = [stack.free_port() for _ in range(50)]
+        paired = [stack.free_port(also_free_offset=10000) for _ in range(10)]
+        assert len(set(ports + paired + [p + 10000 for p in paired])) == 70
+        if floor - 10000 - stack._PORT_FLOOR >= 1000:  # room below the range (Linux: 32768)
+            assert all(stack._PORT_FLOOR <= p < floor for p in ports)
+            assert all(p + 10000 < floor for p in paired)
+        assert all(stack.port_is_free(p) for p in ports)
