@@ -168,6 +168,13 @@ class ChecksumNotEchoedError(ChecksumMismatchError):
     retriable: ClassVar[bool] = False
 
 
+class ConditionalWriteUnsupportedError(StorageError):
+    """The store does not implement a conditional write (``If-None-Match: *``): the caller
+    falls back to a plain write (not retriable: it will not learn on a retry)."""
+
+    retriable: ClassVar[bool] = False
+
+
 class StorageAccessError(StorageError):
     """The store refused our credentials or permissions, or the bucket does not exist.
 

@@ -113,6 +113,12 @@ class ObjectStore(Protocol):
         """Store ``body`` under ``key`` (one request), with its CRC-32C checked by the store."""
         ...
 
+    async def put_if_absent(self, key: str, body: bytes) -> bool:
+        """Store ``body`` under ``key`` only if no object is there, atomically (one PUT with
+        ``If-None-Match: *``): True when written, False when the key exists. A store without
+        conditional writes raises ``ConditionalWriteUnsupportedError``."""
+        ...
+
     async def put_file(
         self,
         key: str,

@@ -138,6 +138,18 @@ class MemoryObjectStore:
         crc = await crc32c_off_loop(body)
         return self._store(key, body, crc, _md5(body).hex(), parts=0)
 
+    async def put_if_absent(self, key: str, body: bytes) -> bool:
+        """Store ``body`` under ``key`` unless an object is there (checked and written at
+        once: no await between them)."""
+        await self._enter("put")
+        body = bytes(body)
+        await self._charge(len(body))
+        crc = await crc32c_off_loop(body)
+        if key in self.objects:
+            return False
+        self._store(key, body, crc, _md5(body).hex(), parts=0)
+        return True
+
     async def put_file(
         self,
         key: str,

@@ -9,9 +9,11 @@ writes ``<prefix>kafka-tiered-sidecar.owner.json``::
 Its owner is the pair (cluster id, metadata topic): the cluster id alone is not enough, since
 two metadata topics on one cluster are two independent catalogues of the same prefix.
 
-* :func:`claim_prefix` (daemon startup): no marker → write ours and read it back (two clusters
-  racing for a fresh prefix: the one whose marker the read-back returns wins; the other stops);
-  our marker → fine; a foreign marker → :class:`PrefixOwnershipError`, the daemon refuses to start.
+* :func:`claim_prefix` (daemon startup): no marker → write ours only if there is still none
+  (``If-None-Match: *``: of two clusters racing for a fresh prefix the store lets one write, and
+  the other reads its marker and stops; a store without conditional writes gets a plain write
+  and whoever's marker reads back wins), then read it back; our marker → fine; a foreign marker
+  → :class:`PrefixOwnershipError`, the daemon refuses to start.
 * :func:`ownership_problem` (orphan scrub): why this prefix must not be scrubbed by us (marker
   missing, unreadable or foreign), or None.
 * :func:`is_marker_key` / :func:`marker_prefix`: the scrub skips every key under a *nested*
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from sidecar.errors import KeyNotFoundError, SidecarError
+from sidecar.errors import ConditionalWriteUnsupportedError, KeyNotFoundError, SidecarError
 from sidecar.storage.base import ObjectStore
 
 __all__ = [
@@ -157,9 +159,13 @@ async def claim_prefix(
     found = await read_owner(objects, prefix)
     created = False
     if found is None:
-        await objects.put(marker_key(prefix), ours.to_bytes())
-        created = True
-        # S3 has no create-if-absent everywhere: whoever's marker reads back owns the prefix
+        try:
+            # two clusters racing for a fresh prefix: the store lets one of them write
+            created = await objects.put_if_absent(marker_key(prefix), ours.to_bytes())
+        except ConditionalWriteUnsupportedError:
+            # no create-if-absent in this store: whoever's marker reads back owns the prefix
+            await objects.put(marker_key(prefix), ours.to_bytes())
+            created = True
         found = await read_owner(objects, prefix)
         if found is None:
             raise PrefixOwnershipError(

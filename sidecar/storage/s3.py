@@ -68,6 +68,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from sidecar.errors import (
     ChecksumMismatchError,
     ChecksumNotEchoedError,
+    ConditionalWriteUnsupportedError,
     InvalidRangeError,
     KeyNotFoundError,
     StorageAccessError,
@@ -242,6 +243,8 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(cause, ClientError):
         status = _http_status(cause) or 0
+        if status == 501 or _error_code(cause) == "NotImplemented":
+            return False  # a store that lacks a feature lacks it on the next attempt too
         return _error_code(cause) in _TRANSIENT_CODES or status >= 500 or status in (408, 429)
     if isinstance(cause, BotoCoreError):
         return isinstance(cause, BotoConnectionError | HTTPClientError)
@@ -655,6 +658,36 @@ class S3ObjectStore:
         body = bytes(body)
         await self._charge(len(body))
         return await self._put_object(key, body, len(body), await crc32c_off_loop(body))
+
+    async def put_if_absent(self, key: str, body: bytes) -> bool:
+        """One PUT with ``If-None-Match: *``: True when it wrote, False when the store says an
+        object is there (412; also the answer to a repeated PUT whose first answer was lost,
+        so the caller reads the object to learn whose it is). A store that does not
+        implement the condition (501) raises :class:`ConditionalWriteUnsupportedError`."""
+        body = bytes(body)
+        await self._charge(len(body))
+        checksum = encode_checksum(await crc32c_off_loop(body))
+
+        async def request(client: Any) -> Any:
+            return await client.put_object(
+                Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum, IfNoneMatch="*"
+            )
+
+        try:
+            await self._call("put", key, request, body_bytes=len(body))
+        except StorageError as exc:
+            cause = exc.__cause__
+            status = _http_status(cause) if isinstance(cause, ClientError) else None
+            if _error_code(cause) in {"PreconditionFailed", "ConditionalRequestConflict"} or (
+                status in (409, 412)
+            ):
+                return False
+            if _error_code(cause) == "NotImplemented" or status == 501:
+                raise ConditionalWriteUnsupportedError(
+                    f"{self._where('put', key)}: the store does not implement If-None-Match"
+                ) from exc
+            raise
+        return True
 
     async def _charge(self, size: int) -> None:
         """Wait for the upload throttle to let ``size`` more bytes go (before they are read)."""

@@ -143,6 +143,22 @@ class TestRoundTrip:
         assert await backend.store.get(key) == b"second"
         await backend.store.delete([key])
 
+    async def test_put_if_absent_writes_only_a_new_key(self, backend: Backend) -> None:
+        """A conditional put writes a new key once; on an existing key (its own, after a
+        first write, or another's) it says so and changes nothing. Of eight racing for one
+        key, exactly one writes (SeaweedFS enforces If-None-Match under concurrency)."""
+        key = f"{backend.prefix}marker"
+        assert await backend.store.put_if_absent(key, b"first")
+        assert not await backend.store.put_if_absent(key, b"second")
+        assert await backend.store.get(key) == b"first"
+        raced = f"{backend.prefix}raced"
+        wrote = await asyncio.gather(
+            *(backend.store.put_if_absent(raced, bytes([n])) for n in range(8))
+        )
+        assert sorted(wrote) == [False] * 7 + [True]
+        assert await backend.store.get(raced) == bytes([wrote.index(True)])
+        await backend.store.delete([key, raced])
+
 
 class TestGetRange:
     async def test_inclusive_end(self, backend: Backend) -> None:

@@ -4,12 +4,14 @@ it. In-memory bucket."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 
 import pytest
 
-from sidecar.errors import SidecarError
+from sidecar.errors import ConditionalWriteUnsupportedError, SidecarError
+from sidecar.storage.base import ObjectInfo
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.storage.ownership import (
     MARKER_NAME,
@@ -76,6 +78,78 @@ class TestClaim:
         problem = await ownership_problem(objects, "x/", cluster_id="c-a", metadata_topic="__rlm")
         assert problem is not None
         assert "cannot be read" in problem
+
+
+class _RacingStore(MemoryObjectStore):
+    """Every claim's first read of the marker waits until all ``racers`` have read: they all
+    find none and go on to write. Then one writes at a time, each reading its marker back
+    before the next writes: the order in which two clusters could both read back their own."""
+
+    def __init__(self, racers: int) -> None:
+        super().__init__()
+        self._racers = racers
+        self._read = 0
+        self._all_read = asyncio.Event()
+        self._turn = asyncio.Lock()
+        self._writer: asyncio.Task[object] | None = None
+
+    async def _write_turn(self) -> None:
+        await self._turn.acquire()
+        self._writer = asyncio.current_task()
+
+    async def put(self, key: str, body: bytes) -> ObjectInfo:
+        await self._write_turn()
+        return await super().put(key, body)
+
+    async def put_if_absent(self, key: str, body: bytes) -> bool:
+        await self._write_turn()
+        return await super().put_if_absent(key, body)
+
+    async def get(self, key: str) -> bytes:
+        if not self._all_read.is_set():
+            self._read += 1
+            if self._read == self._racers:
+                self._all_read.set()
+            await self._all_read.wait()
+        try:
+            return await super().get(key)
+        finally:
+            if self._writer is asyncio.current_task():  # its read-back: the next may write
+                self._writer = None
+                self._turn.release()
+
+
+class _NoConditionalWrites(MemoryObjectStore):
+    async def put_if_absent(self, key: str, body: bytes) -> bool:
+        raise ConditionalWriteUnsupportedError(f"put {key}: no If-None-Match here")
+
+
+class TestRace:
+    async def test_of_clusters_racing_for_a_fresh_prefix_one_wins(self):
+        """Each finds no marker; the store lets one write, the others read its marker back
+        and stop (before, each could read back its own and serve the same prefix)."""
+        objects = _RacingStore(racers=3)
+        results = await asyncio.gather(
+            *(
+                claim_prefix(objects, "p/", cluster_id=f"c-{n}", metadata_topic="__rlm")
+                for n in range(3)
+            ),
+            return_exceptions=True,
+        )
+        won = [r for r in results if not isinstance(r, BaseException)]
+        refused = [r for r in results if isinstance(r, PrefixOwnershipError)]
+        assert len(won) == 1, results
+        assert len(refused) == 2, results
+        owner, created = won[0]
+        assert created
+        assert json.loads(objects.objects[marker_key("p/")])["cluster_id"] == owner.cluster_id
+
+    async def test_a_store_without_conditional_writes_gets_a_plain_write(self):
+        objects = _NoConditionalWrites()
+        owner, created = await claim_prefix(objects, "", cluster_id="c-a", metadata_topic="t")
+        assert created
+        assert owner.cluster_id == "c-a"
+        assert json.loads(objects.objects[MARKER_NAME])["cluster_id"] == "c-a"
 
 
 class TestProblem:

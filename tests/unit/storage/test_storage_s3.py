@@ -26,6 +26,7 @@ from sidecar.config import S3Config
 from sidecar.errors import (
     ChecksumMismatchError,
     ChecksumNotEchoedError,
+    ConditionalWriteUnsupportedError,
     InvalidRangeError,
     KeyNotFoundError,
     StorageAccessError,
@@ -575,6 +576,58 @@ class TestLostCompletion:
                 await self._upload(server, path)
         assert server.object is None
         assert any(line.startswith("DELETE /unit/k?uploadId=u1") for line in server.lines)
+
+
+class _ConditionalPuts(_AwaitedServer):
+    """Answers every PUT with ``status`` and an S3 error ``code`` (none for 200), and records
+    each request's If-None-Match header."""
+
+    def __init__(self, status: str, code: str = "") -> None:
+        super().__init__()
+        self.status = status
+        self.code = code
+        self.conditions: list[str | None] = []
+
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        await reader.readexactly(int(headers.get("content-length", "0")))
+        self.conditions.append(headers.get("if-none-match"))
+        body = f"<Error><Code>{self.code}</Code><Message>m</Message></Error>".encode()
+        writer.write(_reply(self.status, body if self.code else b"", 'ETag: "e"\r\n'))
+
+
+class TestPutIfAbsent:
+    """One PUT with If-None-Match: *, its three answers."""
+
+    @pytest.mark.parametrize(
+        ("status", "code", "expected"),
+        [
+            ("200 OK", "", True),
+            ("412 Precondition Failed", "PreconditionFailed", False),
+            ("409 Conflict", "ConditionalRequestConflict", False),
+        ],
+    )
+    async def test_written_or_already_there(self, status: str, code: str, expected: bool) -> None:
+        async with (
+            _ConditionalPuts(status, code) as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", sleep=FakeSleep()) as store,
+        ):
+            assert await store.put_if_absent("p/marker", b"{}") is expected
+        assert server.conditions == ["*"]  # one request: a refusal is an answer, not a fault
+
+    async def test_a_store_without_the_condition_says_so_at_once(self) -> None:
+        async with (
+            _ConditionalPuts("501 Not Implemented", "NotImplemented") as server,
+            _store(endpoint_url=f"http://127.0.0.1:{server.port}", sleep=FakeSleep()) as store,
+        ):
+            with pytest.raises(ConditionalWriteUnsupportedError, match="If-None-Match"):
+                await store.put_if_absent("p/marker", b"{}")
+        assert server.conditions == ["*"]  # not retried: it will not learn on a retry
 
 
 class TestPerRequestWork:
