@@ -136,7 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a broker log dir to watch (repeat for JBOD); = broker.log_dirs",
     )
     _add_bootstrap_arg(run, help_text="= kafka.bootstrap_servers (comma-separated)")
-    run.add_argument("--log-level", default=None, help="= logging.level")
+    run.add_argument(
+        "--log-level",
+        default=None,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        type=_log_level,
+        help="= logging.level",
+    )
     run.add_argument(
         "--log-format", default=None, choices=("auto", "json", "console"), help="= logging.format"
     )
@@ -360,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_level(text: str) -> str:
+    """A level as logging spells it, any case; WARN is WARNING, as in Python's logging."""
+    level = text.upper()
+    return "WARNING" if level == "WARN" else level
+
+
 def _run_overrides(args: argparse.Namespace) -> dict[str, str]:
     overrides = _parse_set(args.overrides)
     if args.log_dirs:
@@ -367,7 +379,7 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, str]:
     if args.bootstrap_servers:
         overrides["kafka.bootstrap_servers"] = args.bootstrap_servers
     if args.log_level:
-        overrides["logging.level"] = args.log_level.upper()
+        overrides["logging.level"] = args.log_level
     if args.log_format:
         overrides["logging.format"] = args.log_format
     return overrides

@@ -135,6 +135,19 @@ class TestErrorPath:
             args = parser.parse_args(["metadata", "decode", flag, "b:9092"])
             assert args.bootstrap_server == "b:9092"
 
+    def test_run_log_levels_are_checked_as_flags(self, capsys):
+        """`run --log-level` takes logging's names in any case (warn too) and refuses others
+        as a flag, not as a `--set` the user never wrote."""
+        parser = build_parser()
+        assert parser.parse_args(["run", "--log-level", "warn"]).log_level == "WARNING"
+        assert parser.parse_args(["run", "--log-level", "debug"]).log_level == "DEBUG"
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["run", "--log-level", "loud"])
+        assert exited.value.code == 2
+        error = capsys.readouterr().err.splitlines()[-1]
+        assert "argument --log-level: invalid choice: 'LOUD'" in error
+        assert "--set" not in error
+
 
 class TestConfigCheck:
     def test_dash_c_and_positional(self, tmp_path):
