@@ -666,15 +666,9 @@ class S3ObjectStore:
         implement the condition (501) raises :class:`ConditionalWriteUnsupportedError`."""
         body = bytes(body)
         await self._charge(len(body))
-        checksum = encode_checksum(await crc32c_off_loop(body))
-
-        async def request(client: Any) -> Any:
-            return await client.put_object(
-                Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum, IfNoneMatch="*"
-            )
-
+        crc = await crc32c_off_loop(body)
         try:
-            await self._call("put", key, request, body_bytes=len(body))
+            await self._put_object(key, body, len(body), crc, if_absent=True)
         except StorageError as exc:
             cause = exc.__cause__
             status = _http_status(cause) if isinstance(cause, ClientError) else None
@@ -695,19 +689,24 @@ class S3ObjectStore:
             await self._throttle.acquire(size)
 
     async def _put_object(
-        self, key: str, body: bytes | PartBody | FilePartBody, size: int, crc: int
+        self,
+        key: str,
+        body: bytes | PartBody | FilePartBody,
+        size: int,
+        crc: int,
+        *,
+        if_absent: bool = False,
     ) -> ObjectInfo:
+        """One PUT carrying the body's CRC-32C, its echo checked; with ``if_absent`` it
+        carries ``If-None-Match: *`` too."""
         checksum = encode_checksum(crc)
+        condition = {"IfNoneMatch": "*"} if if_absent else {}
 
         async def request(client: Any) -> Any:
-            if isinstance(body, bytes):
-                return await client.put_object(
-                    Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum
-                )
-            return await _sending(
-                body,
-                client.put_object(Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum),
+            call = client.put_object(
+                Bucket=self._bucket, Key=key, Body=body, ChecksumCRC32C=checksum, **condition
             )
+            return await (call if isinstance(body, bytes) else _sending(body, call))
 
         response = await self._call("put", key, request, body_bytes=size)
         returned = response.get("ChecksumCRC32C")

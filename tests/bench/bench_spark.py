@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaProducer  # noqa: E402
 from sidecar.kafka.logdir import scan_partition_dir  # noqa: E402
 from tests.conftest import stack  # noqa: E402
 from tests.helpers import create_topic  # noqa: E402
-from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env  # noqa: E402
+from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env  # noqa: E402
 
 TOPIC = "bench-spark"
 QUERY = (
@@ -124,7 +124,7 @@ def main() -> int:
     cluster.production_jvm = not args.test_jvm
     cluster.heap = "1g"
     s3 = stack.SeaweedS3.create(root / "s3")
-    daemon: SidecarProcess | None = None
+    daemon: Sidecar | None = None
     spark = None
     try:
         cluster.start()
@@ -155,7 +155,7 @@ def main() -> int:
                 include_topics=[TOPIC],
                 prefix=prefix,
             )
-            daemon = await SidecarProcess.start(config, sidecar_env(s3), root / "sidecar.log")
+            daemon = await Sidecar.start(config, sidecar_env(s3), root / "sidecar.log")
             await daemon.wait_for("segment_tiered", count=rolled, timeout=600, topic=TOPIC)
             await daemon.stop()
             daemon = None

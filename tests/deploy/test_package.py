@@ -107,7 +107,7 @@ async def test_wheel_runs_the_sidecar_on_the_local_stack(
     from tests.conftest import stack
     from tests.e2e._support import delete_topic
     from tests.helpers import create_topic, produce
-    from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
+    from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env
 
     bootstrap = kafka.bootstrap_servers
     await create_topic(bootstrap, topic_name, configs={"segment.bytes": "1048576"})
@@ -124,7 +124,7 @@ async def test_wheel_runs_the_sidecar_on_the_local_stack(
         prefix=s3_prefix,
     )
     env = {k: v for k, v in sidecar_env(s3).items() if not k.startswith("PYTHON")}
-    sidecar = await SidecarProcess.start(
+    sidecar = await Sidecar.start(
         config, env, tmp_path / "sidecar.log", command=(str(wheel_venv / "bin" / "sidecar"),)
     )
     try:

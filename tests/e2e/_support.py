@@ -10,16 +10,11 @@ Waiting is always on something observable: a log event, a metadata record, an HT
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +37,7 @@ from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
 from sidecar.storage.ownership import marker_key
 from tests.helpers import wait_for
 from tests.kafka_serde import check_metadata_topic
+from tests.sidecar_runner import Sidecar as Sidecar  # the e2e tests import it from here
 
 # --- configuration
 
@@ -102,122 +98,6 @@ def write_config(
         lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-# --- a sidecar process
-
-
-@dataclass
-class Sidecar:
-    """A `sidecar run` subprocess; a reader task keeps consuming its JSON log."""
-
-    proc: asyncio.subprocess.Process
-    log_path: Path
-    name: str = "sidecar"
-    events: list[dict[str, Any]] = field(default_factory=list)
-    raw: list[str] = field(default_factory=list)
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _reader: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def start(
-        cls,
-        config: Path,
-        env: dict[str, str],
-        log_path: Path,
-        *,
-        name: str = "sidecar",
-        module: str = "sidecar",
-        command: tuple[str, ...] | None = None,
-    ) -> Sidecar:
-        """Start ``python -m <module> run --config <config>`` (``module`` may be a test
-        wrapper of the sidecar's CLI, e.g. ``tests.read_faults``); ``command``, when given,
-        replaces ``python -m <module>`` (``run --config <config>`` is appended to it)."""
-        proc = await asyncio.create_subprocess_exec(
-            *(command or (sys.executable, "-m", module)),
-            "run",
-            "--config",
-            str(config),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        sidecar = cls(proc, log_path, name)
-        sidecar._reader = asyncio.create_task(sidecar._read(), name=f"{name} log reader")
-        return sidecar
-
-    async def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.log_path.open("a") as out:
-            while line := await self.proc.stdout.readline():
-                text = line.decode(errors="replace")
-                self.raw.append(text)
-                out.write(text)
-                out.flush()
-                with contextlib.suppress(json.JSONDecodeError):
-                    self.events.append(json.loads(text))
-                self._changed.set()
-        self._changed.set()
-
-    @property
-    def exited(self) -> bool:
-        return self._reader is not None and self._reader.done()
-
-    def matching(self, name: str, **match: Any) -> list[dict[str, Any]]:
-        return [
-            e
-            for e in self.events
-            if e.get("event") == name and all(e.get(k) == v for k, v in match.items())
-        ]
-
-    def tail(self, lines: int = 40) -> str:
-        return f"--- last lines of {self.name}:\n" + "".join(self.raw[-lines:])
-
-    async def wait_until(self, predicate: Callable[[], bool], *, timeout: float, what: str) -> None:
-        """Wait until ``predicate()`` holds, re-checked after every log line."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if self.exited:
-                raise AssertionError(f"{self.name} exited before {what}\n{self.tail(60)}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(f"no {what} within {timeout} s\n{self.tail()}")
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
-
-    async def wait_for(
-        self, name: str, *, count: int = 1, timeout: float = 60, **match: Any
-    ) -> list[dict[str, Any]]:
-        """Wait until ``count`` events ``name`` with the given fields were logged."""
-        await self.wait_until(
-            lambda: len(self.matching(name, **match)) >= count,
-            timeout=timeout,
-            what=f"{count} x {name} {match} (seen {len(self.matching(name, **match))})",
-        )
-        return self.matching(name, **match)[:count]
-
-    async def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        """Signal the process and return its exit code (killed after ``timeout``)."""
-        if self.proc.returncode is None:
-            self.proc.send_signal(sig)
-        return await self.wait_exit(timeout)
-
-    async def wait_exit(self, timeout: float = 60) -> int:
-        """Wait for the process to exit (killed after ``timeout``); its exit code."""
-        try:
-            code = await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            self.proc.kill()
-            code = await self.proc.wait()
-        if self._reader is not None:
-            await self._reader
-        return code
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-        await self.stop(signal.SIGKILL)
 
 
 # --- the metadata topic

@@ -24,7 +24,7 @@ from sidecar.readserver import ReadClient
 from tests.conftest import stack
 from tests.e2e._support import CODECS, produce_per_codec
 from tests.helpers import create_topic, wait_for
-from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
+from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
@@ -227,7 +227,7 @@ async def test_socket_reads_equal_what_a_consumer_read(kafka, s3, topic_name, tm
         # would delete the tiered range too (Kafka's log-start-offset rule): off here
         extra="[retention]\nenabled = false\n",
     )
-    sidecar = await SidecarProcess.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
+    sidecar = await Sidecar.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
     try:
         await sidecar.wait_for("segment_tiered", count=rolled, timeout=120, topic=topic_name)
         async with ReadClient(socket_path=tmp_path / "state" / "read.sock") as client:
@@ -379,7 +379,7 @@ async def test_reads_work_while_the_broker_is_stopped(s3, topic_name, tmp_path):
             prefix=prefix,
         )
         env = sidecar_env(s3)
-        sidecar = await SidecarProcess.start(config, env, tmp_path / "sidecar.log")
+        sidecar = await Sidecar.start(config, env, tmp_path / "sidecar.log")
         await sidecar.wait_for("segment_tiered", count=rolled, timeout=60, topic=topic_name)
         cluster.stop()
         async with ReadClient(socket_path=tmp_path / "state" / "read.sock") as client:

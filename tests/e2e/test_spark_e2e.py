@@ -38,7 +38,7 @@ from sidecar.kafka.logdir import scan_partition_dir
 from tests.conftest import stack
 from tests.e2e._support import CODECS, clean_prefix, produce_per_codec
 from tests.helpers import create_topic
-from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
+from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
@@ -205,7 +205,7 @@ def archive(kafka, s3, tmp_path_factory) -> Iterator[Archive]:
             include_topics=[topic],
             prefix=prefix,
         )
-        sidecar = await SidecarProcess.start(config, sidecar_env(s3), tmp / "sidecar.log")
+        sidecar = await Sidecar.start(config, sidecar_env(s3), tmp / "sidecar.log")
         try:
             await sidecar.wait_for("segment_tiered", count=rolled, timeout=180, topic=topic)
             assert await sidecar.stop() == 0

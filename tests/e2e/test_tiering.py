@@ -30,7 +30,7 @@ from tests.conftest import _clean_prefix, stack
 from tests.e2e._support import CODECS, MetadataTopic, produce_per_codec, topic_id_partition
 from tests.helpers import create_topic
 from tests.kafka_serde import fields
-from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
+from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
@@ -134,13 +134,13 @@ async def _tiered_run(kafka, s3, topic_name, tmp_path, *, kill_after: int | None
         prefix=prefix,
     )
     env = sidecar_env(s3)
-    sidecar = await SidecarProcess.start(config, env, tmp_path / "sidecar-1.log")
+    sidecar = await Sidecar.start(config, env, tmp_path / "sidecar-1.log")
     try:
         if kill_after is not None:
             await sidecar.wait_for("segment_tiered", count=kill_after, topic=topic_name)
             sidecar.proc.send_signal(signal.SIGKILL)
             await sidecar.proc.wait()
-            sidecar = await SidecarProcess.start(config, env, tmp_path / "sidecar-2.log")
+            sidecar = await Sidecar.start(config, env, tmp_path / "sidecar-2.log")
             # the killed run may have finished copies it never logged: wait on the metadata
             await sidecar.wait_for("sidecar_ready")
             tips = [topic_id_partition(kafka.log_dir, topic_name, p) for p in rolled]

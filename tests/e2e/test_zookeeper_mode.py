@@ -31,7 +31,7 @@ from tests.e2e.test_read_e2e import (
     _rolled,
 )
 from tests.helpers import create_topic, wait_for
-from tests.sidecar_runner import SidecarProcess, sidecar_config, sidecar_env
+from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +96,7 @@ async def test_standalone_tiering_and_reads_on_a_zookeeper_mode_cluster(
         # apply the log-start rule to the tiered range as well
         extra="[retention]\nenabled = false\n",
     )
-    sidecar = await SidecarProcess.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
+    sidecar = await Sidecar.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
     socket = tmp_path / "state" / "read.sock"
     try:
         await sidecar.wait_for("segment_tiered", count=rolled, timeout=180, topic=topic_name)

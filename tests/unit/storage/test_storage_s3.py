@@ -579,8 +579,9 @@ class TestLostCompletion:
 
 
 class _ConditionalPuts(_AwaitedServer):
-    """Answers every PUT with ``status`` and an S3 error ``code`` (none for 200), and records
-    each request's If-None-Match header."""
+    """Answers every PUT with ``status`` and an S3 error ``code`` (none for 200: then with
+    the echo of the request's CRC-32C, as S3 does), and records each request's If-None-Match
+    header."""
 
     def __init__(self, status: str, code: str = "") -> None:
         super().__init__()
@@ -598,7 +599,9 @@ class _ConditionalPuts(_AwaitedServer):
         await reader.readexactly(int(headers.get("content-length", "0")))
         self.conditions.append(headers.get("if-none-match"))
         body = f"<Error><Code>{self.code}</Code><Message>m</Message></Error>".encode()
-        writer.write(_reply(self.status, body if self.code else b"", 'ETag: "e"\r\n'))
+        echo = headers.get("x-amz-checksum-crc32c")
+        extra = f"x-amz-checksum-crc32c: {echo}\r\n" if echo and not self.code else ""
+        writer.write(_reply(self.status, body if self.code else b"", f'ETag: "e"\r\n{extra}'))
 
 
 class TestPutIfAbsent:
