@@ -843,6 +843,8 @@ def main() -> int:
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--state", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile and not (Path(sys.executable).parent / "py-spy").exists():
+        parser.error("--profile needs py-spy beside this interpreter: pip install py-spy")
     if args.child_tier:
         asyncio.run(tier_child(args))
         return 0

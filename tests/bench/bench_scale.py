@@ -39,9 +39,12 @@ Measured and printed, with the design's targets:
    included; ``sidecar version`` timed alike as the floor), and as many ``GET /v1/status``.
 
 ``--profile-seconds`` then samples the idle daemon with py-spy (``.venv/bin/py-spy``, non-
-blocking) and prints the functions it was in most. The daemon runs with the product's defaults
-for ``kafka.metadata_refresh_interval_s`` (10 s), ``tiering.rescan_interval_s`` (30 s) and the
-metadata topic's 50 partitions unless told otherwise.
+blocking) and prints the functions it was in most. py-spy is not one of the project's
+dependencies: ``.venv/bin/pip install py-spy`` first, or pass ``--profile-seconds 0``.
+
+The daemon runs with the product's defaults for ``kafka.metadata_refresh_interval_s`` (10 s),
+``tiering.rescan_interval_s`` (30 s) and the metadata topic's 50 partitions unless told
+otherwise.
 
 Run from the repository root (java and the Kafka jars as ``deploy/local/stack.py`` needs them),
 under the benchmark lock:
@@ -260,13 +263,16 @@ def _frame(text: str) -> str:
     return f"{name} ({'/'.join(Path(path).parts[-2:])})"
 
 
+#: the profiler of ``--profile-seconds``, beside this interpreter (not a project dependency)
+PY_SPY = Path(sys.executable).parent / "py-spy"
+
+
 def profile(pid: int, seconds: float, out: Path) -> list[str]:
     """py-spy samples of the process (non-blocking, idle threads left out): the functions it
     was in most, as leaves and anywhere on the stack."""
-    py_spy = Path(sys.executable).parent / "py-spy"
     result = subprocess.run(
         [
-            str(py_spy),
+            str(PY_SPY),
             "record",
             "--pid",
             str(pid),
@@ -783,7 +789,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase, seconds")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the /tmp working directory")
-    return asyncio.run(amain(parser.parse_args(argv)))
+    args = parser.parse_args(argv)
+    if args.profile_seconds > 0 and not PY_SPY.exists():
+        parser.error(f"{PY_SPY} is missing: pip install py-spy, or pass --profile-seconds 0")
+    return asyncio.run(amain(args))
 
 
 if __name__ == "__main__":
