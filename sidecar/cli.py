@@ -452,11 +452,11 @@ def describe_failure(exc: BaseException) -> tuple[str, int]:
         return f"permission denied: {exc.filename or exc}", 1
     if isinstance(exc, FileNotFoundError):
         return f"no such file or directory: {exc.filename or exc}", 1
+    if isinstance(exc, TimeoutError) and not str(exc):  # an OSError too, but asyncio's has no text
+        return "timed out waiting for Kafka or S3 (check the address and that it answers)", 1
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror or exc}", 1
-    if isinstance(exc, TimeoutError):
-        return "timed out waiting for Kafka or S3 (check the address and that it answers)", 1
+        return f"{where}{exc.strerror or str(exc) or type(exc).__name__}", 1
     return f"unexpected {type(exc).__name__}: {exc}", 1
 
 

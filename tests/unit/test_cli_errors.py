@@ -353,3 +353,25 @@ class TestSmallFixes:
         assert result.returncode == 2
         assert f"{tmp_path / 'absent'} does not exist" in result.stdout + result.stderr
         assert "broker_id is not set" not in result.stdout + result.stderr
+
+
+class TestDescribeFailure:
+    """The one line for failures that carry no text of their own."""
+
+    def test_a_timeout_without_text_says_what_timed_out(self):
+        """asyncio.timeout's TimeoutError (an OSError) has no message: the line says what
+        waited, not an empty `sidecar: error: `."""
+        from sidecar.cli import describe_failure
+
+        line, code = describe_failure(TimeoutError())
+        assert line.startswith("timed out waiting for Kafka or S3"), line
+        assert code == 1
+
+    def test_an_os_error_without_text_is_named(self):
+        from sidecar.cli import describe_failure
+
+        assert describe_failure(ConnectionResetError()) == ("ConnectionResetError", 1)
+        assert describe_failure(TimeoutError("read of x timed out")) == (
+            "read of x timed out",
+            1,
+        )
