@@ -41,10 +41,16 @@ __all__ = ["main"]
 
 def _parse_set(items: Sequence[str]) -> dict[str, str]:
     overrides: dict[str, str] = {}
-    for item in items:
+    for position, item in enumerate(items, 1):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--set takes KEY=VALUE with a dotted key, got {item!r}")
+            # the item is not echoed: a mistyped KEY:VALUE may carry a secret
+            raise ConfigError(
+                f"--set takes KEY=VALUE with a dotted key; item {position} has no '=' before"
+                " its value"
+                if not sep
+                else f"--set takes KEY=VALUE; item {position} has no key"
+            )
         overrides[key.strip()] = value
     return overrides
 
@@ -657,6 +663,13 @@ def _status(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"sidecar: error: cannot reach the running sidecar at {url}: {exc}", file=sys.stderr)
         return 1
+    if not isinstance(document, dict) or not isinstance(document.get("partitions"), list):
+        print(
+            f"sidecar: error: {url} did not answer with a status document (is it the"
+            " daemon's /v1/status?)",
+            file=sys.stderr,
+        )
+        return 1
     code = 0 if document.get("ready") else 1  # a sidecar that is not ready is a finding
     if args.json:
         if not args.all:
@@ -669,6 +682,9 @@ def _status(args: argparse.Namespace) -> int:
     print(render_status_header(document))
     config_args = ["-c", str(args.file)] if args.file is not None else []
     for override in args.overrides or ():
+        key, _, _ = override.partition("=")
+        if cfg.is_secret_key(key):  # the hint is printed; the environment still has the secret
+            override = f"{key.strip()}=..."
         config_args += ["--set", override]
     rendered = render_status(
         document["partitions"], all_partitions=args.all, config_args=config_args

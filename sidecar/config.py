@@ -57,6 +57,7 @@ __all__ = [
     "SidecarConfig",
     "TieringConfig",
     "check_warnings",
+    "is_secret_key",
     "load_config",
     "masked",
     "reference_markdown",
@@ -920,6 +921,13 @@ def _field_at(dotted: str) -> Any:
             else None
         )
     return info
+
+
+def is_secret_key(dotted: str) -> bool:
+    """Whether a dotted key (as ``--set`` takes it) names a secret, whose value is never
+    printed back."""
+    info = _field_at(dotted.strip())
+    return info is not None and "SecretStr" in str(info.annotation)
 
 
 def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None:

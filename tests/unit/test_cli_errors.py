@@ -314,6 +314,55 @@ class TestSmallFixes:
         assert [r["partition"] for r in json.loads(as_json.stdout)["partitions"]] == [0]
         assert [r["partition"] for r in json.loads(everything.stdout)["partitions"]] == [0, 1]
 
+    def test_status_hint_leaves_secrets_out(self):
+        """The quarantine hint repeats the command's --set items, but not a secret's value."""
+        segment = {
+            "base_offset": 0,
+            "end_offset": 9,
+            "bytes": 100,
+            "local": True,
+            "since_ms": 0,
+            "reason": "bad CRC",
+        }
+        row = {**_row(0, True), "quarantined": [0], "quarantined_segments": [segment]}
+        document = {"broker_id": 1, "ready": True, "checks": {}, "failing": {}, "partitions": [row]}
+        with _StatusServer(document) as server:
+            result = _cli(
+                "status",
+                "--url",
+                server.url,
+                "--set",
+                "s3.secret_access_key=TOPSECRETVALUE",
+                "--set",
+                "kafka.sasl_password=hunter2pass",
+                "--set",
+                "s3.bucket=tiered",
+            )
+        assert result.returncode == 0, result.stderr
+        assert "sidecar quarantine clear" in result.stdout
+        assert "TOPSECRETVALUE" not in result.stdout + result.stderr
+        assert "hunter2pass" not in result.stdout + result.stderr
+        assert "--set s3.secret_access_key=... --set kafka.sasl_password=..." in result.stdout
+        assert "--set s3.bucket=tiered" in result.stdout
+
+    def test_status_of_another_document_is_one_line(self):
+        """`status --url` at /readyz (or any other JSON): one error line, nothing on stdout."""
+        with _StatusServer({"ready": True, "checks": {}}) as server:
+            result = _cli("status", "--url", server.url)
+        assert result.returncode == 1
+        assert result.stdout == ""
+        assert "did not answer with a status document" in _one_line_error(result)
+
+    def test_a_malformed_set_is_not_echoed(self, tmp_path):
+        """A --set without '=' may be a secret typed with ':'; the error names its position."""
+        result = _cli(
+            "config", "check", "--set", "s3.bucket=b", "--set", "s3.secret_access_key:wJalrXUt"
+        )
+        assert result.returncode == 2
+        line = _one_line_error(result)
+        assert "wJalrXUt" not in result.stdout + result.stderr
+        assert "item 2" in line
+
     def test_read_offsets_take_kafka_specials(self):
         """`read --offset -2`/`beginning` and `-1`/`end` are accepted as kcat's -o; other
         negative offsets are a usage error."""
