@@ -41,7 +41,7 @@ from sidecar import __version__
 from sidecar._aio import capture_signals, failures, freeze_startup_heap, guard, wait_any
 from sidecar.broker_config import PLUGIN_CLASS
 from sidecar.config import SidecarConfig, kafka_client_options, secret_values
-from sidecar.errors import ConfigError, SidecarError
+from sidecar.errors import ConfigError, SidecarError, StorageError
 from sidecar.kafka.checkpoints import MetaProperties
 from sidecar.kafka.logdir import PartitionScan, read_broker_identity, scan_partition_dir
 from sidecar.metadata.events import TopicIdPartition
@@ -181,7 +181,7 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.build_info.info({"version": __version__})
         self.readiness = Readiness(self.metrics)
-        for check in ("log_dirs_scanned", "kafka", "metadata", "s3"):
+        for check in ("log_dirs_scanned", "kafka", "metadata", "s3", "prefix_owner"):
             self.readiness.register(check)
         self.stopping = asyncio.Event()
         self._infra_stop = asyncio.Event()  # set once the engine has drained
@@ -697,6 +697,12 @@ class Daemon:
             except PrefixOwnershipError:
                 raise
             except SidecarError as exc:
+                # an S3 that lists (the probe passes) but refuses the marker's GET or PUT
+                # holds every upload here: not ready, counted, logged
+                self._check("prefix_owner", False, f"cannot claim the bucket prefix: {exc}")
+                self._dependency_error(
+                    "s3" if isinstance(exc, StorageError) else "kafka", "prefix_claim"
+                )
                 log.warning(
                     "prefix_claim_retry",
                     error=str(exc),
@@ -714,6 +720,7 @@ class Daemon:
                 created_at=owner.created_at,
             )
             self._prefix_owner = owner
+            self._check("prefix_owner", True, None)
             self._freeze_before_uploads()
             if self.engine is not None:
                 self.engine.retry_now()
