@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -83,7 +84,8 @@ def _line(value: bytes, where: dict[str, Any]) -> tuple[str, bool]:
 
 async def _read_topic(
     config: SidecarConfig, topic: str, max_messages: int | None, out: TextIO
-) -> int:
+) -> tuple[int, int]:
+    """Print the topic's values; how many were printed and how many of them did not decode."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from sidecar.config import kafka_client_options
@@ -115,7 +117,7 @@ async def _read_topic(
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
-        printed = 0
+        printed = failed = 0
         remaining = [tp for tp in partitions if ends[tp] > 0]
         while remaining and (max_messages is None or printed < max_messages):
             batches = await consumer.getmany(*remaining, timeout_ms=5000)
@@ -126,10 +128,12 @@ async def _read_topic(
                     ):
                         continue
                     where = {"partition_of_topic": tp.partition, "offset": record.offset}
-                    print(_line(record.value, where)[0], file=out)
+                    line, ok = _line(record.value, where)
+                    print(line, file=out)
                     printed += 1
+                    failed += 0 if ok else 1
             remaining = [tp for tp in remaining if await consumer.position(tp) < ends[tp]]
-        return 0
+        return printed, failed
     finally:
         await consumer.stop()
 
@@ -141,23 +145,35 @@ def decode_command(
     topic: str | None,
     max_messages: int | None,
     out: TextIO,
+    err: TextIO | None = None,
 ) -> int:
     """Decode values given in hex, or read the topic of ``config``'s cluster (its bootstrap
-    servers and security settings); print one JSON object per record."""
+    servers and security settings); print one JSON object per record, an undecodable one as
+    an object with ``error``, so that lines and records stay one to one. When any did not
+    decode, a ``sidecar: error:`` line on ``err`` says how many, and the status is 1."""
     if hex_values:
-        status = 0
+        failed = 0
         for text in hex_values:
             try:
                 value = bytes.fromhex(text.strip())
             except ValueError:
                 print(json.dumps({"error": "not hex", "input": text}), file=out)
-                status = 1
+                failed += 1
                 continue
             line, ok = _line(value, {})
-            status |= 0 if ok else 1
+            failed += 0 if ok else 1
             print(line, file=out)
-        return status
-    if config is None:
-        raise ConfigError("give --hex VALUE, --bootstrap-server HOST:PORT or -c FILE")
-    name = topic or config.remote_log_metadata.topic
-    return asyncio.run(_read_topic(config, name, max_messages, out))
+        total = len(hex_values)
+    else:
+        if config is None:
+            raise ConfigError("give --hex VALUE, --bootstrap-server HOST:PORT or -c FILE")
+        name = topic or config.remote_log_metadata.topic
+        total, failed = asyncio.run(_read_topic(config, name, max_messages, out))
+    if failed:
+        print(
+            f"sidecar: error: {failed} of {total} values did not decode (their lines carry"
+            ' "error")',
+            file=err or sys.stderr,
+        )
+        return 1
+    return 0

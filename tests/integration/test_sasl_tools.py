@@ -115,6 +115,37 @@ async def test_metadata_decode_over_sasl(sasl_kafka, tmp_path):
     assert "wrong" not in refused.stderr + refused.stdout  # the password is never printed
 
 
+async def test_metadata_decode_of_an_undecodable_record_exits_1(sasl_kafka):
+    """A record on the topic that is not a metadata value gets its own line with `error` (the
+    lines stay one per record), one `sidecar: error:` line on stderr, and exit 1."""
+    plain = sasl_kafka["plain"]
+    count = await _metadata_topic(plain, "__rlm_undecodable")
+    producer = AIOKafkaProducer(bootstrap_servers=plain)
+    await producer.start()
+    try:
+        await producer.send_and_wait("__rlm_undecodable", b"\x01\xff", partition=0)
+    finally:
+        await producer.stop()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    command = ["metadata", "decode", "--bootstrap-server", plain, "--topic", "__rlm_undecodable"]
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == count + 1
+    assert all("error" not in line for line in lines[:-1])
+    assert lines[-1]["value_hex"] == "01ff"
+    assert result.stderr.strip() == (
+        f'sidecar: error: 1 of {count + 1} values did not decode (their lines carry "error")'
+    )
+
+
 async def test_spark_metadata_read_over_sasl(sasl_kafka):
     """The Spark source's driver reads the metadata topic with Spark's kafka.* option names."""
     count = await _metadata_topic(sasl_kafka["plain"], "__rlm_sasl_spark")

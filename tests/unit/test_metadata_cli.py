@@ -43,7 +43,11 @@ class TestMetadataDecode:
     def test_garbage_is_reported_not_raised(self, capsys):
         """Undecodable or non-hex input prints an error object and exits 1."""
         assert main(["metadata", "decode", "--hex", "01ff", "--hex", "xyz"]) == 1
-        lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        captured = capsys.readouterr()
+        assert captured.err == (
+            'sidecar: error: 2 of 2 values did not decode (their lines carry "error")\n'
+        )
+        lines = [json.loads(line) for line in captured.out.splitlines()]
         assert lines[0]["value_hex"] == "01ff"
         assert "error" in lines[0]
         assert lines[1]["error"] == "not hex"
