@@ -616,18 +616,16 @@ def run_inspect(
 
     Returns 0 when all is well, 1 when problems were found (every problem with ``verify``; only
     those met while listing otherwise), 2 when ``path`` does not exist or is not a log dir,
-    partition dir or ``.log`` file (said on ``err``, stderr by default, or as a JSON document
-    on ``out``). Files the broker deleted while they were being read
+    partition dir or ``.log`` file (said on ``err``, stderr by default, also with
+    ``as_json``). Files the broker deleted while they were being read
     (``SegmentVanishedError``: retention or topic deletion racing the scan) are listed under
     ``vanished``; they are the broker at work, not problems.
     """
     try:
         target = _resolve(path)
     except _NotALogPath as exc:
-        if as_json:
-            out.write(json.dumps({"error": str(exc)}) + "\n")
-        else:  # on stderr, as every command's errors: stdout stays the listing
-            (err if err is not None else sys.stderr).write(f"sidecar: error: {exc}\n")
+        # on stderr, as every command's errors, with --json too: stdout has only documents
+        (err if err is not None else sys.stderr).write(f"sidecar: error: {exc}\n")
         return EXIT_NOT_A_LOG_DIR
     problems: list[SidecarError] = []
     if isinstance(target, SegmentTarget):

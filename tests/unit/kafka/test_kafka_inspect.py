@@ -137,9 +137,11 @@ class TestTargets:
         assert out == ""  # errors go to stderr, as every command's do
         assert err.startswith("sidecar: error: ")
         assert fragment in err
-        code, doc = inspect_json(make(log_dir))
+        code, out, err = inspect_streams(make(log_dir), as_json=True)
         assert code == EXIT_NOT_A_LOG_DIR
-        assert fragment in doc["error"]
+        assert out == ""  # --json too: stdout holds documents only
+        assert err.startswith("sidecar: error: ")
+        assert fragment in err
 
     def test_delete_dir_exits_2_with_reason(self, log_dir: Path) -> None:
         """A partition dir scheduled for deletion is named as such."""
