@@ -106,7 +106,9 @@ class HealthServer:
         return web.json_response(await self.status_provider())
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._metrics.registry)
+        # off the loop: with many topics a render takes tens of milliseconds (the metrics
+        # are locked per family, so the loop's updates meanwhile are safe)
+        body = await asyncio.to_thread(generate_latest, self._metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _handle_healthz(self, request: web.Request) -> web.Response:

@@ -1,0 +1,51 @@
+"""The health server's /metrics is rendered off the event loop: with many topic series a
+render takes tens of milliseconds to seconds, which on the loop would stall uploads, reads
+and /healthz alike."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sidecar.observability import health
+from sidecar.observability.health import HealthServer, Readiness
+from sidecar.observability.metrics import Metrics
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_the_loop_runs_while_metrics_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    loop = asyncio.get_running_loop()
+    loop_ran = threading.Event()
+    seen: list[bool] = []
+    render = health.generate_latest
+
+    def slow_render(registry: Any) -> bytes:
+        # the render waits for the loop to run a callback: only possible off the loop
+        loop.call_soon_threadsafe(loop_ran.set)
+        seen.append(loop_ran.wait(timeout=10))
+        return render(registry)
+
+    monkeypatch.setattr(health, "generate_latest", slow_render)
+    metrics = Metrics()
+    metrics.segments_copied.labels("orders").inc(3)
+    server = HealthServer(host="127.0.0.1", port=0, metrics=metrics, readiness=Readiness())
+    stopping = asyncio.Event()
+    task = asyncio.create_task(server.run(stopping))
+    try:
+        await server.started.wait()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.bound_port}/metrics") as response,
+        ):
+            body = await response.text()
+        assert response.status == 200
+        assert seen == [True]
+        assert 'kafka_tiered_sidecar_segments_copied_total{topic="orders"} 3.0' in body
+    finally:
+        stopping.set()
+        await task
