@@ -601,3 +601,10 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop every series labelled with ``topic`` (a deleted topic's counters would
+        otherwise stay in every scrape for the daemon's life)."""
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and "topic" in metric._labelnames:
+                metric.remove_by_labels({"topic": topic})

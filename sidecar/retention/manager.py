@@ -159,6 +159,11 @@ class PassSummary:
     topic_deletion_halted: bool = False
 
 
+#: how long a deleted topic's series stay in /metrics after its last partition left the store:
+#: long enough for every scraper to see the deletion's last increments
+SERIES_GRACE_S = 600.0
+
+
 class RetentionManager:
     """Applies remote retention and deletions; see the module docstring."""
 
@@ -221,6 +226,8 @@ class RetentionManager:
         # idle daemon's work)
         self._facts: dict[TopicIdPartition, _Remembered] = {}
         self._at_risk_topics: set[str] = set()
+        #: deleted topics whose partitions were forgotten -> when their series are dropped
+        self._series_due: dict[str, float] = {}
         self._next_scrub_at = 0.0
         self._wake = asyncio.Event()
         self.passes = 0
@@ -289,6 +296,7 @@ class RetentionManager:
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
         await self._retention(summary, stop)
+        self._forget_series({tp.topic for tp in partitions})
         if (
             self._config.scrub_enabled
             and time.monotonic() >= self._next_scrub_at
@@ -468,6 +476,7 @@ class RetentionManager:
         for tp in [tp for tp, segments in doomed.items() if not segments]:
             # nothing of it is left: every sidecar drops it from its store
             if await asyncio.to_thread(self._store.forget_partition, tp):
+                self._series_due.setdefault(tp.topic, self._monotonic() + SERIES_GRACE_S)
                 log.info(
                     "deleted_topic_partition_forgotten",
                     topic=tp.topic,
@@ -506,6 +515,21 @@ class RetentionManager:
             await self._guarded(
                 summary, tp, self._delete_topic_partition(tp, segments, summary, stop)
             )
+
+    def _forget_series(self, stored_topics: set[str]) -> None:
+        """Drop the metric series of deleted topics once their grace has passed, unless the
+        name is in use again (a new topic of the same name, in the store or the log dir)."""
+        now = self._monotonic()
+        due = [topic for topic, at in self._series_due.items() if at <= now]
+        if not due:
+            return
+        local = {scan.topic for scan in self._views().values()}
+        for topic in due:
+            del self._series_due[topic]
+            if topic in stored_topics or topic in local:
+                continue
+            self._metrics.forget_topic(topic)
+            log.info("deleted_topic_series_dropped", topic=topic)
 
     def _live_segment_count(self) -> int:
         """Live segments of every partition of the store: this cluster's tiered segments

@@ -29,7 +29,7 @@ from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention._kafka import TopicIdState
-from sidecar.retention.manager import _DELETE_BATCH, RetentionManager
+from sidecar.retention.manager import _DELETE_BATCH, SERIES_GRACE_S, RetentionManager
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView
@@ -253,6 +253,61 @@ class TestGracePeriod:
             assert (await world.manager.run_once()).deleted == 0  # the clock starts again
             world.now[0] += 3600
             assert (await world.manager.run_once()).deleted == 2
+        finally:
+            world.close()
+
+
+class TestSeries:
+    """A deleted topic's series leave /metrics a grace period after its partitions left the
+    store, so topic churn does not grow every scrape for the daemon's life."""
+
+    async def _deleted_and_forgotten(self, world: _World) -> None:
+        await world.tier("orders", 2)
+        await world.tier("payments", 2)
+        world.metrics.segments_copied.labels("orders").inc(2)
+        world.metrics.segments_copied.labels("payments").inc(2)
+        world.vanish("orders", TopicIdState.ABSENT)
+        assert (await world.manager.run_once()).deleted == 2
+        with capture_logs() as logs:
+            await world.manager.run_once()  # nothing left of it: the partition is forgotten
+        assert [e["event"] for e in logs if e["event"].startswith("deleted_topic")] == [
+            "deleted_topic_partition_forgotten"
+        ]
+
+    async def test_dropped_after_the_grace(self, tmp_path):
+        world = _World(tmp_path, topic_deletion_grace_s=0.0, topic_deletion_max_share=1.0)
+        try:
+            await self._deleted_and_forgotten(world)
+            deleted = {"topic": "orders", "reason": "topic_deleted"}
+            assert world.value("retention_deleted_segments_total", **deleted) == 2
+            world.now[0] += SERIES_GRACE_S - 1
+            await world.manager.run_once()
+            assert world.value("segments_copied_total", topic="orders") == 2  # still scraped
+            world.now[0] += 1
+            with capture_logs() as logs:
+                await world.manager.run_once()
+            assert [e["topic"] for e in logs if e["event"] == "deleted_topic_series_dropped"] == [
+                "orders"
+            ]
+            for name in ("segments_copied_total", "retention_deleted_segments_total"):
+                family = world.metrics.registry.get_sample_value
+                assert family(f"kafka_tiered_sidecar_{name}", {"topic": "orders"}) is None
+                assert family(f"kafka_tiered_sidecar_{name}", deleted) is None
+            assert world.value("segments_copied_total", topic="payments") == 2
+        finally:
+            world.close()
+
+    async def test_kept_when_the_name_is_tiered_again(self, tmp_path):
+        """A new topic of the same name within the grace keeps the name's series."""
+        world = _World(tmp_path, topic_deletion_grace_s=0.0, topic_deletion_max_share=1.0)
+        try:
+            await self._deleted_and_forgotten(world)
+            await world.tier("orders", 1)  # recreated, and tiered again
+            world.now[0] += SERIES_GRACE_S
+            with capture_logs() as logs:
+                await world.manager.run_once()
+            assert not [e for e in logs if e["event"] == "deleted_topic_series_dropped"]
+            assert world.value("segments_copied_total", topic="orders") == 2
         finally:
             world.close()
 
