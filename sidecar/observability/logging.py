@@ -10,9 +10,11 @@ redacts configured secret values from every event, whatever field they end up in
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
@@ -24,13 +26,28 @@ __all__ = ["bind_context", "configure_logging", "get_logger"]
 _REDACTED = "**********"
 
 
+def _written_forms(secret: str) -> set[str]:
+    """``secret`` as text may show it: as is, and escaped as ``repr`` (of the text or its
+    UTF-8 bytes), JSON and URL encoding write it, where a backslash, quote or non-ASCII
+    character changes it."""
+    return {
+        secret,
+        repr(secret)[1:-1],
+        repr(secret.encode())[2:-1],
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        urllib.parse.quote(secret, safe=""),
+    }
+
+
 class _SecretRedactor:
     """Replace any configured secret value that appears in an event's values, nested ones
     (dicts, lists) too. It runs last, after exceptions are rendered to text, so tracebacks and
     exception messages are redacted as well."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        forms = {form for s in secrets if len(s) >= 4 for form in _written_forms(s)}
+        self._secrets = sorted(forms, key=len, reverse=True)
 
     def __call__(
         self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]

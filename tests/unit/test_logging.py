@@ -72,6 +72,24 @@ class TestLogging:
         assert "exc_info" not in theirs
         assert value["error"] == "refused **********"
 
+    def test_secrets_are_redacted_in_their_escaped_forms(self):
+        """A secret with a backslash, a quote or a non-ASCII character reads differently in a
+        repr (of text or bytes), in JSON or in a URL: each form is redacted too."""
+        secret = 'ab"c\\d+/EFGH\u00e9'
+        out = io.StringIO()
+        configure_logging(level="INFO", fmt="json", stream=out, secrets=[secret])
+        log = get_logger("x")
+        try:
+            _refuse_repr(secret)
+        except ValueError:
+            log.exception("repr")
+        log.error("bytes", value=repr(secret.encode()))
+        log.error("json", body=json.dumps({"password": secret}))
+        logging.getLogger("lib").error("url %s", "https://h/?p=ab%22c%5Cd%2B%2FEFGH%C3%A9")
+        text = out.getvalue()
+        assert "EFGH" not in text, text
+        assert len(text.splitlines()) == 4
+
     def test_console_format(self):
         """fmt=console renders a human-readable line, not JSON."""
         out = io.StringIO()
@@ -85,3 +103,7 @@ class TestLogging:
 
 def _refuse() -> None:
     raise RuntimeError("refused s3cr3t-value")
+
+
+def _refuse_repr(value: str) -> None:
+    raise ValueError(f"bad value {value!r}")
