@@ -401,10 +401,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.debug = debug
-    if args.command != "run" and not debug:
-        # one-shot commands report Kafka failures in their own error line; aiokafka's
-        # retry chatter would only repeat it
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    if args.command != "run":
+        from sidecar.observability.logging import configure_logging
+
+        # a one-shot command's stdout is its output (a table, JSON): warnings of the code it
+        # runs go to stderr (structlog unconfigured would print them on stdout); commands
+        # that load a config set this up again with its secrets
+        configure_logging(level="INFO" if debug else "WARNING", stream=sys.stderr)
+        if not debug:
+            # they report Kafka failures in their own error line; aiokafka's retry chatter
+            # would only repeat it
+            logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return _dispatch(args)
     except BrokenPipeError:

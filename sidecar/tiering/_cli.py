@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import sys
 from typing import TextIO
 
 from sidecar.config import SidecarConfig
@@ -39,14 +40,26 @@ def quarantine_list_command(config: SidecarConfig, *, as_json: bool, out: TextIO
     """Print every quarantined segment (a table, or one JSON document)."""
     quarantine = _open(config, migrate=False)  # listing changes nothing
     entries = quarantine.entries()
+    status = 0
+    if quarantine.damaged:
+        # the daemon reads such a file as empty (and checks those segments again); the
+        # listing must not look like a clean one
+        print(
+            f"sidecar: error: {quarantine.path} is damaged (not the quarantine's JSON, or"
+            " entries that cannot be read): this listing may miss segments; the daemon"
+            " checks their CRCs again and quarantines the corrupt ones anew",
+            file=sys.stderr,
+        )
+        status = 1
     if as_json:
         document = {
             "path": str(quarantine.path),
             "segments": [e.to_json() for e in entries],
             "legacy_entries_ignored": quarantine.legacy_dropped,
+            "damaged": quarantine.damaged,
         }
         print(json.dumps(document, indent=2), file=out)
-        return 0
+        return status
     print(
         f"{'PARTITION':<30} {'TOPIC ID':<22} {'BASE OFFSET':>20} {'END OFFSET':>20} "
         f"{'BYTES':>12} {'SINCE (UTC)':<20}  REASON",
@@ -62,7 +75,7 @@ def quarantine_list_command(config: SidecarConfig, *, as_json: bool, out: TextIO
             " ignored: the daemon drops them and checks those segments again)",
             file=out,
         )
-    return 0
+    return status
 
 
 def quarantine_clear_command(

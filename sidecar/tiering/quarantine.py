@@ -183,6 +183,8 @@ class Quarantine:
         self._signature = loaded.signature
         self.legacy_dropped = loaded.legacy
         """Entries of the older, name-keyed format found at load (and dropped)."""
+        self.damaged = loaded.damaged
+        """The file, or some of its entries, could not be read at the last load."""
         if loaded.legacy and migrate:
             log.warning(
                 "quarantine_legacy_entries_dropped",
@@ -239,6 +241,7 @@ class Quarantine:
                 changed = loaded.entries != self._entries
                 self._entries = loaded.entries
                 self._signature = loaded.signature
+                self.damaged = loaded.damaged
         return changed
 
     # --- changing

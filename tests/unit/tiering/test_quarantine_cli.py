@@ -51,12 +51,31 @@ class TestQuarantineList:
         document = json.loads(capsys.readouterr().out)
         assert document["segments"] == [_entry(OLD, 0).to_json()]
         assert document["legacy_entries_ignored"] == 0
+        assert document["damaged"] is False
 
     def test_empty(self, tmp_path, capsys):
         """No file: nothing quarantined, and listing creates no file."""
         assert main(["quarantine", "list", "--set", f"state_dir={tmp_path}"]) == 0
         assert "no quarantined segment" in capsys.readouterr().out
         assert list(tmp_path.iterdir()) == []
+
+    def test_a_damaged_file_is_not_a_clean_listing(self, tmp_path, capsys):
+        """A file that is not the quarantine's JSON, or has an unreadable entry, is named on
+        stderr with exit 1 (the daemon reads it as empty), as text and with --json."""
+        path = tmp_path / "quarantine.json"
+        good = _entry(OLD, 0).to_json()
+        partly = json.dumps({"segments": [good, {"topic_id": "zz"}]})
+        for body in ("{not json", '{"segments": 3}', partly):
+            path.write_text(body)
+            assert main(["quarantine", "list", "--set", f"state_dir={tmp_path}"]) == 1
+            captured = capsys.readouterr()
+            last = captured.err.splitlines()[-1]  # after the warning the load logged
+            assert last.startswith(f"sidecar: error: {path} is damaged"), captured.err
+            assert main(["quarantine", "list", "--json", "--set", f"state_dir={tmp_path}"]) == 1
+            document = json.loads(capsys.readouterr().out)
+            assert document["damaged"] is True
+        assert document["segments"] == [good]  # the readable entry is still listed
+        assert path.read_text() == partly  # listing does not rewrite it
 
 
 class TestQuarantineClear:
