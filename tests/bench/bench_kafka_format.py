@@ -210,7 +210,7 @@ def bench_decode(size_mib: int) -> dict[str, float]:
         best["ours"] = min(best["ours"], _best(ours, 3))
         best["ours_per_batch"] = min(best["ours_per_batch"], _best(ours_per_batch, 3))
         best["aiokafka_raw"] = min(best["aiokafka_raw"], _best(aiokafka_raw, 3))
-        best["kafka_python"] = min(best["kafka_python"], _best(kafka_python, 1))
+        best["kafka_python"] = min(best["kafka_python"], _best(kafka_python, 3))
     return {
         "records": float(records),
         "bytes": float(len(data)),
