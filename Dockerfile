@@ -23,9 +23,9 @@ FROM maven:3.9.9-eclipse-temurin-17 AS plugin
 
 WORKDIR /src/kafka-plugin
 COPY deploy/kafka-plugin/pom.xml ./
-RUN mvn -B -q -Dstyle.color=never dependency:go-offline
+RUN mvn -B -q -C -Dstyle.color=never dependency:go-offline
 COPY deploy/kafka-plugin/src ./src
-RUN mvn -B -q -Dstyle.color=never package
+RUN mvn -B -q -C -Dstyle.color=never package
 
 
 FROM python:3.11.14-slim-bookworm AS build

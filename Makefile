@@ -59,7 +59,7 @@ MVN ?= mvn
 plugin:
 	@command -v java >/dev/null || { echo "missing tool: java (install OpenJDK 17: sudo apt-get install -y openjdk-17-jdk-headless)" >&2; exit 3; }
 	@command -v $(MVN) >/dev/null || { echo "missing tool: $(MVN) (install Maven: sudo apt-get install -y maven)" >&2; exit 3; }
-	$(MVN) -B -q -Dstyle.color=never -f deploy/kafka-plugin/pom.xml package
+	$(MVN) -B -q -C -Dstyle.color=never -f deploy/kafka-plugin/pom.xml package
 
 # Every tier: unit, integration, e2e and deploy, against the real broker and S3 the session starts.
 test: lint type deploy-tools plugin
