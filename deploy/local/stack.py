@@ -150,6 +150,7 @@ def kafka_libs(version: str = KAFKA_VERSION) -> Path:
         mvn,
         "-B",
         "-q",
+        "-C",  # strict checksums: Maven 3 only warns on a mismatch, and -q hides the warning
         "-f",
         str(HERE / "kafka" / "pom.xml"),
         f"-Dkafka.version={version}",
@@ -185,7 +186,7 @@ def local_tiered_storage_jar(version: str = KAFKA_VERSION) -> Path:
         return jar
     mvn = require_maven()
     artifact = f"org.apache.kafka:kafka-storage:{version}:jar:test"
-    cmd = [mvn, "-B", "-q", "dependency:get", f"-Dartifact={artifact}", "-Dtransitive=false"]
+    cmd = [mvn, "-B", "-q", "-C", "dependency:get", f"-Dartifact={artifact}", "-Dtransitive=false"]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0 or not jar.exists():
         raise StackError(
@@ -242,7 +243,7 @@ def _fetch_spark_kafka(spark_version: str, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             cmd = [
-                mvn, "-B", "-q", "-f", str(HERE / "spark" / "pom.xml"),
+                mvn, "-B", "-q", "-C", "-f", str(HERE / "spark" / "pom.xml"),
                 f"-Dspark.version={connector}", f"-Dtoken-provider.version={token}",
                 "dependency:copy-dependencies", "-DincludeScope=runtime",
                 f"-DoutputDirectory={tmp}",
@@ -382,17 +383,49 @@ def stop_pid(pid: int, *, timeout: float = 20.0) -> None:
 
 
 def wait_until(
-    what: str, check: Callable[[], bool], *, timeout: float, alive: Callable[[], bool], log: Path
+    what: str,
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    alive: Callable[[], bool],
+    log: Path | tuple[Path, ...],
 ) -> None:
-    """Poll ``check`` until it is true; fail fast when the process died, naming its log."""
+    """Poll ``check`` until it is true; fail fast when the process died, with the last lines
+    of each of its logs that has any (read when it fails: a broker writes ``server.log``
+    only once it runs, its stdout before)."""
+    logs = (log,) if isinstance(log, Path) else log
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         if not alive():
-            raise StackError(f"{what} exited during startup; last log lines:\n{tail(log)}")
+            raise StackError(f"{what} exited during startup; {_tails(logs)}")
         time.sleep(0.2)
-    raise StackError(f"{what} did not become ready within {timeout:.0f} s; log: {log}\n{tail(log)}")
+    raise StackError(f"{what} did not become ready within {timeout:.0f} s; {_tails(logs)}")
+
+
+def _tails(logs: tuple[Path, ...]) -> str:
+    """The first error (a JVM's cause is often far above its last lines) and the last lines
+    of each log that has any."""
+    shown = [p for p in logs if p.exists() and p.stat().st_size > 0] or list(logs[:1])
+    parts = []
+    for path in shown:
+        first = _first_error(path)
+        if first:
+            parts.append(f"first error in {path}:\n{first}")
+        parts.append(f"last lines of {path}:\n{tail(path)}")
+    return "\n".join(parts)
+
+
+def _first_error(path: Path) -> str | None:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for i, line in enumerate(lines):
+        if " ERROR " in line or " FATAL " in line:
+            return "\n".join(lines[i : i + 3])
+    return None
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -636,9 +669,18 @@ class KafkaCluster:
         ]
 
     def start(self, *, timeout: float = 120.0) -> KafkaCluster:
-        """Format (first time only) and start every node; return when all answer. Idempotent."""
-        libs = kafka_libs(self.version)
+        """Format (first time only) and start every node; return when all answer. Idempotent.
+        When one fails to start, the nodes this call started are stopped again."""
         started: list[KafkaNode] = []
+        try:
+            return self._start(timeout, started)
+        except BaseException:
+            for node in started:
+                self.stop_node(node.node_id)
+            raise
+
+    def _start(self, timeout: float, started: list[KafkaNode]) -> KafkaCluster:
+        libs = kafka_libs(self.version)
         for node in self.nodes:
             if node.running():
                 continue
@@ -687,7 +729,7 @@ class KafkaCluster:
                 lambda n=node: port_answers(n.port) and _kafka_started(n.log_file),
                 timeout=timeout,
                 alive=node.running,
-                log=node.log_file if node.log_file.exists() else node.stdout_file,
+                log=(node.log_file, node.stdout_file),
             )
         return self
 
@@ -917,10 +959,22 @@ class ZooKeeperKafkaCluster(KafkaCluster):
         )
 
     def start(self, *, timeout: float = 120.0) -> ZooKeeperKafkaCluster:
-        """Start ZooKeeper, then every broker that is down; return when all answer."""
+        """Start ZooKeeper, then every broker that is down; return when all answer. When one
+        fails to start, what this call started is stopped again."""
+        zk_was_running = self.zk_running()
+        started: list[KafkaNode] = []
+        try:
+            return self._start(timeout, started)
+        except BaseException:
+            for node in started:
+                self.stop_node(node.node_id)
+            if not zk_was_running:
+                self._stop_zookeeper()
+            raise
+
+    def _start(self, timeout: float, started: list[KafkaNode]) -> ZooKeeperKafkaCluster:
         libs = kafka_libs(self.version)
         self._start_zookeeper(libs, timeout)
-        started: list[KafkaNode] = []
         for node in self.nodes:
             if node.running():
                 continue
@@ -943,7 +997,7 @@ class ZooKeeperKafkaCluster(KafkaCluster):
                 lambda n=node: port_answers(n.port) and _zk_broker_ready(n.log_file),
                 timeout=timeout,
                 alive=node.running,
-                log=node.log_file if node.log_file.exists() else node.stdout_file,
+                log=(node.log_file, node.stdout_file),
             )
         if not self.cluster_id:
             meta = self.nodes[0].log_dir / "meta.properties"
@@ -954,6 +1008,9 @@ class ZooKeeperKafkaCluster(KafkaCluster):
     def stop(self) -> None:
         """Stop the brokers, then ZooKeeper (a broker's controlled shutdown needs it)."""
         super().stop()
+        self._stop_zookeeper()
+
+    def _stop_zookeeper(self) -> None:
         pid = read_pid(self.zk_pid_file)
         if pid is not None:
             stop_pid(pid, timeout=20.0)
@@ -1123,13 +1180,17 @@ class SeaweedS3:
         }
         pid = spawn(cmd, log=self.log_file, env=env, cwd=self.root)
         self.pid_file.write_text(f"{pid}\n")
-        wait_until(
-            f"SeaweedFS S3 (port {self.s3_port})",
-            self._bucket_ready,
-            timeout=timeout,
-            alive=self.running,
-            log=self.log_file,
-        )
+        try:
+            wait_until(
+                f"SeaweedFS S3 (port {self.s3_port})",
+                self._bucket_ready,
+                timeout=timeout,
+                alive=self.running,
+                log=self.log_file,
+            )
+        except BaseException:
+            self.stop()  # not left running when it never became ready
+            raise
         return self
 
     def _bucket_ready(self) -> bool:
@@ -1175,7 +1236,11 @@ class Stack:
 
     def start(self) -> Stack:
         self.s3.start()
-        self.kafka.start()
+        try:
+            self.kafka.start()
+        except BaseException:
+            self.s3.stop()
+            raise
         return self
 
     def stop(self) -> None:

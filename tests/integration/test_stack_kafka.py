@@ -93,3 +93,32 @@ class TestThreeNodeCluster:
         leaders = {p["leader"] for p in described[0]["partitions"]}
         assert leaders <= {1, 2, 3}
         assert len(cluster["brokers"]) == 3
+
+
+class TestFailedStart:
+    def test_a_failed_start_leaves_nothing_running(self, tmp_path):
+        """Kafka's port is taken: the stack's start fails naming the broker's own bind error
+        (from server.log, not the empty stdout), and stops what it had started: SeaweedFS
+        and the broker JVM are gone, their PID files removed."""
+        import socket
+
+        from tests.conftest import stack
+
+        with socket.socket() as taken:
+            taken.bind((stack.LOOPBACK, 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            local = stack.Stack(
+                root=tmp_path,
+                kafka=stack.KafkaCluster.create(tmp_path / "kafka", base_port=port),
+                s3=stack.SeaweedS3.create(tmp_path / "s3"),
+            )
+            with pytest.raises(stack.StackError) as failed:
+                local.start()
+        assert "exited during startup" in str(failed.value)
+        assert "server.log" in str(failed.value)
+        assert "Address already in use" in str(failed.value)
+        assert not local.s3.pid_file.exists()
+        assert not local.kafka.nodes[0].pid_file.exists()
+        assert not local.s3.running()
+        assert not local.kafka.nodes[0].running()
