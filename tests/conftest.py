@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import secrets
+import signal
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,6 +49,17 @@ def _load_stack() -> ModuleType:
 
 
 stack = _load_stack()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI runner's cancel, `timeout`) ends the session as Ctrl-C does, so the
+    # fixtures tear down: the brokers and S3 run in sessions of their own and would outlive
+    # an interpreter that died of the signal
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 @dataclass

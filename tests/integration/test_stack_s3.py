@@ -67,3 +67,55 @@ class TestSeaweedS3:
             with pytest.raises(ClientError) as info:
                 await client.list_objects_v2(Bucket=s3.bucket)
         assert info.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+
+
+def test_a_session_ended_by_sigterm_stops_its_servers(tmp_path):
+    """SIGTERM to pytest (a CI runner's cancel) ends the session as Ctrl-C does: the fixtures
+    tear down and the SeaweedFS the session started is stopped, not left running in its own
+    process session."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    from tests.conftest import stack
+    from tests.helpers import wait_for
+
+    repo = Path(__file__).resolve().parents[2]
+    held = tmp_path / "test_held.py"
+    held.write_text(
+        textwrap.dedent(
+            """
+            import os
+            import threading
+            from pathlib import Path
+
+            def test_held(s3):
+                Path(os.environ["HELD_PID_FILE"]).write_text(s3.pid_file.read_text())
+                threading.Event().wait(600)  # until the signal
+            """
+        )
+    )
+    out = tmp_path / "pid"
+    env = {**os.environ, "HELD_PID_FILE": str(out)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p"]
+    command += ["no:cacheprovider", "--rootdir", str(tmp_path), str(held)]
+    with subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    ) as session:
+        try:
+            wait_for(out.exists, timeout=120, what="the held test's SeaweedFS")
+            pid = int(out.read_text())
+            assert stack.pid_alive(pid)
+            session.send_signal(signal.SIGTERM)
+            session.wait(timeout=60)
+        finally:
+            if session.poll() is None:
+                session.kill()
+    outlived = stack.pid_alive(pid)
+    if outlived:
+        stack.stop_pid(pid, timeout=20.0)  # not left behind by this test either
+    assert session.returncode != 0  # interrupted, not passed
+    assert not outlived, "SeaweedFS outlived the session"
