@@ -312,13 +312,16 @@ def free_port(*, also_free_offset: int | None = None, below: int = 55535) -> int
             if port_is_free(port) and (offset == 0 or port_is_free(port + offset)):
                 _handed_out.update({port, port + offset})
                 return port
+    # no room below the ephemeral range (a host that starts it low): the kernel's pick, still
+    # handed out once
     for _ in range(200):
         with socket.socket() as s:
             s.bind((LOOPBACK, 0))
             port = int(s.getsockname()[1])
-        if also_free_offset is None:
-            return port
-        if port < below and port_is_free(port + also_free_offset):
+        if port in _handed_out or (port + offset) in _handed_out:
+            continue
+        if also_free_offset is None or (port < below and port_is_free(port + offset)):
+            _handed_out.update({port, port + offset})
             return port
     raise StackError("no free loopback port found")
 
@@ -451,11 +454,34 @@ def spawn(cmd: list[str], *, log: Path, env: dict[str, str] | None = None, cwd: 
     return proc.pid
 
 
-def read_pid(path: Path) -> int | None:
+def _start_ticks(pid: int) -> str | None:
+    """When ``pid`` started (``/proc/<pid>/stat`` field 22, clock ticks since boot), or None
+    when there is no such process (or no ``/proc``)."""
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return None
+    # the command name (field 2) may hold spaces and parentheses: count from its end
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def write_pid(path: Path, pid: int) -> None:
+    """Record a server's PID with its start time, so that a PID the kernel has since given
+    to another process (after a reboot, say) is not taken for the server."""
+    path.write_text(f"{pid} {_start_ticks(pid) or ''}".rstrip() + "\n")
+
+
+def read_pid(path: Path) -> int | None:
+    """The PID recorded in ``path``; None when there is none, or when it now names another
+    process than the one recorded."""
+    try:
+        fields = path.read_text().split()
+        pid = int(fields[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(fields) > 1 and Path("/proc").is_dir() and _start_ticks(pid) != fields[1]:
+        return None  # gone, or a recycled PID: not ours to report or signal
+    return pid
 
 
 # ---------------------------------------------------------------------------------------------
@@ -721,7 +747,7 @@ class KafkaCluster:
                 log=node.stdout_file,
                 cwd=node.home,
             )
-            node.pid_file.write_text(f"{pid}\n")
+            write_pid(node.pid_file, pid)
             started.append(node)
         for node in started:
             wait_until(
@@ -949,7 +975,7 @@ class ZooKeeperKafkaCluster(KafkaCluster):
             str(home / "zookeeper.properties"),
         ]
         pid = spawn(cmd, log=home / "stdout.log", cwd=home)
-        self.zk_pid_file.write_text(f"{pid}\n")
+        write_pid(self.zk_pid_file, pid)
         wait_until(
             f"ZooKeeper (port {self.zk_port})",
             lambda: port_answers(self.zk_port),
@@ -989,7 +1015,7 @@ class ZooKeeperKafkaCluster(KafkaCluster):
                 log=node.stdout_file,
                 cwd=node.home,
             )
-            node.pid_file.write_text(f"{pid}\n")
+            write_pid(node.pid_file, pid)
             started.append(node)
         for node in started:
             wait_until(
@@ -1179,7 +1205,7 @@ class SeaweedS3:
             "AWS_SECRET_ACCESS_KEY": self.secret_key,
         }
         pid = spawn(cmd, log=self.log_file, env=env, cwd=self.root)
-        self.pid_file.write_text(f"{pid}\n")
+        write_pid(self.pid_file, pid)
         try:
             wait_until(
                 f"SeaweedFS S3 (port {self.s3_port})",

@@ -127,3 +127,30 @@ class TestFreePorts:
             assert all(stack._PORT_FLOOR <= p < floor for p in ports)
             assert all(p + 10000 < floor for p in paired)
         assert all(stack.port_is_free(p) for p in ports)
+
+    def test_a_pid_file_names_only_the_process_it_recorded(self, tmp_path):
+        """A PID file holds the PID with its start time: a PID the kernel has since given to
+        another process (after a reboot) is not reported, so `down` cannot signal it."""
+        from tests.conftest import stack
+
+        path = tmp_path / "server.pid"
+        stack.write_pid(path, os.getpid())
+        assert stack.read_pid(path) == os.getpid()
+        pid, ticks = path.read_text().split()
+        path.write_text(f"{pid} {int(ticks) + 1}\n")  # the same PID, started at another time
+        assert stack.read_pid(path) is None
+        path.write_text(f"{pid}\n")  # written before start times were recorded: trusted
+        assert stack.read_pid(path) == os.getpid()
+        with subprocess.Popen(["sleep", "0"]) as gone:
+            gone.wait()
+        path.write_text(f"{gone.pid} {ticks}\n")  # no such process any more
+        assert stack.read_pid(path) is None
+
+    def test_without_room_below_the_range_ports_are_still_handed_out_once(self, monkeypatch):
+        from tests.conftest import stack
+
+        monkeypatch.setattr(stack, "_ephemeral_floor", lambda: 1024)
+        ports = [stack.free_port() for _ in range(30)]
+        paired = [stack.free_port(also_free_offset=7) for _ in range(5)]
+        assert len(set(ports + paired + [p + 7 for p in paired])) == 40
+        assert set(ports) <= stack._handed_out
