@@ -32,6 +32,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -338,6 +339,17 @@ def port_is_free(port: int) -> bool:
 def port_answers(port: int, host: str = LOOPBACK) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
         return True
+    return False
+
+
+def kafka_answers(port: int, host: str = LOOPBACK) -> bool:
+    """Whether a Kafka broker answers an ApiVersions request on ``port``: more than a port
+    that accepts connections (Docker's port proxy accepts them before the broker is up)."""
+    request = struct.pack(">hhih", 18, 0, 1, -1)  # ApiVersions v0, correlation id 1
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2.0) as conn:
+        conn.sendall(struct.pack(">i", len(request)) + request)
+        head = conn.recv(8, socket.MSG_WAITALL)
+        return len(head) == 8 and struct.unpack(">i", head[4:])[0] == 1
     return False
 
 
@@ -1393,6 +1405,10 @@ def container_stack(root: Path, *, nodes: int = 1) -> Iterator[dict[str, Any]]:
         .with_env("AWS_SECRET_ACCESS_KEY", secret)
         .with_command(f"mini -dir=/data -master.telemetry=false -bucket={BUCKET}")
     )
+    # published on loopback only: docker-py takes (address, port), testcontainers' setter an
+    # int, which Docker publishes on every address
+    kafka.ports["9092"] = (LOOPBACK, kport)
+    weed.ports["8333"] = (LOOPBACK, s3port)
     with kafka, weed:
         s3 = SeaweedS3(root=root, s3_port=s3port, ports={}, access_key=access, secret_key=secret)
         wait_until(
@@ -1400,7 +1416,7 @@ def container_stack(root: Path, *, nodes: int = 1) -> Iterator[dict[str, Any]]:
         )
         wait_until(
             "Kafka container",
-            lambda: port_answers(kport),
+            lambda: kafka_answers(kport),
             timeout=90,
             alive=lambda: True,
             log=root / "none",

@@ -122,3 +122,18 @@ class TestFailedStart:
         assert not local.kafka.nodes[0].pid_file.exists()
         assert not local.s3.running()
         assert not local.kafka.nodes[0].running()
+
+
+def test_kafka_answers_tells_a_broker_from_an_open_port(kafka):
+    """The readiness check of a broker behind a port proxy: a real broker answers ApiVersions,
+    a socket that only accepts does not."""
+    import socket
+
+    from tests.conftest import stack
+
+    port = int(kafka.bootstrap_servers.rsplit(":", 1)[1])
+    assert stack.kafka_answers(port)
+    with socket.socket() as silent:
+        silent.bind((stack.LOOPBACK, 0))
+        silent.listen()
+        assert not stack.kafka_answers(silent.getsockname()[1])
