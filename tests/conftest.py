@@ -62,6 +62,17 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@pytest.fixture(autouse=True)
+def _no_sidecar_left() -> Iterator[None]:
+    """A `sidecar run` a test started and did not stop (it failed before its cleanup took the
+    process) is killed after it, so that it cannot go on tiering into the session's Kafka and
+    S3 under the next tests."""
+    yield
+    from tests.sidecar_runner import kill_leftovers
+
+    kill_leftovers()
+
+
 @dataclass
 class KafkaHandle:
     """What tests need from a running broker, whichever backend started it."""

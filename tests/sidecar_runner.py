@@ -57,6 +57,28 @@ def sidecar_env(s3: Any) -> dict[str, str]:
     }
 
 
+#: `sidecar run` processes started here and not yet seen to exit: PID -> name
+_STARTED: dict[int, str] = {}
+
+
+def kill_leftovers() -> list[str]:
+    """SIGKILL every `sidecar run` started by :meth:`Sidecar.start` that is still running
+    (a test that failed before its cleanup held the process); the names of those killed."""
+    killed = []
+    for pid, name in list(_STARTED.items()):
+        del _STARTED[pid]
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone
+        if b"run" not in cmdline.split(b"\0"):
+            continue  # the PID is another process's by now
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(name)
+    return killed
+
+
 @dataclass
 class Sidecar:
     """A `sidecar run` subprocess; a reader task keeps consuming its JSON log."""
@@ -92,6 +114,7 @@ class Sidecar:
             stderr=subprocess.STDOUT,
             env=env,
         )
+        _STARTED[proc.pid] = name
         sidecar = cls(proc, log_path, name)
         sidecar._reader = asyncio.create_task(sidecar._read(), name=f"{name} log reader")
         return sidecar
@@ -160,6 +183,7 @@ class Sidecar:
         except TimeoutError:
             self.proc.kill()
             code = await self.proc.wait()
+        _STARTED.pop(self.proc.pid, None)
         if self._reader is not None:
             await self._reader
         return code
