@@ -106,14 +106,21 @@ def test_a_session_ended_by_sigterm_stops_its_servers(tmp_path):
         command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     ) as session:
         try:
-            wait_for(out.exists, timeout=120, what="the held test's SeaweedFS")
-            pid = int(out.read_text())
+            # a copy of its PID file, read once whole (the file exists before it is written)
+            wait_for(
+                lambda: stack.read_pid(out) is not None, timeout=120, what="the held SeaweedFS"
+            )
+            pid = stack.read_pid(out)
+            assert pid is not None
             assert stack.pid_alive(pid)
             session.send_signal(signal.SIGTERM)
             session.wait(timeout=60)
         finally:
             if session.poll() is None:
                 session.kill()
+                held_pid = stack.read_pid(out)
+                if held_pid is not None:  # the session could not stop it: not left behind
+                    stack.stop_pid(held_pid, timeout=20.0)
     outlived = stack.pid_alive(pid)
     if outlived:
         stack.stop_pid(pid, timeout=20.0)  # not left behind by this test either
