@@ -951,9 +951,7 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}: {dotted}: not a JSON object: {exc}") from None
-    elif raw.strip().lower() in {"null", "none"} and "SecretStr" not in str(
-        info and info.annotation
-    ):
+    elif raw.strip().lower() in {"null", "none"} and not is_secret_key(dotted):
         value = None  # unset; never for a secret, whose value may be any text
     node = data
     for part in parts[:-1]:

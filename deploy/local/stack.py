@@ -1000,15 +1000,13 @@ class ZooKeeperKafkaCluster(KafkaCluster):
         """Start ZooKeeper, then every broker that is down; return when all answer. When one
         fails to start, what this call started is stopped again."""
         zk_was_running = self.zk_running()
-        started: list[KafkaNode] = []
         try:
-            return self._start(timeout, started)
+            super().start(timeout=timeout)  # stops the brokers it started when one fails
         except BaseException:
-            for node in started:
-                self.stop_node(node.node_id)
             if not zk_was_running:
                 self._stop_zookeeper()
             raise
+        return self
 
     def _start(self, timeout: float, started: list[KafkaNode]) -> ZooKeeperKafkaCluster:
         libs = kafka_libs(self.version)

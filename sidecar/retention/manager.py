@@ -296,7 +296,7 @@ class RetentionManager:
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
         await self._retention(summary, stop)
-        self._forget_series({tp.topic for tp in partitions})
+        self._forget_series(partitions)
         if (
             self._config.scrub_enabled
             and time.monotonic() >= self._next_scrub_at
@@ -516,13 +516,14 @@ class RetentionManager:
                 summary, tp, self._delete_topic_partition(tp, segments, summary, stop)
             )
 
-    def _forget_series(self, stored_topics: set[str]) -> None:
+    def _forget_series(self, stored: Sequence[TopicIdPartition]) -> None:
         """Drop the metric series of deleted topics once their grace has passed, unless the
         name is in use again (a new topic of the same name, in the store or the log dir)."""
         now = self._monotonic()
         due = [topic for topic, at in self._series_due.items() if at <= now]
         if not due:
-            return
+            return  # every pass but a rare one: nothing more to look at
+        stored_topics = {tp.topic for tp in stored}
         local = {scan.topic for scan in self._views().values()}
         for topic in due:
             del self._series_due[topic]
