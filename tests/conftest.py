@@ -298,7 +298,8 @@ def spark_kafka_jars() -> list[Path]:
 @pytest.fixture(scope="session")
 def spark(spark_kafka_jars: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A SparkSession local[2] bound to 127.0.0.1 (UI off), with the `kafka-tiered` source
-    registered (filter pushdown on) and Spark's `kafka` source on the classpath."""
+    registered (Spark's Python filter pushdown conf on, for the reads that ask for pushdown)
+    and Spark's `kafka` source on the classpath."""
     import os
 
     from pyspark.sql import SparkSession
@@ -321,7 +322,7 @@ def spark(spark_kafka_jars: list[Path], tmp_path_factory: pytest.TempPathFactory
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    sidecar.spark.register(session)
+    sidecar.spark.register(session, filter_pushdown=True)
     try:
         yield session
     finally:

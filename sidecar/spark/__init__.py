@@ -1,7 +1,9 @@
 """Read tiered Kafka topics straight from S3 with Spark: the ``kafka-tiered`` data source
-(Kafka-source schema, filter pushdown, segment pruning, ranged GETs) and the archive audit job.
+(Kafka-source schema, opt-in filter pushdown, segment pruning, ranged GETs) and the archive
+audit job.
 
-``register(spark)`` registers the source (and turns on Spark's Python filter pushdown conf);
+``register(spark)`` registers the source (``filter_pushdown=True`` also turns on Spark's Python
+filter pushdown conf);
 the top-level module ``pyspark_kafka_tiered`` makes Spark find it without that call. The names
 that need pyspark (``register``, ``KafkaTieredDataSource``, ``kafka_schema``, ``verify``...) are
 imported on first access, so executors and the pure planning code never import more than they

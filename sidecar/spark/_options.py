@@ -421,7 +421,7 @@ def parse_options(raw: Mapping[str, str]) -> ReadOptions:
         metadata="topic" if metadata == "topic" else "manifests",
         bootstrap_servers=bootstrap,
         metadata_topic=options.get("metadata.topic", DEFAULT_METADATA_TOPIC),
-        filter_pushdown=_bool(options, "filterPushdown", True),
+        filter_pushdown=_bool(options, "filterPushdown", False),
         verify_crc=_bool(options, "verifyCrc", True),
         kafka_security=kafka_security(options),
     )

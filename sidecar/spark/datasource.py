@@ -1,11 +1,16 @@
 """The ``kafka-tiered`` PySpark data source (Python Data Source API, pyspark >= 4.1).
 
 ``spark.read.format("kafka-tiered")`` reads tiered Kafka topics straight from S3 with the schema
-of Spark's own Kafka source. Register it with :func:`register` (which also turns on
-``spark.sql.python.filterPushdown.enabled``, required for a source with ``pushFilters``), or let
-Spark find it: the top-level module ``pyspark_kafka_tiered`` exposes ``DefaultSource`` and Spark
-imports every ``pyspark_*`` module on its first data-source lookup. Without the pushdown conf,
-pass ``filterPushdown=false`` (the reader then has no ``pushFilters``; Spark filters every row).
+of Spark's own Kafka source. Register it with :func:`register`, or let Spark find it: the
+top-level module ``pyspark_kafka_tiered`` exposes ``DefaultSource`` and Spark imports every
+``pyspark_*`` module on its first data-source lookup.
+
+Filter pushdown is opt-in (``filterPushdown=true``, which also needs
+``spark.sql.python.filterPushdown.enabled``; ``register(spark, filter_pushdown=True)`` sets it).
+Spark (4.3 at least) keeps the read planned with a query's pushed filters on the DataFrame's data
+source and reuses it for that DataFrame's later queries that push no filter, so with pushdown on,
+``df.where("partition = 0").count()`` followed by ``df.count()`` counts partition 0 only. Without
+pushdown Spark filters every row itself and each query reads what its DataFrame names.
 
 Where things run: ``schema()`` and ``reader()`` in a planner process on the driver;
 ``pushFilters`` and ``partitions()`` there too (``partitions()`` reads the metadata topic or the
@@ -218,11 +223,11 @@ class KafkaTieredDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = {str(k): str(v) for k, v in self.options.items()}
-        parse_options(options)  # fail at analysis time on bad options
+        parsed = parse_options(options)  # fail at analysis time on bad options
         include_headers = _include_headers(self.options)
-        if options.get("filterpushdown", options.get("filterPushdown", "true")).lower() == "false":
-            return _Reader(options, include_headers)
-        return _PushdownReader(options, include_headers)
+        if parsed.filter_pushdown:
+            return _PushdownReader(options, include_headers)
+        return _Reader(options, include_headers)
 
 
 def _include_headers(options: Any) -> bool:
@@ -232,10 +237,11 @@ def _include_headers(options: Any) -> bool:
     return False
 
 
-def register(spark: SparkSession, *, filter_pushdown: bool = True) -> None:
-    """Register ``kafka-tiered`` with ``spark``; with ``filter_pushdown`` (default) also set
-    ``spark.sql.python.filterPushdown.enabled=true``, which Spark requires for a Python source
-    that pushes filters down (it affects Python data sources only)."""
+def register(spark: SparkSession, *, filter_pushdown: bool = False) -> None:
+    """Register ``kafka-tiered`` with ``spark``; with ``filter_pushdown`` also set
+    ``spark.sql.python.filterPushdown.enabled=true``, which Spark requires before a read with
+    ``filterPushdown=true`` (it affects Python data sources only; see the module docstring for
+    what pushdown costs on Spark 4.3)."""
     spark.dataSource.register(KafkaTieredDataSource)
     if filter_pushdown:
         spark.conf.set(FILTER_PUSHDOWN_CONF, "true")

@@ -386,6 +386,17 @@ def _segment_sizes(s3: Any, prefix: str) -> dict[str, int]:
         client.close()
 
 
+def test_a_filtered_query_leaves_its_dataframe_whole(spark, s3, archive: Archive):
+    """By default nothing is pushed down, so a filtered query cannot narrow what later queries
+    on the same DataFrame read (Spark keeps a pushed-down plan with the DataFrame)."""
+    df = spark.read.format("kafka-tiered").options(**archive.options(s3)).load()
+    whole = df.count()
+    assert 0 < df.where("partition = 0").count() < whole
+    assert df.count() == whole
+    assert df.where("offset < 0").count() == 0
+    assert df.count() == whole
+
+
 def test_narrow_queries_fetch_only_the_ranges_they_need(spark, s3, archive: Archive):
     """An offset window in the middle of a segment: one task, a manifest GET, one ranged GET of
     the offset index and one small ranged GET of the `.log`. A time window: segments whose max
@@ -395,7 +406,7 @@ def test_narrow_queries_fetch_only_the_ranges_they_need(spark, s3, archive: Arch
     partition = 2  # snappy
     middle = archive.tiered_end[partition] // 3
     with _CountingProxy(s3.endpoint) as proxy:
-        options = archive.options(s3)
+        options = archive.options(s3, filterPushdown="true")
         options["s3.endpoint"] = proxy.endpoint
         df = spark.read.format("kafka-tiered").options(**options).load()
         narrow = df.where(

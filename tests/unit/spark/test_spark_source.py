@@ -377,3 +377,23 @@ class TestFilterPushdown:
         assert pushed.partitions == frozenset({0})
         assert (pushed.offset_lo, pushed.offset_hi) == (100, 200)
         assert pushed.min_timestamp_ms == int(ts.timestamp() * 1000)
+
+    @pytest.mark.parametrize(
+        ("extra", "pushes"),
+        [
+            ({}, False),
+            ({"filterPushdown": "false"}, False),
+            ({"filterPushdown": "true"}, True),
+            ({"filterpushdown": "TRUE"}, True),
+        ],
+    )
+    def test_opt_in(self, extra, pushes):
+        """Pushdown only when asked for: Spark 4.3 reuses a pushed-down plan for the same
+        DataFrame's later queries that push no filter."""
+        from pyspark.sql.datasource import DataSourceReader
+
+        from sidecar.spark.datasource import KafkaTieredDataSource, kafka_schema
+
+        reader = KafkaTieredDataSource({**BASE, **extra}).reader(kafka_schema())
+        # Spark's own test for a reader that pushes filters
+        assert (type(reader).pushFilters is not DataSourceReader.pushFilters) is pushes
