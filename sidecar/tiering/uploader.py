@@ -286,11 +286,14 @@ class SegmentUploader:
         segment: Segment,
         *,
         may_continue: Callable[[], bool] = lambda: True,
+        on_late_finish: Callable[[UploadOutcome], None] | None = None,
     ) -> UploadOutcome:
         """Upload ``segment`` of ``scan``'s partition and publish it FINISHED.
 
         ``may_continue`` says whether this broker still leads the partition; it is asked before
-        STARTED and before FINISHED.
+        STARTED and before FINISHED. ``on_late_finish`` is called when the upload is cancelled
+        while FINISHED is on its way and the topic then shows it FINISHED: the copy is tiered
+        although this raises ``CancelledError``, so the caller can still count it.
         """
         if scan.topic_id is None:
             raise SegmentVanishedError(f"{scan.path} has no partition.metadata (topic id)")
@@ -346,16 +349,25 @@ class SegmentUploader:
                 # shield the cleanup from a cancellation that interrupted the upload
                 await asyncio.shield(self._abandon(metadata))
                 raise
+
             # From here on FINISHED may be on the topic: the copy is never abandoned.
-            await self._finish(metadata)
+            def outcome() -> UploadOutcome:
+                return UploadOutcome(metadata, opened.size, index_bytes, time.monotonic() - started)
+
+            await self._finish(
+                metadata, None if on_late_finish is None else lambda: on_late_finish(outcome())
+            )
         finally:
             # never blocks for a regular file, and must run even when cancelled again
             opened.log.close()
-        return UploadOutcome(metadata, opened.size, index_bytes, time.monotonic() - started)
+        return outcome()
 
-    async def _finish(self, metadata: SegmentMetadata) -> None:
+    async def _finish(
+        self, metadata: SegmentMetadata, on_settled: Callable[[], None] | None = None
+    ) -> None:
         """Publish FINISHED and make sure the topic shows it. A cancellation waits for that to
-        settle (FINISHED may already be on its way), unless it is cancelled again."""
+        settle (FINISHED may already be on its way), unless it is cancelled again; once the
+        topic shows FINISHED it calls ``on_settled`` and then raises the cancellation."""
         settle = asyncio.ensure_future(self._publish_finished(metadata))
         try:
             await asyncio.shield(settle)
@@ -372,6 +384,8 @@ class SegmentUploader:
                         segment_id=str(metadata.segment_id.id),
                         error=str(exc) or type(exc).__name__,
                     )
+            if not settle.cancelled() and settle.exception() is None and on_settled is not None:
+                on_settled()  # FINISHED shows (before or after the cancellation came)
             raise
 
     async def _publish_finished(self, metadata: SegmentMetadata) -> None:

@@ -81,7 +81,7 @@ from sidecar.tiering.quarantine import (
     classify,
     read_error_reason,
 )
-from sidecar.tiering.uploader import CorruptSegmentError, SegmentUploader
+from sidecar.tiering.uploader import CorruptSegmentError, SegmentUploader, UploadOutcome
 
 __all__ = ["MetadataSync", "TieringEngine", "remote_coverage"]
 
@@ -829,7 +829,12 @@ class TieringEngine:
                     return False
                 try:
                     outcome = await self._uploader.upload(
-                        scan, segment, may_continue=functools.partial(self._may_upload, key)
+                        scan,
+                        segment,
+                        may_continue=functools.partial(self._may_upload, key),
+                        on_late_finish=functools.partial(
+                            self._tiered, topic, segment, after_cancel=True
+                        ),
                     )
                 except CorruptSegmentError as exc:
                     if classify(exc) is not Verdict.CORRUPT:
@@ -844,19 +849,27 @@ class TieringEngine:
                         path=str(segment.log_path),
                         errno=exc.errno,
                     ) from exc
-            self.uploaded += 1
-            self._metrics.segments_copied.labels(topic).inc()
-            self._metrics.bytes_copied.labels(topic).inc(outcome.log_bytes + outcome.index_bytes)
-            self._metrics.upload_seconds.observe(outcome.seconds)
-            log.info(
-                "segment_tiered",
-                base_offset=segment.base_offset,
-                end_offset=segment.end_offset,
-                segment_id=str(outcome.metadata.segment_id.id),
-                bytes=outcome.log_bytes,
-                seconds=round(outcome.seconds, 3),
-            )
+            self._tiered(topic, segment, outcome)
         return False
+
+    def _tiered(
+        self, topic: str, segment: Segment, outcome: UploadOutcome, *, after_cancel: bool = False
+    ) -> None:
+        """Count and log a copy that the topic shows FINISHED; ``after_cancel``: its worker was
+        cancelled (leadership lost, shutdown) while FINISHED was on its way, and it landed."""
+        self.uploaded += 1
+        self._metrics.segments_copied.labels(topic).inc()
+        self._metrics.bytes_copied.labels(topic).inc(outcome.log_bytes + outcome.index_bytes)
+        self._metrics.upload_seconds.observe(outcome.seconds)
+        log.info(
+            "segment_tiered",
+            base_offset=segment.base_offset,
+            end_offset=segment.end_offset,
+            segment_id=str(outcome.metadata.segment_id.id),
+            bytes=outcome.log_bytes,
+            seconds=round(outcome.seconds, 3),
+            **({"after_cancel": True} if after_cancel else {}),
+        )
 
     def _plan(self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None) -> Plan:
         """The partition's next upload, from the FINISHED coverage of its lineage (a thread)."""

@@ -174,13 +174,21 @@ class TestFinishedOnTheRealTopic:
 
     async def test_cancelled_during_finished_read_back_keeps_the_copy(self, rig: Rig) -> None:
         """The upload is cancelled while FINISHED is read back (a leadership move): the
-        cancellation waits for the copy's state to settle, FINISHED, and deletes nothing."""
+        cancellation waits for the copy's state to settle, FINISHED, and deletes nothing; the
+        caller still hears of the copy, so that it is counted and logged as tiered."""
         segment = rig.scan.segments[0]
-        upload = asyncio.create_task(rig.uploader.upload(rig.scan, segment))
+        late: list[Any] = []
+        upload = asyncio.create_task(
+            rig.uploader.upload(rig.scan, segment, on_late_finish=late.append)
+        )
         await asyncio.wait_for(rig.read_back.hanging.wait(), 30)
         upload.cancel()
         with pytest.raises(asyncio.CancelledError):
             await upload
+        assert [(o.metadata.start_offset, o.metadata.end_offset) for o in late] == [
+            (segment.base_offset, segment.end_offset)
+        ]
+        assert late[0].log_bytes == segment.size
         finished = rig.store.segments(_tip(rig), states={FINISHED})
         assert [(s.start_offset, s.end_offset) for s in finished] == [
             (segment.base_offset, segment.end_offset)
