@@ -79,7 +79,7 @@ test-integration: $(STAMP)
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest tests/e2e
 
-.PHONY: test-faults soak
+.PHONY: test-faults soak soak-broker
 
 # S3 faults through a fault proxy, kill -9 at every step, full disks, socket security
 # (part of `make test`; needs root for the tmpfs mounts and setpriv)
@@ -90,6 +90,11 @@ test-faults: $(STAMP)
 # SOAK_MINUTES=3 make soak for a short run
 soak: $(STAMP)
 	$(BIN)/python -m tests.faults.soak
+
+# the same for the broker-driven mode: a broker with the plugin, Kafka consumers reading
+# tiered data through it, the broker's copies and retention (not in CI)
+soak-broker: $(STAMP) plugin
+	$(BIN)/python -m tests.faults.soak_broker
 
 test-deploy: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest tests/deploy

@@ -90,7 +90,8 @@ async def _reader(
                     counts["wrong_offset"] += 1
 
 
-def _proc_sample(pid: int) -> dict[str, int]:
+def proc_sample(pid: int) -> dict[str, int]:
+    """The RSS, threads and open files of process ``pid``, from ``/proc``."""
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     return {
@@ -100,7 +101,9 @@ def _proc_sample(pid: int) -> dict[str, int]:
     }
 
 
-def _bounded(samples: list[dict[str, int]], key: str, margin: int) -> bool:
+def bounded(samples: list[dict[str, int]], key: str, margin: int) -> bool:
+    """Whether ``key`` stayed bounded: the last third's peak is at most the first third's by
+    half, plus ``margin``."""
     third = max(1, len(samples) // 3)
     first = max(s[key] for s in samples[:third])
     last = max(s[key] for s in samples[-third:])
@@ -160,7 +163,7 @@ async def soak(minutes: float, sample_s: float, root: Path) -> dict[str, Any]:
         while time.monotonic() < end:
             if sidecar.exited:
                 raise AssertionError("the sidecar exited\n" + sidecar.tail(60))
-            samples.append(_proc_sample(sidecar.proc.pid))
+            samples.append(proc_sample(sidecar.proc.pid))
             now = time.monotonic()
             if now >= next_fault:
                 fault = FAULTS[len(faults) % len(FAULTS)]
@@ -201,10 +204,10 @@ async def soak(minutes: float, sample_s: float, root: Path) -> dict[str, Any]:
             if n == "kafka_tiered_sidecar_retention_deleted_segments_total"
         )
         exit_code = await sidecar.stop()
-        bounded = {
-            "rss_kib": _bounded(samples, "rss_kib", 32 * 1024),
-            "open_files": _bounded(samples, "open_files", 32),
-            "threads": _bounded(samples, "threads", 8),
+        limits = {
+            "rss_kib": bounded(samples, "rss_kib", 32 * 1024),
+            "open_files": bounded(samples, "open_files", 32),
+            "threads": bounded(samples, "threads", 8),
         }
         return {
             "minutes": minutes,
@@ -216,9 +219,9 @@ async def soak(minutes: float, sample_s: float, root: Path) -> dict[str, Any]:
             "first": samples[0] if samples else None,
             "peak": {k: max(s[k] for s in samples) for k in samples[0]} if samples else None,
             "last": samples[-1] if samples else None,
-            "bounded": bounded,
+            "bounded": limits,
             "exit_code": exit_code,
-            "ok": all(bounded.values())
+            "ok": all(limits.values())
             and exit_code == 0
             and counts["wrong_bytes"] == 0
             and counts["wrong_offset"] == 0,
