@@ -3,15 +3,16 @@
 Kafka consumers reading random offsets through the broker (mostly tiered data: the broker keeps
 2 MiB per partition), the broker's own copies, local deletions and remote retention, one S3
 fault a minute through the fault proxy — while the sidecar's RSS, open files and threads and
-the broker's open files and threads (the plugin keeps cache files and connections open) are
-sampled every ``SOAK_SAMPLE_S`` seconds.
+the broker's threads and open files, by kind, are sampled every ``SOAK_SAMPLE_S`` seconds.
 
 Every record's key names its partition and offset and its value is derived from the key, so a
 reader checks each record it gets: a wrong value, an offset that is not the one asked for, or a
 gap inside a fetch is a failure. At the end, once the broker has copied what rolled, every
 partition is read from its earliest offset to its end and must come back whole. It fails
-(exit 1) on any of those, when a resource grows without bound (as ``make soak``), or when the
-sidecar exits. It prints a JSON summary.
+(exit 1) on any of those, when a resource grows without bound (as ``make soak``: the sidecar's
+three, and the broker's threads, sockets and the sidecar cache files the plugin keeps open; the
+broker's other open files are reported, see ``soak``), or when the sidecar exits. It prints a
+JSON summary.
 
 ``SOAK_MINUTES=3 make soak-broker`` is a short run.
 """
