@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -234,14 +235,22 @@ async def soak(minutes: float, sample_s: float, root: Path) -> dict[str, Any]:
         kafka.stop()
 
 
-def main() -> int:
+def run_soak(
+    soak_fn: Callable[[float, float, Path], Awaitable[dict[str, Any]]], prefix: str
+) -> int:
+    """Run ``soak_fn`` for ``SOAK_MINUTES``, sampling every ``SOAK_SAMPLE_S`` seconds, in a
+    new directory; print its JSON summary; exit 0 when it says ``ok``."""
     minutes = float(os.environ.get("SOAK_MINUTES", "20"))
     sample_s = float(os.environ.get("SOAK_SAMPLE_S", "10"))
-    root = Path(tempfile.mkdtemp(prefix="sidecar-soak-"))
-    summary = asyncio.run(soak(minutes, sample_s, root))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    summary = asyncio.run(soak_fn(minutes, sample_s, root))
     summary["root"] = str(root)
     print(json.dumps(summary, indent=2))
     return 0 if summary["ok"] else 1
+
+
+def main() -> int:
+    return run_soak(soak, "sidecar-soak-")
 
 
 if __name__ == "__main__":

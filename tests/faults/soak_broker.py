@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import os
 import random
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,7 +36,7 @@ from tests.e2e._support import metric_samples
 from tests.e2e.test_broker_plugin import plugged_broker
 from tests.faults._harness import FaultProxy, through
 from tests.faults.proxy import FAULTS
-from tests.faults.soak import bounded, proc_sample
+from tests.faults.soak import bounded, proc_sample, run_soak
 from tests.helpers import create_topic
 
 PARTITIONS = 4
@@ -374,13 +371,7 @@ def thirds(samples: list[dict[str, int]], size: int) -> list[list[dict[str, int]
 
 
 def main() -> int:
-    minutes = float(os.environ.get("SOAK_MINUTES", "20"))
-    sample_s = float(os.environ.get("SOAK_SAMPLE_S", "10"))
-    root = Path(tempfile.mkdtemp(prefix="sidecar-soak-broker-"))
-    summary = asyncio.run(soak(minutes, sample_s, root))
-    summary["root"] = str(root)
-    print(json.dumps(summary, indent=2))
-    return 0 if summary["ok"] else 1
+    return run_soak(soak, "sidecar-soak-broker-")
 
 
 if __name__ == "__main__":
