@@ -858,14 +858,59 @@ class S3ObjectStore:
         return {"ETag": head.get("ETag"), "ChecksumCRC32C": stored}
 
     async def _create_multipart_upload(self, key: str) -> str:
-        response = await self._request(
-            "create_multipart_upload",
-            key,
-            "create_multipart_upload",
-            Key=key,
-            ChecksumAlgorithm="CRC32C",
-        )
-        return str(response["UploadId"])
+        """Start a multipart upload and return its id. When the request had to be sent more
+        than once, the store may have started an upload for an attempt whose answer was lost;
+        those are aborted here (:meth:`_abort_unanswered`), since nobody would ever use them."""
+        attempts = 0
+
+        async def request(client: Any) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return await client.create_multipart_upload(
+                Bucket=self._bucket, Key=key, ChecksumAlgorithm="CRC32C"
+            )
+
+        response = await self._call("create_multipart_upload", key, request)
+        upload_id = str(response["UploadId"])
+        if attempts > 1:
+            try:
+                await self._abort_unanswered(key, upload_id)
+            except BaseException as exc:
+                await self._abort_quietly(
+                    key, upload_id, hurry=isinstance(exc, asyncio.CancelledError)
+                )
+                raise
+        return upload_id
+
+    async def _abort_unanswered(self, key: str, upload_id: str) -> None:
+        """Abort the open uploads of ``key`` other than ``upload_id``, after a repeated
+        CreateMultipartUpload. A segment key holds its segment id, so its only uploader is
+        this one. A staged key names its content, and two sidecars may stage one segment at
+        the same moment (around a leadership move): the other's upload then fails, and it
+        finds the staged object or uploads again; nothing is lost. A failure here is logged
+        and the upload goes on: the orphan scrub aborts what is left after
+        ``retention.multipart_grace_s``."""
+        try:
+            others = [
+                u
+                async for u in self.list_multipart_uploads(key)
+                if u.key == key and u.upload_id != upload_id
+            ]
+            for upload in others:
+                await self.abort_multipart_upload(upload.key, upload.upload_id)
+                log.info(
+                    "multipart_upload_aborted",
+                    key=key,
+                    upload_id=upload.upload_id,
+                    detail="started by a CreateMultipartUpload whose answer was lost",
+                )
+        except (StorageError, RuntimeError, TimeoutError) as exc:
+            log.warning(
+                "multipart_abort_failed",
+                key=key,
+                error=str(exc) or type(exc).__name__,
+                detail="the orphan scrub aborts it after retention.multipart_grace_s",
+            )
 
     async def _upload_parts(
         self,

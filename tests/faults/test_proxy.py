@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import structlog.testing
 from prometheus_client import CollectorRegistry
 
 from sidecar.errors import StorageError
@@ -138,3 +139,55 @@ async def test_a_completion_whose_answer_is_lost_is_not_uploaded_again(
     ops = stats["requests"]
     assert ops.get("CreateMultipartUpload") == 1, ops
     assert ops.get("UploadPart") == 3, ops
+
+
+@pytest.mark.parametrize("fault", ["truncate", "reset"])
+async def test_an_upload_started_by_a_lost_creation_is_aborted(s3, fault_proxy, s3_prefix, fault):
+    """The store starts a multipart upload but its answer never arrives, so the creation is
+    sent again and a second upload starts. The first, which nobody would ever complete, is
+    aborted at once instead of waiting for the orphan scrub."""
+    body = os.urandom(11 * 1024 * 1024 + 123)
+    path = fault_proxy.log_path.parent / "big"
+    path.write_bytes(body)
+    async with proxied_store(s3, fault_proxy) as store:
+        fault_proxy.set({"fault": fault, "op": "CreateMultipartUpload"})
+        with structlog.testing.capture_logs() as logs:
+            await store.put_file(s3_prefix + "big", path, part_size=5 * 1024 * 1024)
+        assert await store.get(s3_prefix + "big") == body
+        assert [u async for u in store.list_multipart_uploads(s3_prefix)] == []
+        await store.delete([s3_prefix + "big"])
+    stats = fault_proxy.stats()
+    assert stats["injected"] == {fault: 1}, stats
+    ops = stats["requests"]
+    assert ops.get("CreateMultipartUpload") == 2, ops
+    assert ops.get("AbortMultipartUpload") == 1, ops
+    aborted = [e for e in logs if e["event"] == "multipart_upload_aborted"]
+    assert [e["key"] for e in aborted] == [s3_prefix + "big"]
+
+
+async def test_an_upload_goes_on_when_the_lost_creation_cannot_be_aborted(
+    s3, fault_proxy, s3_prefix
+):
+    """When the store will not list the open uploads, the first upload stays for the orphan
+    scrub, with a warning; the object is still uploaded, once."""
+    body = os.urandom(11 * 1024 * 1024 + 123)
+    path = fault_proxy.log_path.parent / "big"
+    path.write_bytes(body)
+    async with proxied_store(s3, fault_proxy, max_attempts=2) as store:
+        fault_proxy.set(
+            {"fault": "truncate", "op": "CreateMultipartUpload"},
+            {"fault": "internal_error", "op": "ListMultipartUploads", "count": None},
+        )
+        with structlog.testing.capture_logs() as logs:
+            await store.put_file(s3_prefix + "big", path, part_size=5 * 1024 * 1024)
+        fault_proxy.clear()
+        assert await store.get(s3_prefix + "big") == body
+        left = [u async for u in store.list_multipart_uploads(s3_prefix)]
+        assert [u.key for u in left] == [s3_prefix + "big"]
+        for upload in left:
+            await store.abort_multipart_upload(upload.key, upload.upload_id)
+        await store.delete([s3_prefix + "big"])
+    warned = [e for e in logs if e["event"] == "multipart_abort_failed"]
+    assert len(warned) == 1, warned
+    assert "InternalError" in warned[0]["error"], warned
+    assert fault_proxy.stats()["requests"].get("CompleteMultipartUpload") == 1
