@@ -54,12 +54,16 @@ deploy-tools:
 
 # The broker plugin (Kafka's RemoteStorageManager backed by the sidecar): compiles, runs its JUnit
 # tests and builds deploy/kafka-plugin/target/kafka-tiered-sidecar-plugin.jar. Maven fetches into
-# ~/.m2 on first use only.
-MVN ?= mvn
-plugin:
+# ~/.m2 on first use only. MVN unset: the mvn on PATH, else Apache Maven fetched from Maven
+# Central into ~/.cache/kafka-tiered-sidecar/ (deploy/local/stack.py maven).
+MVN ?=
+plugin: | check-python
 	@command -v java >/dev/null || { echo "missing tool: java (install OpenJDK 17: sudo apt-get install -y openjdk-17-jdk-headless)" >&2; exit 3; }
-	@command -v $(MVN) >/dev/null || { echo "missing tool: $(MVN) (install Maven: sudo apt-get install -y maven)" >&2; exit 3; }
-	$(MVN) -B -q -C -Dstyle.color=never -f deploy/kafka-plugin/pom.xml package
+	@mvn="$(MVN)"; \
+	if [ -z "$$mvn" ]; then mvn="$$(command -v mvn || $(PYTHON) deploy/local/stack.py maven)" || exit 3; fi; \
+	command -v "$$mvn" >/dev/null || { echo "missing tool: $$mvn (install Maven: sudo apt-get install -y maven)" >&2; exit 3; }; \
+	echo "$$mvn -B -q -C -Dstyle.color=never -f deploy/kafka-plugin/pom.xml package"; \
+	"$$mvn" -B -q -C -Dstyle.color=never -f deploy/kafka-plugin/pom.xml package
 
 # Every tier: unit, integration, e2e and deploy, against the real broker and S3 the session starts.
 test: lint type deploy-tools plugin

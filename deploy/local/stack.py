@@ -105,15 +105,94 @@ def require_java() -> str:
     return java
 
 
+#: Apache Maven, fetched from Maven Central when ``mvn`` is not on PATH; the SHA-512 is the one
+#: Maven Central publishes beside the archive, pinned here so a changed download is refused
+MAVEN_VERSION = "3.9.9"
+MAVEN_SHA512 = (
+    "a555254d6b53d267965a3404ecb14e53c3827c09c3b94b5678835887ab404556"
+    "bfaf78dcfe03ba76fa2508649dca8531c74bca4d5846513522404d48e8c4ac8b"
+)
+MAVEN_URL = (
+    f"https://repo.maven.apache.org/maven2/org/apache/maven/apache-maven/{MAVEN_VERSION}/"
+    f"apache-maven-{MAVEN_VERSION}-bin.tar.gz"
+)
+
+
 def require_maven() -> str:
-    """Return the path of ``mvn`` or raise with what to install."""
+    """Return the path of ``mvn``: the one on PATH, else Apache Maven fetched from Maven
+    Central into the cache (:func:`fetch_maven`); raise with what to install if that fails."""
     mvn = shutil.which("mvn")
-    if mvn is None:
+    if mvn is not None:
+        return mvn
+    try:
+        return str(fetch_maven())
+    except StackError as exc:
         raise MissingToolError(
-            "Apache Maven is required once, to fetch Kafka's jars from Maven Central, and `mvn` "
-            "is not on PATH. Install it, e.g. `apt-get install -y maven` (Debian/Ubuntu) or "
+            f"Apache Maven is required, to fetch Kafka's jars from Maven Central and to build "
+            f"the broker plugin; `mvn` is not on PATH and fetching Maven {MAVEN_VERSION} failed "
+            f"({exc}). Install it, e.g. `apt-get install -y maven` (Debian/Ubuntu) or "
             "`brew install maven` (macOS)."
-        )
+        ) from exc
+
+
+def fetch_maven(
+    cache: Path | None = None,
+    *,
+    url: str | None = None,
+    sha512: str | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Return ``bin/mvn`` of Apache Maven in ``cache`` (default :data:`CACHE`), downloading
+    ``url`` (default :data:`MAVEN_URL`) and unpacking it on first use. The archive must match
+    ``sha512`` (default :data:`MAVEN_SHA512`); it is unpacked beside its target and renamed into
+    place, so an interrupted fetch is never taken for a complete one."""
+    import hashlib
+    import tarfile
+    import urllib.request
+
+    cache = CACHE if cache is None else cache
+    url = MAVEN_URL if url is None else url
+    sha512 = MAVEN_SHA512 if sha512 is None else sha512
+    home = cache / f"apache-maven-{MAVEN_VERSION}"
+    mvn = home / "bin" / "mvn"
+    if (home / ".complete").exists():
+        return mvn
+    require_java()  # Maven runs on it
+    tmp = home.with_name(f"{home.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        archive = tmp / "maven.tar.gz"
+        digest = hashlib.sha512()
+        if not url.startswith(("https://", "http://")):
+            raise StackError(f"not an HTTP(S) address: {url}")
+        try:
+            with (
+                urllib.request.urlopen(url, timeout=timeout) as response,  # noqa: S310 - checked
+                archive.open("wb") as out,
+            ):
+                while chunk := response.read(1 << 20):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            raise StackError(f"downloading {url}: {exc}") from exc
+        if digest.hexdigest() != sha512:
+            raise StackError(f"{url} does not have the SHA-512 pinned for Maven {MAVEN_VERSION}")
+        with tarfile.open(archive) as tar:
+            members = tar.getmembers()
+            for member in members:  # plain files and directories, all inside tmp
+                inside = (tmp / member.name).resolve().is_relative_to(tmp.resolve())
+                if not inside or not (member.isfile() or member.isdir()):
+                    raise StackError(f"{url}: unexpected archive member {member.name!r}")
+            tar.extractall(tmp, members=members)  # noqa: S202 - members checked above
+        unpacked = tmp / f"apache-maven-{MAVEN_VERSION}"
+        if not (unpacked / "bin" / "mvn").is_file():
+            raise StackError(f"{url} holds no apache-maven-{MAVEN_VERSION}/bin/mvn")
+        (unpacked / ".complete").write_text(MAVEN_VERSION + "\n")
+        shutil.rmtree(home, ignore_errors=True)
+        unpacked.rename(home)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return mvn
 
 
@@ -1463,10 +1542,18 @@ def main(argv: list[str] | None = None) -> int:
         help=f"download Kafka's jars (and {KAFKA_39}'s, and LocalTieredStorage's) into the home"
         " caches and exit",
     )
+    sub.add_parser(
+        "maven",
+        help=f"print the path of mvn: the one on PATH, else Maven {MAVEN_VERSION} fetched from"
+        " Maven Central into the home cache",
+    )
     args = parser.parse_args(argv)
     root: Path = args.root.resolve()
 
     try:
+        if args.command == "maven":
+            print(require_maven())
+            return 0
         if args.command == "fetch":
             print(kafka_libs())
             print(kafka_libs(KAFKA_39))

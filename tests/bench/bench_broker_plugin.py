@@ -115,7 +115,8 @@ def tiered_configs(segment_bytes: int) -> dict[str, str]:
 def plugin_jar() -> Path:
     if not PLUGIN_JAR.exists():
         pom = REPO / "deploy" / "kafka-plugin" / "pom.xml"
-        subprocess.run(["mvn", "-B", "-q", "-f", str(pom), "-DskipTests", "package"], check=True)
+        mvn = stack.require_maven()
+        subprocess.run([mvn, "-B", "-q", "-f", str(pom), "-DskipTests", "package"], check=True)
     return PLUGIN_JAR
 
 

@@ -68,8 +68,9 @@ TOPIC_CONFIGS = {
 def plugin_jar() -> Path:
     """The plugin jar `make test` built; built here (without its unit tests) when missing."""
     if not PLUGIN_JAR.exists():
+        mvn = stack.require_maven()
         result = subprocess.run(
-            ["mvn", "-B", "-q", "-C", "-f", str(PLUGIN_POM), "-DskipTests", "package"],
+            [mvn, "-B", "-q", "-C", "-f", str(PLUGIN_POM), "-DskipTests", "package"],
             capture_output=True,
             text=True,
             check=False,

@@ -1,12 +1,21 @@
-"""The local stack tells the user what to install when Java or Maven is missing."""
+"""The local stack fetches Maven when it is missing, and tells the user what to install when
+Java is missing or Maven cannot be fetched."""
 
 from __future__ import annotations
 
+import hashlib
+import http.server
+import io
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tarfile
+import threading
 from pathlib import Path
+
+import pytest
 
 STACK = Path(__file__).resolve().parents[2] / "deploy" / "local" / "stack.py"
 
@@ -42,12 +51,114 @@ class TestMissingTools:
         assert "Java 17" in result.stderr
         assert "openjdk-17-jre-headless" in result.stderr
 
-    def test_missing_maven_says_what_to_install(self, tmp_path):
-        """With java but without mvn on PATH, the stack exits 3 naming Maven."""
-        result = _run_fetch(tmp_path, ["java"])
-        assert result.returncode == 3
-        assert "Maven" in result.stderr
-        assert "apt-get install -y maven" in result.stderr
+    def test_missing_maven_that_cannot_be_fetched_says_what_to_install(self, tmp_path, monkeypatch):
+        """Without mvn on PATH and with Maven Central out of reach, the error names Maven and
+        the package to install, and why the fetch failed."""
+        from tests.conftest import stack
+
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "java").symlink_to(shutil.which("java"))
+        monkeypatch.setenv("PATH", str(bin_dir))
+        monkeypatch.setattr(stack, "CACHE", tmp_path / "cache")
+        monkeypatch.setattr(stack, "MAVEN_URL", f"http://127.0.0.1:{_closed_port()}/maven.tar.gz")
+        with pytest.raises(stack.MissingToolError) as caught:
+            stack.require_maven()
+        assert "apt-get install -y maven" in str(caught.value)
+        assert "Connection refused" in str(caught.value)
+        assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _maven_archive(tmp_path: Path, *members: tuple[str, bytes]) -> bytes:
+    """A tar.gz shaped like Maven's binary archive, with ``members`` (name, content) in it."""
+    path = tmp_path / "archive.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, content in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            info.mode = 0o755
+            tar.addfile(info, io.BytesIO(content))
+    return path.read_bytes()
+
+
+class _Served:
+    """One archive served over HTTP on loopback, counting the requests for it."""
+
+    def __init__(self, body: bytes) -> None:
+        served = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                served.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.requests = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/maven.tar.gz"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Served:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+class TestMavenFetch:
+    """Apache Maven fetched into the cache when ``mvn`` is not on PATH (the archive served
+    from loopback here; the integration tier fetches the real one from Maven Central)."""
+
+    def test_fetched_once_checked_and_unpacked_into_the_cache(self, tmp_path):
+        from tests.conftest import stack
+
+        top = f"apache-maven-{stack.MAVEN_VERSION}"
+        body = _maven_archive(tmp_path, (f"{top}/bin/mvn", b"#!/bin/sh\necho maven\n"))
+        cache = tmp_path / "cache"
+        with _Served(body) as served:
+            sha = hashlib.sha512(body).hexdigest()
+            mvn = stack.fetch_maven(cache, url=served.url, sha512=sha)
+            again = stack.fetch_maven(cache, url=served.url, sha512=sha)
+        assert mvn == again == cache / top / "bin" / "mvn"
+        assert subprocess.run([mvn], capture_output=True, check=True).stdout == b"maven\n"
+        assert served.requests == 1
+        assert sorted(p.name for p in cache.iterdir()) == [top]  # no temporary left
+
+    def test_an_archive_that_does_not_match_the_pinned_checksum_is_refused(self, tmp_path):
+        from tests.conftest import stack
+
+        top = f"apache-maven-{stack.MAVEN_VERSION}"
+        body = _maven_archive(tmp_path, (f"{top}/bin/mvn", b"#!/bin/sh\n"))
+        cache = tmp_path / "cache"
+        with _Served(body) as served, pytest.raises(stack.StackError, match="SHA-512"):
+            stack.fetch_maven(cache, url=served.url, sha512="0" * 128)
+        assert list(cache.iterdir()) == []
+
+    def test_an_archive_member_outside_its_directory_is_refused(self, tmp_path):
+        from tests.conftest import stack
+
+        top = f"apache-maven-{stack.MAVEN_VERSION}"
+        body = _maven_archive(
+            tmp_path, (f"{top}/bin/mvn", b"#!/bin/sh\n"), ("../outside", b"not here")
+        )
+        cache = tmp_path / "cache"
+        with _Served(body) as served, pytest.raises(stack.StackError, match="unexpected"):
+            stack.fetch_maven(cache, url=served.url, sha512=hashlib.sha512(body).hexdigest())
+        assert list(cache.iterdir()) == []  # nothing unpacked, "../outside" included
 
 
 class TestPluginBuild:
