@@ -283,16 +283,21 @@ async def _copy_while_connected(
     """Run the copy while the broker waits for it. A broker that closed the connection (its
     copy timeout, a shutdown, a lost leadership) has given up on this segment id and writes no
     COPY_SEGMENT_FINISHED for it: the copy is cancelled and the copier deletes what it wrote,
-    rather than leaving objects that no metadata names."""
+    rather than leaving objects that no metadata names. A copy that finished after the broker
+    closed (between two looks) is deleted the same way. The broker may still give up after
+    the answer is on its way; the orphan scrub removes such a copy once the broker has copied
+    its offsets again (it stays at COPY_SEGMENT_STARTED, superseded)."""
     task = asyncio.create_task(copier.copy(copy), name="broker copy")
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_CHECK_S)
             if done:
                 task.result()
-                return
-            transport = request.transport
-            if transport is None or transport.is_closing():
+                if _connected(request):
+                    return
+                await asyncio.shield(_delete_abandoned(copier, copy.metadata))
+                break
+            if not _connected(request):
                 break
     finally:
         if not task.done():
@@ -311,6 +316,21 @@ async def _copy_while_connected(
     raise CopyInterruptedError(
         f"the broker closed the connection during the copy of segment {segment.segment_id.id}"
     )
+
+
+def _connected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and not transport.is_closing()
+
+
+async def _delete_abandoned(copier: SegmentCopier, metadata: SegmentMetadata) -> None:
+    """Delete a finished copy that no broker waits for any more."""
+    try:
+        await copier.delete(metadata)
+    except SidecarError as exc:  # the orphan scrub removes it once it is superseded
+        log.warning(
+            "broker_copy_cleanup_failed", segment_id=str(metadata.segment_id.id), error=str(exc)
+        )
 
 
 async def _fetch_segment(request: web.Request) -> web.StreamResponse:

@@ -32,7 +32,13 @@ from sidecar.brokerapi import (
     BrokerPathError,
     SegmentNotCopyableError,
 )
-from sidecar.errors import FormatError, KeyNotFoundError, SegmentVanishedError, SidecarError
+from sidecar.errors import (
+    FormatError,
+    KeyNotFoundError,
+    SegmentVanishedError,
+    SidecarError,
+    UnreadableFileError,
+)
 from sidecar.kafka.logdir import open_segment_file
 from sidecar.kafka.records import iter_batches
 from sidecar.metadata.events import SegmentMetadata
@@ -303,6 +309,8 @@ def _checked(
             Path(fd_path), verify_crc=True, path=str(log_path), on_read=crcs.feed
         ):
             end = header.end_position
+    except UnreadableFileError:
+        raise  # the disk failed to read, the bytes may be fine: the broker retries the copy
     except FormatError as exc:
         raise SegmentNotCopyableError(f"segment {log_path} is corrupt: {exc}") from exc
     if end != stat.st_size:

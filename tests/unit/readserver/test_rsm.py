@@ -315,6 +315,68 @@ class TestCopyRefusals:
             "broker_copy_abandoned"
         ]
 
+    async def test_copy_that_finishes_after_the_broker_gave_up_leaves_nothing(
+        self, rsm, broker, monkeypatch
+    ):
+        """The copy's last write lands just after the broker closed the connection: the copy
+        finished, but for a segment id the broker has given up on, so it is deleted."""
+        from sidecar.readserver import rsm as rsm_module
+
+        # the disconnect is seen only once the copy is done, never by the periodic look
+        monkeypatch.setattr(rsm_module, "_DISCONNECT_CHECK_S", 3600.0)
+        seen: list[Any] = []
+        real = rsm_module._copy_while_connected
+
+        async def remember(request: Any, copier: Any, copy: Any) -> None:
+            seen.append(request)
+            await real(request, copier, copy)
+
+        monkeypatch.setattr(rsm_module, "_copy_while_connected", remember)
+        writing = asyncio.Event()
+        put = rsm.objects.put
+
+        async def late_put(key: str, data: Any, **kwargs: Any) -> Any:
+            if key.endswith(".manifest.json"):
+                writing.set()
+                deadline = asyncio.get_running_loop().time() + 30
+                while seen[0].transport is not None and not seen[0].transport.is_closing():
+                    assert asyncio.get_running_loop().time() < deadline, "still connected"
+                    await asyncio.sleep(0.01)
+            return await put(key, data, **kwargs)
+
+        monkeypatch.setattr(rsm.objects, "put", late_put)
+        request = asyncio.create_task(rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4())))
+        await asyncio.wait_for(writing.wait(), 10)
+        with capture_logs() as logs:
+            request.cancel()  # the client goes away: its connection closes
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            deadline = asyncio.get_running_loop().time() + 30
+            while not any(e["event"] == "broker_copy_abandoned" for e in logs):
+                assert asyncio.get_running_loop().time() < deadline, "the copy was kept"
+                await asyncio.sleep(0.05)
+        assert rsm.objects.objects == {}
+        events = [e["event"] for e in logs if e["event"].startswith("broker_")]
+        assert events[:3] == [
+            "broker_copy_finished",
+            "broker_delete_finished",
+            "broker_copy_abandoned",
+        ]
+
+    async def test_unreadable_segment_is_retriable_not_corrupt(self, rsm, broker, monkeypatch):
+        """A read error (EIO) says nothing about the bytes: 503, which the plugin maps to a
+        retriable exception, not 422 "corrupt"."""
+        from sidecar.errors import UnreadableFileError
+        from sidecar.tiering import brokercopy
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            raise UnreadableFileError("cannot read: Input/output error", path="x.log")
+
+        monkeypatch.setattr(brokercopy, "iter_batches", failing)
+        status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
+        assert (status, json.loads(body)["code"]) == (503, "copy_interrupted")
+        assert rsm.objects.objects == {}
+
     async def test_size_mismatch_is_refused(self, rsm, broker):
         body = _copy_body(broker, 0, 30, uuid.uuid4())
         body["segment_size_in_bytes"] += 1
