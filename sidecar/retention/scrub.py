@@ -12,6 +12,11 @@ with the metadata store:
   ``LastModified`` is older than ``object_grace_s``, never before (a copy's objects appear right
   after its COPY_SEGMENT_STARTED, which another broker's store may not have read yet). The
   candidates are checked against a second snapshot of the store just before deletion;
+* a copy left at COPY_SEGMENT_STARTED whose offsets COPY_SEGMENT_FINISHED segments of its
+  partition hold is **superseded**, and counts as unreferenced: its copier gave up on it and
+  copied those offsets again under another segment id (Kafka's RLM does so after a retriable
+  copy failure, keeping the STARTED record and never deleting its objects), so nobody will
+  finish it or read it. The same grace period applies to its objects;
 * a key whose partition's metadata this store has not fully read (``in_scope`` says no) is
   left alone, whatever it looks like;
 * keys that are not the sidecar's (they do not parse) are counted as ``foreign``, never deleted;
@@ -43,15 +48,16 @@ scrub then raises :class:`UnsafeScrubError` before listing anything; a dry run r
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sidecar.errors import SidecarError
-from sidecar.metadata.events import RemoteLogSegmentState, TopicIdPartition
+from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata, TopicIdPartition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
 from sidecar.storage.base import DELETE_BATCH_SIZE, MultipartUpload, ObjectStore
@@ -99,6 +105,8 @@ def metadata_retention_problem(topic: str, config: TopicConfig | None) -> str | 
 
 
 _STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
+_FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+_MAX_OFFSET = 2**63 - 1
 
 
 @dataclass
@@ -156,12 +164,38 @@ class ScrubReport:
 
 
 def _live_segments(store: RemoteSegmentStore) -> dict[uuid.UUID, RemoteLogSegmentState]:
-    """Segment id → state of every live segment of every partition (worker thread)."""
+    """Segment id → state of every live segment of every partition, except copies that a
+    later copy superseded (worker thread)."""
     live: dict[uuid.UUID, RemoteLogSegmentState] = {}
     for tp in store.partitions():
-        for segment in store.segments(tp):
+        segments = store.segments(tp)
+        covered = _finished_ranges(segments)
+        for segment in segments:
+            if segment.state is _STARTED and _within(
+                covered, segment.start_offset, segment.end_offset
+            ):
+                continue  # superseded
             live[segment.segment_id.id] = segment.state
     return live
+
+
+def _finished_ranges(segments: Iterable[SegmentMetadata]) -> list[tuple[int, int]]:
+    """The offsets that COPY_SEGMENT_FINISHED segments hold, as merged inclusive ranges."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(
+        (s.start_offset, s.end_offset) for s in segments if s.state is _FINISHED
+    ):
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _within(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
+    """Whether [start, end] lies inside one of the merged ``ranges``."""
+    at = bisect.bisect_right(ranges, (start, _MAX_OFFSET)) - 1
+    return at >= 0 and ranges[at][0] <= start and end <= ranges[at][1]
 
 
 def _older(when: datetime | None, now: datetime, grace_s: float) -> bool:

@@ -10,7 +10,9 @@ from pathlib import Path
 from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.metadata.events import (
     RemoteLogSegmentId,
+    RemoteLogSegmentState,
     SegmentMetadata,
+    SegmentMetadataUpdate,
     TopicIdPartition,
 )
 from sidecar.metadata.store import RemoteSegmentStore
@@ -97,11 +99,11 @@ class TestLocalRetention:
         ]
 
 
-def _metadata(start: int) -> SegmentMetadata:
+def _metadata(start: int, end: int | None = None) -> SegmentMetadata:
     return SegmentMetadata(
         segment_id=RemoteLogSegmentId(TP, uuid.uuid4()),
         start_offset=start,
-        end_offset=start + 9,
+        end_offset=start + 9 if end is None else end,
         broker_id=1,
         max_timestamp_ms=0,
         event_timestamp_ms=0,
@@ -176,6 +178,61 @@ class TestScrub:
             later = await scrubber.scrub()
             assert later.aborted_uploads == [(_keys(orphan)[0], upload_id)]
             assert [u async for u in objects.list_multipart_uploads("p/")] == []
+        finally:
+            store.close()
+
+    async def test_a_copy_superseded_by_a_finished_copy_of_its_offsets_is_an_orphan(self, tmp_path):
+        """The broker gave up on a copy (its copy timeout) just as the sidecar finished it, and
+        copied the same offsets again under a new segment id: the first stays at
+        COPY_SEGMENT_STARTED forever and its objects go after the grace period. A copy whose
+        offsets are held only in part, or not at all (a gap filled later, a copy in flight),
+        keeps its objects."""
+        store = RemoteSegmentStore(tmp_path / "state")
+        objects = MemoryObjectStore()
+        try:
+            await claim(objects)
+            abandoned, retried = _metadata(0), _metadata(0)
+            after = _metadata(10, 29)  # FINISHED: with the retry, offsets 0-29 are held
+            partly = _metadata(25, 39)  # 30-39 held by no FINISHED copy
+            in_flight = _metadata(40)
+            store.apply([abandoned, retried, after, partly, in_flight])
+            store.apply(
+                [
+                    SegmentMetadataUpdate(
+                        segment_id=m.segment_id,
+                        broker_id=1,
+                        event_timestamp_ms=1,
+                        state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+                    )
+                    for m in (retried, after)
+                ]
+            )
+            segments = (abandoned, retried, after, partly, in_flight)
+            for key in [k for m in segments for k in _keys(m)]:
+                await objects.put(key, b"x")
+            upload_id = await objects.create_multipart_upload(_keys(abandoned)[0])
+            clock = [datetime.now(UTC)]
+            scrubber = OrphanScrubber(
+                objects=objects,
+                store=store,
+                layout=LAYOUT,
+                owner=OWNER,
+                object_grace_s=60,
+                upload_grace_s=60,
+                now=lambda: clock[0],
+            )
+            early = await scrubber.scrub()
+            assert (early.orphans, early.young_orphans, early.young_uploads) == ([], 3, 1)
+
+            clock[0] += timedelta(seconds=90)
+            report = await scrubber.scrub()
+            assert sorted(report.orphans) == sorted(_keys(abandoned))
+            assert report.aborted_uploads == [(_keys(abandoned)[0], upload_id)]
+            assert report.referenced == 12
+            assert set(objects.objects) == {
+                MARKER,
+                *(k for m in (retried, after, partly, in_flight) for k in _keys(m)),
+            }
         finally:
             store.close()
 
