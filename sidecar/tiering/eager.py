@@ -63,6 +63,8 @@ log = get_logger(__name__)
 
 #: (topic id, partition, base offset): a segment before the broker names it
 SegmentIdent = tuple[uuid.UUID, int, int]
+#: (topic id, partition)
+_Partition = tuple[uuid.UUID, int]
 #: how long a segment a copy call handled stays off the stager's list (the broker's FINISHED
 #: reaches the store within a second or two; this only bounds the ledger's memory)
 _COPIED_MEMORY_S = 600.0
@@ -101,19 +103,24 @@ class StagingLedger:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._claimed: set[SegmentIdent] = set()
+        #: copy calls running per segment: the broker may retry a copy (under a new segment id)
+        #: while the call it gave up on is still being cancelled here
+        self._claimed: dict[SegmentIdent, int] = {}
         self._copied: dict[SegmentIdent, float] = {}
         self._inflight: dict[SegmentIdent, asyncio.Event] = {}
         self._staged: dict[SegmentIdent, str] = {}
 
     def claim(self, ident: SegmentIdent) -> None:
         """A copy call has begun: no staging upload of this segment starts from now on."""
-        self._claimed.add(ident)
+        self._claimed[ident] = self._claimed.get(ident, 0) + 1
 
     def release(self, ident: SegmentIdent, *, copied: bool) -> None:
         """The copy call ended; a copied segment stays off the stager's list until the store
-        covers it (or for a bounded time), a failed one may be staged again."""
-        self._claimed.discard(ident)
+        covers it (or for a bounded time), a failed one may be staged again once no other
+        copy call of it runs."""
+        running = self._claimed.pop(ident, 0) - 1
+        if running > 0:
+            self._claimed[ident] = running
         if copied:
             self._copied[ident] = self._clock()
             self._staged.pop(ident, None)
@@ -126,18 +133,31 @@ class StagingLedger:
         """Where the segment was staged, if it was (a copy call then tries to adopt it)."""
         return self._staged.get(ident)
 
-    def forget_except(self, pending: set[SegmentIdent]) -> None:
-        """Segments that left the stager's plans (covered now, or led elsewhere) are no longer
-        staged as far as a copy call is concerned."""
-        for ident in [i for i in self._staged if i not in pending]:
+    def forget_except(self, pending: set[SegmentIdent], planned: set[_Partition]) -> None:
+        """Segments of a ``planned`` partition that left its plan (covered now) are no longer
+        staged as far as a copy call is concerned. Partitions a pass skipped (a stale view,
+        metadata not yet read) keep theirs: their staged objects are still good, and
+        forgetting them would read every such ``.log`` again to name its staged key."""
+        for ident in [i for i in self._staged if i not in pending and i[:2] in planned]:
+            del self._staged[ident]
+
+    def forget_partitions_except(self, present: set[_Partition]) -> None:
+        """Forget the staged segments of partitions no longer in this broker's log dirs."""
+        for ident in [i for i in self._staged if i[:2] not in present]:
             del self._staged[ident]
 
     def taken(self, ident: SegmentIdent) -> bool:
         """Whether a copy call has this segment (running, or done recently)."""
+        if ident in self._claimed:
+            return True
+        at = self._copied.get(ident)
+        return at is not None and self._clock() - at <= _COPIED_MEMORY_S
+
+    def prune(self) -> None:
+        """Drop the copied segments older than the ledger's memory of them."""
         now = self._clock()
         for old in [i for i, at in self._copied.items() if now - at > _COPIED_MEMORY_S]:
             del self._copied[old]
-        return ident in self._claimed or ident in self._copied
 
     def begin(self, ident: SegmentIdent) -> None:
         self._inflight[ident] = asyncio.Event()
@@ -192,6 +212,14 @@ class EagerStager:
         self._retry_at: dict[SegmentIdent, float] = {}
         #: the broker's tiering configs last warned about (once per value)
         self._warned_rsm: BrokerTiering | None = None
+        #: partition → (scan, LSO, store version, candidates) of its last plan, reused while
+        #: none of the three changes: a pass a second over every led partition plans only
+        #: those where something happened
+        self._plans: dict[TopicIdPartition, tuple[PartitionScan, int, int, tuple[Segment, ...]]]
+        self._plans = {}
+        #: (topic id as in the dir, topic, partition) → the partition and its metadata
+        #: partition, worked out once
+        self._tips: dict[tuple[str, str, int], tuple[TopicIdPartition, int]] = {}
 
     def poke(self) -> None:
         """A hint (a roll, a cluster refresh): look again now."""
@@ -223,6 +251,8 @@ class EagerStager:
 
     async def _pass(self, stopping: asyncio.Event) -> None:
         pending: set[SegmentIdent] = set()
+        planned: set[_Partition] = set()
+        present: set[_Partition] = set()
         configs = self._cluster.view.configs
         # a topic with remote.log.copy.disable=true is never copied again: what was staged for
         # it would only wait for the orphan scrub
@@ -234,31 +264,58 @@ class EagerStager:
             driven = set()
         # no topic is broker-driven (or none of this broker's): nothing to walk, every second,
         # over every partition dir
-        scans = list(self._views().values()) if driven else []
-        for scan in scans:
+        if not driven:
+            # no partition dir is walked, every second (ten thousand on a large broker); what
+            # was staged stays known, in case the topics come back
+            return
+        for scan in list(self._views().values()):
             if stopping.is_set():
                 return
-            if scan.topic_id is None or scan.topic not in driven:
+            if scan.topic_id is None:
+                continue
+            tip, meta_partition = self._tip(scan.topic_id, scan.topic, scan.partition)
+            present.add((tip.topic_id, tip.partition))
+            if scan.topic not in driven:
                 continue
             if not self._cluster.view.may_upload(scan.topic, scan.partition):
                 continue
-            tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), scan.topic, scan.partition)
-            if not self._tailer.wants(tip) or not self._tailer.caught_up(
-                metadata_partition(tip, self._num_partitions)
-            ):
+            if not self._tailer.wants(tip) or not self._tailer.caught_up(meta_partition):
                 continue  # its metadata is not (fully) read yet: the engine asks for it
             uploaded = 0
-            for segment in await self._candidates(scan, tip):
+            candidates = await self._candidates(scan, tip)
+            planned.add((tip.topic_id, tip.partition))
+            for segment in candidates:
                 ident = (tip.topic_id, tip.partition, segment.base_offset)
                 pending.add(ident)
                 if stopping.is_set():
                     return
                 if uploaded < _PER_PASS and await self._stage(tip, segment, ident):
                     uploaded += 1
-        # what left the plans was adopted (covered now), or its partition went elsewhere
-        self._ledger.forget_except(pending)
-        for ident in [i for i in self._retry_at if i not in pending]:
+        # what left a partition's plan was adopted (covered now); a partition skipped in this
+        # pass keeps what it had; one gone from the log dirs is forgotten
+        self._ledger.forget_except(pending, planned)
+        self._ledger.forget_partitions_except(present)
+        for ident in [
+            i
+            for i in self._retry_at
+            if (i[:2] in planned and i not in pending) or i[:2] not in present
+        ]:
             del self._retry_at[ident]
+        for tip in [t for t in self._plans if (t.topic_id, t.partition) not in present]:
+            del self._plans[tip]
+        for key in [
+            k for k, (t, _) in self._tips.items() if (t.topic_id, t.partition) not in present
+        ]:
+            del self._tips[key]
+        self._ledger.prune()
+
+    def _tip(self, topic_id: str, topic: str, partition: int) -> tuple[TopicIdPartition, int]:
+        key = (topic_id, topic, partition)
+        known = self._tips.get(key)
+        if known is None:
+            tip = TopicIdPartition(decode_kafka_uuid(topic_id), topic, partition)
+            known = self._tips[key] = (tip, metadata_partition(tip, self._num_partitions))
+        return known
 
     def _warn_other_rsm(self, topics: int) -> None:
         tiering = self._cluster.view.broker_tiering
@@ -277,18 +334,26 @@ class EagerStager:
         )
 
     async def _candidates(self, scan: PartitionScan, tip: TopicIdPartition) -> tuple[Segment, ...]:
-        """The segments the broker copies next, as the standalone engine would plan them."""
+        """The segments the broker copies next, as the standalone engine would plan them; the
+        last plan again while the scan, the LSO and the partition's metadata are unchanged."""
         lso = self._cluster.view.lso(scan.topic, scan.partition)
         if lso is None:
             # the periodic refresh asks for the LSOs of standalone partitions only
             lso = await self._cluster.fetch_lso(scan.topic, scan.partition)
             if lso is None:
                 return ()
+        version = self._store.partition_version(tip)  # before planning: a change re-plans
+        cached = self._plans.get(tip)
+        if cached is not None and cached[0] is scan and cached[1:3] == (lso, version):
+            return cached[3]
         plan = await asyncio.to_thread(self._plan, scan, tip, lso)
         if not plan.uploads and plan.waiting_for_lso:
+            # not kept: the next pass asks for the LSO again (nothing else refreshes it)
             fresh = await self._cluster.fetch_lso(scan.topic, scan.partition)
             if fresh is not None and fresh != lso:
                 plan = await asyncio.to_thread(self._plan, scan, tip, fresh)
+            return plan.uploads
+        self._plans[tip] = (scan, lso, version, plan.uploads)
         return plan.uploads
 
     def _plan(self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None) -> Plan:

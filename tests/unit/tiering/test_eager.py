@@ -573,3 +573,102 @@ async def test_stop_cancels_a_staging_upload_in_flight(tmp_path: Path, partition
         await ledger.settled((TOPIC_ID, 0, 0))  # nothing left in flight for a copy to wait on
     finally:
         store.close()
+
+
+def test_a_claim_holds_while_any_copy_call_of_the_segment_runs() -> None:
+    """The broker retries a copy (a new segment id) while the call it gave up on is still
+    being cancelled here: the first call's end must not let the stager upload the segment
+    under the retry."""
+    ledger = StagingLedger()
+    ident = (TOPIC_ID, 0, 30)
+    ledger.claim(ident)  # the call the broker gave up on
+    ledger.claim(ident)  # its retry
+    ledger.release(ident, copied=False)
+    assert ledger.taken(ident)
+    ledger.release(ident, copied=False)
+    assert not ledger.taken(ident)
+
+
+async def test_a_pass_on_a_stale_view_keeps_what_was_staged(
+    tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A pass that skips the partition (the cluster view went stale for a moment) does not
+    forget its staged segments: the next pass neither reads their files again nor asks the
+    store about them."""
+    reads: list[str] = []
+    fingerprint = eager._fingerprint
+
+    def counting(path: Path, part_size: int) -> Any:
+        reads.append(path.name)
+        return fingerprint(path, part_size)
+
+    monkeypatch.setattr(eager, "_fingerprint", counting)
+    objects = MemoryObjectStore()
+    stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    try:
+        await stager._pass(asyncio.Event())
+        assert len(reads) == 2
+        fresh = cluster.view
+        cluster.view = dataclasses.replace(fresh, refreshed_at=0.0, stale_after_s=1)
+        await stager._pass(asyncio.Event())
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) == _staged_key(partition, 0)
+        cluster.view = fresh
+        heads = objects.calls["head"]
+        await stager._pass(asyncio.Event())
+        assert len(reads) == 2
+        assert objects.calls["head"] == heads
+        assert objects.calls["put_file"] == 2
+    finally:
+        store.close()
+
+
+async def test_a_partition_gone_from_the_log_dirs_is_forgotten(tmp_path: Path, partition: Path):
+    objects = MemoryObjectStore()
+    stager, ledger, _metrics, _cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    try:
+        await stager._pass(asyncio.Event())
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) is not None
+        stager._views = dict  # the partition moved to another broker's disks
+        await stager._pass(asyncio.Event())
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) is None
+        assert stager._plans == {}
+    finally:
+        store.close()
+
+
+async def test_a_partition_is_planned_again_only_when_something_changed(
+    tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A pass a second over every led partition: the plan (a thread hop and store queries)
+    is made again only after a new scan, a new LSO or a metadata change of the partition."""
+    objects = MemoryObjectStore()
+    stager, _ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    plans: list[int | None] = []
+    plan = stager._plan
+
+    def counting(scan: Any, tip: TopicIdPartition, lso: int | None) -> Any:
+        plans.append(lso)
+        return plan(scan, tip, lso)
+
+    monkeypatch.setattr(stager, "_plan", counting)
+    try:
+        await stager._pass(asyncio.Event())
+        await stager._pass(asyncio.Event())
+        assert plans == [10_000]
+        cluster.view = dataclasses.replace(
+            cluster.view, last_stable_offsets={("orders", 0): 10_001}
+        )
+        await stager._pass(asyncio.Event())
+        assert plans == [10_000, 10_001]
+        started = _request(partition, 0, 30).metadata
+        store.apply([started])  # the broker's COPY_SEGMENT_STARTED of segment 0
+        await stager._pass(asyncio.Event())
+        assert plans == [10_000, 10_001, 10_001]
+        rescanned = scan_partition_dir(partition)
+        stager._views = lambda: {partition: rescanned}
+        await stager._pass(asyncio.Event())
+        await stager._pass(asyncio.Event())
+        assert plans == [10_000, 10_001, 10_001, 10_001]
+        assert objects.calls["put_file"] == 2  # each segment staged once all along
+    finally:
+        store.close()
