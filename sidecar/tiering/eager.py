@@ -26,6 +26,13 @@ A staged object that is never adopted (leadership moved, the topic was deleted, 
 copy found other bytes) is removed by the orphan scrub once it is older than the orphan grace
 period; adoption by a copy call after that simply finds nothing and uploads. Staging uploads run
 one at a time, so memory and S3 load stay bounded whatever the number of partitions.
+
+The stager passes once a second and on every poke (a roll, a refresh). A pass looks at every
+partition every ``full_pass_interval_s`` and on a new picture of the cluster (leaders, topic
+configs, freshness); between those, at the partitions something happened to: a dir the
+detector's journal names, an LSO that moved, work left over (a plan waiting for the LSO, an
+upload to try again, metadata not yet read). A partition's plan is reused while its scan, LSO
+and metadata version are unchanged.
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ from sidecar.storage import PartChecksums
 from sidecar.storage._crc import crc32c
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout
-from sidecar.tiering.cluster import BrokerTiering, ClusterWatcher
+from sidecar.tiering.cluster import BrokerTiering, ClusterView, ClusterWatcher
+from sidecar.tiering.detector import ViewMap
 from sidecar.tiering.planner import Plan, plan_partition
 from sidecar.tiering.workers import remote_coverage
 
@@ -71,6 +79,8 @@ _COPIED_MEMORY_S = 600.0
 _READ_BYTES = 1 << 20
 #: uploads per partition and pass, before the next partition gets its turn
 _PER_PASS = 4
+#: partitions a pass looks at between two turns of the event loop
+_YIELD_EVERY = 500
 
 
 def _read_pieces(fd: int, size: int, on_read: Callable[[int, bytes], None]) -> None:
@@ -108,7 +118,8 @@ class StagingLedger:
         self._claimed: dict[SegmentIdent, int] = {}
         self._copied: dict[SegmentIdent, float] = {}
         self._inflight: dict[SegmentIdent, asyncio.Event] = {}
-        self._staged: dict[SegmentIdent, str] = {}
+        #: partition → base offset → staged key
+        self._staged: dict[_Partition, dict[int, str]] = {}
 
     def claim(self, ident: SegmentIdent) -> None:
         """A copy call has begun: no staging upload of this segment starts from now on."""
@@ -123,28 +134,41 @@ class StagingLedger:
             self._claimed[ident] = running
         if copied:
             self._copied[ident] = self._clock()
-            self._staged.pop(ident, None)
+            self._unstage(ident)
 
     def note_staged(self, ident: SegmentIdent, key: str) -> None:
         """The segment's ``.log`` is in the bucket under ``key``."""
-        self._staged[ident] = key
+        self._staged.setdefault(ident[:2], {})[ident[2]] = key
 
     def staged_key(self, ident: SegmentIdent) -> str | None:
         """Where the segment was staged, if it was (a copy call then tries to adopt it)."""
-        return self._staged.get(ident)
+        return self._staged.get(ident[:2], {}).get(ident[2])
 
     def forget_except(self, pending: set[SegmentIdent], planned: set[_Partition]) -> None:
         """Segments of a ``planned`` partition that left its plan (covered now) are no longer
         staged as far as a copy call is concerned. Partitions a pass skipped (a stale view,
         metadata not yet read) keep theirs: their staged objects are still good, and
         forgetting them would read every such ``.log`` again to name its staged key."""
-        for ident in [i for i in self._staged if i not in pending and i[:2] in planned]:
-            del self._staged[ident]
+        for where in planned:
+            staged = self._staged.get(where)
+            if staged is None:
+                continue
+            for base in [b for b in staged if (*where, b) not in pending]:
+                del staged[base]
+            if not staged:
+                del self._staged[where]
 
     def forget_partitions_except(self, present: set[_Partition]) -> None:
         """Forget the staged segments of partitions no longer in this broker's log dirs."""
-        for ident in [i for i in self._staged if i[:2] not in present]:
-            del self._staged[ident]
+        for where in [w for w in self._staged if w not in present]:
+            del self._staged[where]
+
+    def _unstage(self, ident: SegmentIdent) -> None:
+        staged = self._staged.get(ident[:2])
+        if staged is not None:
+            staged.pop(ident[2], None)
+            if not staged:
+                del self._staged[ident[:2]]
 
     def taken(self, ident: SegmentIdent) -> bool:
         """Whether a copy call has this segment (running, or done recently)."""
@@ -192,7 +216,9 @@ class EagerStager:
         part_size: int,
         concurrency: int,
         wake_interval_s: float = 1.0,
+        full_pass_interval_s: float = 30.0,
         ready: Callable[[], bool] = lambda: True,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._objects = objects
         self._layout = layout
@@ -206,8 +232,24 @@ class EagerStager:
         self._part_size = part_size
         self._concurrency = concurrency
         self._wake_interval_s = wake_interval_s
+        self._full_pass_interval_s = full_pass_interval_s
         self._ready = ready
+        self._monotonic = monotonic
         self._wake = asyncio.Event()
+        #: when the next pass walks every partition dir, whatever changed
+        self._next_full = 0.0
+        #: the log dirs' changes since the last pass (the detector's journal), or, for views
+        #: of another kind, the scans the last pass saw
+        self._journal: set[Path] | None = None
+        self._seen_scans: dict[Path, PartitionScan] = {}
+        #: what the last pass saw of the cluster and the broker-driven topics
+        self._seen_view: ClusterView | None = None
+        self._seen_fresh = False
+        self._seen_driven: set[str] = set()
+        #: partition dirs the next pass looks at (work left over, an LSO that moved)
+        self._dirty: set[Path] = set()
+        #: (topic, partition) → its dir, for an LSO that moved
+        self._paths: dict[tuple[str, int], Path] = {}
         #: a failed staging upload is not tried again before this time
         self._retry_at: dict[SegmentIdent, float] = {}
         #: the broker's tiering configs last warned about (once per value)
@@ -266,34 +308,70 @@ class EagerStager:
         # over every partition dir
         if not driven:
             # no partition dir is walked, every second (ten thousand on a large broker); what
-            # was staged stays known, in case the topics come back
+            # was staged stays known, in case the topics come back (a pass over all, then)
+            self._seen_driven = driven
             return
-        for scan in list(self._views().values()):
-            if stopping.is_set():
-                return
-            if scan.topic_id is None:
-                continue
-            tip, meta_partition = self._tip(scan.topic_id, scan.topic, scan.partition)
-            present.add((tip.topic_id, tip.partition))
-            if scan.topic not in driven:
-                continue
-            if not self._cluster.view.may_upload(scan.topic, scan.partition):
-                continue
-            if not self._tailer.wants(tip) or not self._tailer.caught_up(meta_partition):
-                continue  # its metadata is not (fully) read yet: the engine asks for it
-            uploaded = 0
-            candidates = await self._candidates(scan, tip)
-            planned.add((tip.topic_id, tip.partition))
-            for segment in candidates:
-                ident = (tip.topic_id, tip.partition, segment.base_offset)
-                pending.add(ident)
+        views = self._views()
+        changed = self._changed_paths(views)
+        now = self._monotonic()
+        full = self._view_changed(self._cluster.view) or driven != self._seen_driven
+        self._seen_driven = driven
+        if full or now >= self._next_full:
+            # leaders, configs or freshness changed, or it is time: every partition
+            full = True
+            self._next_full = now + self._full_pass_interval_s
+            self._dirty.clear()
+            visits = list(views.items())
+        else:
+            # only what something happened to: a roll, an LSO that moved, work left over
+            targets, self._dirty = changed | self._dirty, set()
+            visits = [(path, views[path]) for path in targets if path in views]
+        looked = 0
+        try:
+            for looked, (path, scan) in enumerate(visits):
                 if stopping.is_set():
                     return
-                if uploaded < _PER_PASS and await self._stage(tip, segment, ident):
-                    uploaded += 1
-        # what left a partition's plan was adopted (covered now); a partition skipped in this
-        # pass keeps what it had; one gone from the log dirs is forgotten
+                if looked % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    await asyncio.sleep(0)  # a pass over ten thousand partitions takes ~0.1 s
+                if scan.topic_id is None:
+                    continue
+                tip, meta_partition = self._tip(scan.topic_id, scan.topic, scan.partition)
+                present.add((tip.topic_id, tip.partition))
+                self._paths[(scan.topic, scan.partition)] = path
+                if scan.topic not in driven:
+                    continue
+                if not self._cluster.view.may_upload(scan.topic, scan.partition):
+                    continue  # a new leader or a fresh view again makes a pass over all
+                if not self._tailer.wants(tip) or not self._tailer.caught_up(meta_partition):
+                    self._dirty.add(path)
+                    continue  # its metadata is not (fully) read yet: the engine asks for it
+                uploaded = 0
+                candidates, settled = await self._candidates(scan, tip)
+                planned.add((tip.topic_id, tip.partition))
+                if not settled:
+                    self._dirty.add(path)  # waiting for the LSO: look again
+                for segment in candidates:
+                    ident = (tip.topic_id, tip.partition, segment.base_offset)
+                    pending.add(ident)
+                    if stopping.is_set():
+                        return
+                    if uploaded < _PER_PASS and await self._stage(tip, segment, ident):
+                        uploaded += 1
+                    if self._ledger.staged_key(ident) is None and not self._ledger.taken(ident):
+                        self._dirty.add(path)  # not staged yet (a retry later, the pass's limit)
+        except BaseException:
+            # a store query or a refresh failed (or the stop): what was not looked at waits
+            # for the next pass
+            self._dirty.update(path for path, _ in visits[looked:])
+            if full:
+                self._next_full = 0.0
+            raise
+        # what left a planned partition's plan was adopted (covered now); a partition skipped
+        # in this pass keeps what it had
         self._ledger.forget_except(pending, planned)
+        if not full:
+            return
+        # one gone from the log dirs is forgotten
         self._ledger.forget_partitions_except(present)
         for ident in [
             i
@@ -307,7 +385,46 @@ class EagerStager:
             k for k, (t, _) in self._tips.items() if (t.topic_id, t.partition) not in present
         ]:
             del self._tips[key]
+        self._paths = {k: p for k, p in self._paths.items() if p in views}
         self._ledger.prune()
+
+    def _changed_paths(self, views: Mapping[Path, PartitionScan]) -> set[Path]:
+        """The partition dirs whose scan changed since the last pass."""
+        if self._journal is None and isinstance(views, ViewMap):
+            self._journal = views.journal()  # from now on; the first pass walks them all
+        if self._journal is not None:
+            changed = set(self._journal)
+            self._journal.clear()
+            return changed
+        seen = self._seen_scans
+        changed = {path for path, scan in views.items() if seen.get(path) is not scan}
+        changed.update(path for path in seen if path not in views)
+        self._seen_scans = dict(views)
+        return changed
+
+    def _view_changed(self, view: ClusterView) -> bool:
+        """Whether the cluster view changed in a way that needs a pass over every partition
+        (leaders, configs, freshness); an LSO looked up for one partition marks just the
+        partitions whose LSO moved."""
+        seen, self._seen_view = self._seen_view, view
+        fresh = view.fresh
+        seen_fresh, self._seen_fresh = self._seen_fresh, fresh
+        if seen is None or fresh != seen_fresh:
+            return True
+        if view is seen:
+            return False
+        if (
+            view.leaders is not seen.leaders
+            or view.configs is not seen.configs
+            or view.broker_id != seen.broker_id
+        ):
+            return True  # a refresh that changed neither keeps both objects
+        before = seen.last_stable_offsets
+        for key, lso in view.last_stable_offsets.items():
+            path = self._paths.get(key)
+            if path is not None and before.get(key) != lso:
+                self._dirty.add(path)
+        return False
 
     def _tip(self, topic_id: str, topic: str, partition: int) -> tuple[TopicIdPartition, int]:
         key = (topic_id, topic, partition)
@@ -333,28 +450,31 @@ class EagerStager:
             " `sidecar broker-config` prints to its server.properties and restart it",
         )
 
-    async def _candidates(self, scan: PartitionScan, tip: TopicIdPartition) -> tuple[Segment, ...]:
-        """The segments the broker copies next, as the standalone engine would plan them; the
-        last plan again while the scan, the LSO and the partition's metadata are unchanged."""
+    async def _candidates(
+        self, scan: PartitionScan, tip: TopicIdPartition
+    ) -> tuple[tuple[Segment, ...], bool]:
+        """The segments the broker copies next, as the standalone engine would plan them, and
+        whether that plan holds until the scan, the LSO or the partition's metadata changes
+        (it is then reused until one does); a plan that waits for the LSO does not."""
         lso = self._cluster.view.lso(scan.topic, scan.partition)
         if lso is None:
             # the periodic refresh asks for the LSOs of standalone partitions only
             lso = await self._cluster.fetch_lso(scan.topic, scan.partition)
             if lso is None:
-                return ()
+                return (), False
         version = self._store.partition_version(tip)  # before planning: a change re-plans
         cached = self._plans.get(tip)
         if cached is not None and cached[0] is scan and cached[1:3] == (lso, version):
-            return cached[3]
+            return cached[3], True
         plan = await asyncio.to_thread(self._plan, scan, tip, lso)
         if not plan.uploads and plan.waiting_for_lso:
             # not kept: the next pass asks for the LSO again (nothing else refreshes it)
             fresh = await self._cluster.fetch_lso(scan.topic, scan.partition)
             if fresh is not None and fresh != lso:
                 plan = await asyncio.to_thread(self._plan, scan, tip, fresh)
-            return plan.uploads
+            return plan.uploads, False
         self._plans[tip] = (scan, lso, version, plan.uploads)
-        return plan.uploads
+        return plan.uploads, True
 
     def _plan(self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None) -> Plan:
         return plan_partition(

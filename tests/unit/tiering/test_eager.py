@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from sidecar.brokerapi import BrokerCopyRequest
 from sidecar.errors import StorageError
-from sidecar.kafka.logdir import FileKind, scan_partition_dir, segment_file_name
+from sidecar.kafka.logdir import FileKind, PartitionScan, scan_partition_dir, segment_file_name
 from sidecar.metadata.events import (
     RemoteLogSegmentId,
     RemoteLogSegmentState,
@@ -36,6 +36,7 @@ from sidecar.testing import write_partition
 from sidecar.tiering import brokercopy, eager
 from sidecar.tiering.brokercopy import BrokerCopier
 from sidecar.tiering.cluster import BrokerTiering, ClusterView, TopicConfig, TopicSelector
+from sidecar.tiering.detector import ViewMap
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
 from sidecar.tiering.uploader import segment_keys
 from tests.unit.readserver._tiered import data_batches
@@ -336,7 +337,7 @@ class _Cluster:
         return 10_000
 
 
-class _CountingViews(dict):  # type: ignore[type-arg]
+class _CountingViews(ViewMap):  # type: ignore[type-arg]
     """The detector's views, counting how often they are walked."""
 
     walks = 0
@@ -344,6 +345,10 @@ class _CountingViews(dict):  # type: ignore[type-arg]
     def values(self):  # type: ignore[override]
         type(self).walks += 1
         return super().values()
+
+    def items(self):  # type: ignore[override]
+        type(self).walks += 1
+        return super().items()
 
 
 class _Tailer:
@@ -629,6 +634,11 @@ async def test_a_partition_gone_from_the_log_dirs_is_forgotten(tmp_path: Path, p
         await stager._pass(asyncio.Event())
         assert ledger.staged_key((TOPIC_ID, 0, 0)) is not None
         stager._views = dict  # the partition moved to another broker's disks
+        now = [time.monotonic()]
+        stager._monotonic = lambda: now[0]
+        await stager._pass(asyncio.Event())
+        assert ledger.staged_key((TOPIC_ID, 0, 0)) is not None  # until the next full pass
+        now[0] += 30
         await stager._pass(asyncio.Event())
         assert ledger.staged_key((TOPIC_ID, 0, 0)) is None
         assert stager._plans == {}
@@ -640,9 +650,12 @@ async def test_a_partition_is_planned_again_only_when_something_changed(
     tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """A pass a second over every led partition: the plan (a thread hop and store queries)
-    is made again only after a new scan, a new LSO or a metadata change of the partition."""
+    is made again only after a new scan, a new LSO or a metadata change of the partition
+    (this one seen by the next pass over every partition)."""
     objects = MemoryObjectStore()
     stager, _ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    now = [time.monotonic()]
+    stager._monotonic = lambda: now[0]
     plans: list[int | None] = []
     plan = stager._plan
 
@@ -663,6 +676,9 @@ async def test_a_partition_is_planned_again_only_when_something_changed(
         started = _request(partition, 0, 30).metadata
         store.apply([started])  # the broker's COPY_SEGMENT_STARTED of segment 0
         await stager._pass(asyncio.Event())
+        assert plans == [10_000, 10_001]
+        now[0] += 30
+        await stager._pass(asyncio.Event())
         assert plans == [10_000, 10_001, 10_001]
         rescanned = scan_partition_dir(partition)
         stager._views = lambda: {partition: rescanned}
@@ -670,5 +686,129 @@ async def test_a_partition_is_planned_again_only_when_something_changed(
         await stager._pass(asyncio.Event())
         assert plans == [10_000, 10_001, 10_001, 10_001]
         assert objects.calls["put_file"] == 2  # each segment staged once all along
+    finally:
+        store.close()
+
+
+async def test_between_full_passes_only_partitions_something_happened_to_are_looked_at(
+    tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Passes run every second and on every roll: at ten thousand led partitions each must
+    cost nothing for the partitions where nothing happened. Between passes over every
+    partition (every 30 s, and on a new picture of the cluster) a pass looks at the dirs the
+    detector's journal names and at those with work left."""
+    objects = MemoryObjectStore()
+    stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    scan = scan_partition_dir(partition)
+    assert scan is not None
+    views: ViewMap[PartitionScan] = ViewMap()
+    for i in range(20):
+        views[tmp_path / f"orders-{i}"] = dataclasses.replace(scan, partition=i)
+    stager._views = lambda: views
+    cluster.view = dataclasses.replace(
+        cluster.view,
+        leaders={("orders", i): 1 for i in range(20)},
+        last_stable_offsets={("orders", i): 10_000 for i in range(20)},
+    )
+    now = [time.monotonic()]
+    stager._monotonic = lambda: now[0]
+    looked: list[int] = []
+    candidates = stager._candidates
+
+    async def counting(scan: PartitionScan, tip: TopicIdPartition) -> Any:
+        looked.append(scan.partition)
+        return await candidates(scan, tip)
+
+    monkeypatch.setattr(stager, "_candidates", counting)
+    objects.fail_next("put_file", StorageError("SlowDown"))  # one staging upload to retry
+    try:
+        await stager._pass(asyncio.Event())
+        assert sorted(looked) == list(range(20))
+        failed = [i for i in range(20) if ledger.staged_key((TOPIC_ID, i, 0)) is None]
+        assert len(failed) == 1
+        looked.clear()
+        await stager._pass(asyncio.Event())
+        assert looked == failed  # work left over: looked at again, nothing else
+        looked.clear()
+        rolled = tmp_path / "orders-7"
+        views[rolled] = dataclasses.replace(scan, partition=7)  # a new scan: a roll
+        views.note(rolled)
+        await stager._pass(asyncio.Event())
+        assert sorted(looked) == sorted({7, *failed})
+        looked.clear()
+        now[0] += 30
+        await stager._pass(asyncio.Event())
+        assert sorted(looked) == list(range(20))
+    finally:
+        store.close()
+
+
+async def test_topics_driven_again_get_a_pass_over_every_partition(
+    tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """While the broker loads another RemoteStorageManager nothing is looked at; once it loads
+    the plugin again, the next pass looks at every partition, not only at what changed."""
+    objects = MemoryObjectStore()
+    stager, _ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    stager._monotonic = lambda: 1000.0  # the clock stands still: no pass is due by time
+    looked: list[int] = []
+    candidates = stager._candidates
+
+    async def counting(scan: PartitionScan, tip: TopicIdPartition) -> Any:
+        looked.append(scan.partition)
+        return await candidates(scan, tip)
+
+    monkeypatch.setattr(stager, "_candidates", counting)
+    try:
+        await stager._pass(asyncio.Event())
+        assert looked == [0]
+        cluster.broker_runs_plugin = False
+        await stager._pass(asyncio.Event())
+        assert looked == [0]
+        cluster.broker_runs_plugin = True
+        await stager._pass(asyncio.Event())
+        assert looked == [0, 0]
+    finally:
+        store.close()
+
+
+async def test_a_pass_that_fails_midway_leaves_the_rest_to_the_next(
+    tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A store query that fails (the pass is logged and ends) does not make the stager forget
+    the partitions it had not looked at yet: the next pass, one second later, looks at them."""
+    objects = MemoryObjectStore()
+    stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
+    scan = scan_partition_dir(partition)
+    assert scan is not None
+    views: ViewMap[PartitionScan] = ViewMap()
+    for i in range(6):
+        views[tmp_path / f"orders-{i}"] = dataclasses.replace(scan, partition=i)
+    stager._views = lambda: views
+    cluster.view = dataclasses.replace(
+        cluster.view,
+        leaders={("orders", i): 1 for i in range(6)},
+        last_stable_offsets={("orders", i): 10_000 for i in range(6)},
+    )
+    stager._monotonic = lambda: 1000.0  # no pass is due by time after the first
+    candidates = stager._candidates
+    calls = 0
+
+    async def failing_once(scan: PartitionScan, tip: TopicIdPartition) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise StorageError("the store query failed")
+        return await candidates(scan, tip)
+
+    monkeypatch.setattr(stager, "_candidates", failing_once)
+    try:
+        with capture_logs() as logs:
+            await stager._pass_logged(asyncio.Event())
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["eager_pass_failed"]
+        staged = [i for i in range(6) if ledger.staged_key((TOPIC_ID, i, 0)) is not None]
+        assert len(staged) == 2
+        await stager._pass_logged(asyncio.Event())
+        assert all(ledger.staged_key((TOPIC_ID, i, 0)) is not None for i in range(6))
     finally:
         store.close()
