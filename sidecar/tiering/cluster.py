@@ -379,6 +379,9 @@ class ClusterWatcher:
         from aiokafka import TopicPartition
         from aiokafka.errors import KafkaError
 
+        # the picture is as old as its first answer, not its last: the later requests may
+        # take seconds, and freshness (and the handover to a new leader) counts from here
+        asked_at = time.monotonic()
         try:
             admin, consumer = await self._clients()
             metadata = (await admin._get_cluster_metadata(topics=None)).to_object()
@@ -395,10 +398,16 @@ class ClusterWatcher:
                 {t: self.view.configs[t] for t in refused if t in self.view.configs}
             )  # an answer refused now: the topic's configs as last read
             broker_id = self.view.broker_id
+            # the LSOs of the partitions this broker copies (standalone) or stages ahead of
+            # the broker's copies (broker-driven): one request, not one per partition
             mine = [
                 TopicPartition(t, p)
                 for (t, p), leader in leaders.items()
-                if leader == broker_id and self._selector.selected(t, configs.get(t))
+                if leader == broker_id
+                and (
+                    self._selector.selected(t, configs.get(t))
+                    or self._selector.broker_copies(configs.get(t))
+                )
             ]
             lsos: dict[tuple[str, int], int] = {}
             if mine:
@@ -432,7 +441,7 @@ class ClusterWatcher:
             leaders=previous.leaders if leaders == previous.leaders else leaders,
             configs=previous.configs if configs == previous.configs else configs,
             last_stable_offsets=lsos,
-            refreshed_at=time.monotonic(),
+            refreshed_at=asked_at,
             stale_after_s=self._stale_after,
             broker_tiering=broker_tiering,
             refused_configs=refused,

@@ -285,13 +285,15 @@ class SegmentUploader:
         scan: PartitionScan,
         segment: Segment,
         *,
+        may_start: Callable[[], bool] | None = None,
         may_continue: Callable[[], bool] = lambda: True,
         on_late_finish: Callable[[UploadOutcome], None] | None = None,
     ) -> UploadOutcome:
         """Upload ``segment`` of ``scan``'s partition and publish it FINISHED.
 
         ``may_continue`` says whether this broker still leads the partition; it is asked before
-        STARTED and before FINISHED. ``on_late_finish`` is called when the upload is cancelled
+        FINISHED, and before STARTED unless ``may_start`` (which may ask more: a recent
+        picture of the leaders) is given. ``on_late_finish`` is called when the upload is cancelled
         while FINISHED is on its way and the topic then shows it FINISHED: the copy is tiered
         although this raises ``CancelledError``, so the caller can still count it.
         """
@@ -319,10 +321,10 @@ class SegmentUploader:
                 segment_size_in_bytes=opened.size,
                 txn_index_empty=segment.txn_index_empty,
             )
-            if not may_continue():
+            if not (may_continue if may_start is None else may_start)():
                 raise LeadershipLostError(
-                    f"{tip.topic}-{tip.partition}: no longer the leader, segment"
-                    f" {segment.base_offset} not started"
+                    f"{tip.topic}-{tip.partition}: no longer the leader (or not known to be),"
+                    f" segment {segment.base_offset} not started"
                 )
             try:
                 # STARTED may be on the topic as soon as it is sent: a failure or cancellation

@@ -787,6 +787,14 @@ class TieringEngine:
                 if not quiet:
                     self.poke()
 
+    def _may_start(self, key: _PartitionKey) -> bool:
+        """:meth:`_may_upload`, and nothing pauses copies (Kafka or S3 known down). A worker
+        checks it before each segment, not only when it starts: with its refreshes failing,
+        this broker's picture of the leaders ages without being stale yet, while a new leader
+        starts copying ``handover_delay_s`` after it sees itself lead; a copy started then
+        could be the one the new leader makes."""
+        return self._pause_reason() is None and self._may_upload(key)
+
     def _may_upload(self, key: _PartitionKey) -> bool:
         """The worker was not preempted, the topic is still tiered here (not turned
         broker-driven) and this broker leads the partition on a fresh view."""
@@ -808,6 +816,8 @@ class TieringEngine:
             view = self._cluster.view
             if scan is None or scan.topic_id is None or not self._may_upload(key):
                 return False
+            if not self._may_start(key):
+                return True  # paused: looked at again once the pause ends
             tip = TopicIdPartition(decode_kafka_uuid(scan.topic_id), topic, partition)
             if key not in self._repaired:
                 await self._catch_up(tip)
@@ -831,6 +841,7 @@ class TieringEngine:
                     outcome = await self._uploader.upload(
                         scan,
                         segment,
+                        may_start=functools.partial(self._may_start, key),
                         may_continue=functools.partial(self._may_upload, key),
                         on_late_finish=functools.partial(
                             self._tiered, topic, segment, after_cancel=True

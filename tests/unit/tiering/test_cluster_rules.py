@@ -127,6 +127,7 @@ class _Admin:
         self.broker_asks = 0
 
     async def _get_cluster_metadata(self, topics: object) -> _Response:
+        self.metadata_at = time.monotonic()
         brokers = [] if self.down else [{"node_id": 1}]
         partitions = [{"partition": 0, "leader": 1}]
         topic = {"topic": "orders", "error_code": 0, "partitions": partitions}
@@ -154,6 +155,17 @@ class _Admin:
         return [_Response({"resources": [answer]})]
 
 
+class _Consumer:
+    """Answers ListOffsets: every partition's LSO is 42."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    async def end_offsets(self, partitions: list[Any]) -> dict[Any, int]:
+        self.asked.extend(partitions)
+        return dict.fromkeys(partitions, 42)
+
+
 def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> ClusterWatcher:
     watcher = ClusterWatcher(
         bootstrap_servers=["127.0.0.1:1"],
@@ -163,7 +175,7 @@ def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> ClusterWatcher:
     )
 
     async def clients() -> tuple[Any, Any]:
-        return admin, None
+        return admin, _Consumer()
 
     monkeypatch.setattr(watcher, "_clients", clients)
     return watcher
@@ -193,6 +205,22 @@ class TestBrokerTiering:
             await watcher.refresh()
             assert watcher.broker_runs_plugin is False, broker
         assert watcher.view.broker_tiering == BrokerTiering(True, None)
+
+    async def test_a_broker_driven_partition_led_here_gets_its_lso_with_the_refresh(
+        self, monkeypatch
+    ):
+        """The stager needs the LSO of every broker-driven partition this broker leads: the
+        refresh asks for them in its one ListOffsets, not the stager one by one."""
+        view = await _watcher(_Admin({}), monkeypatch).refresh()
+        assert view.configs["orders"].remote_storage_enable
+        assert view.lso("orders", 0) == 42
+
+    async def test_the_picture_is_as_old_as_its_first_answer(self, monkeypatch):
+        """The later requests of a refresh may take seconds: freshness (and so the hand-over
+        of a partition to a new leader) counts from before the leaders were read."""
+        admin = _Admin({"remote.log.storage.system.enable": "false"})
+        view = await _watcher(admin, monkeypatch).refresh()
+        assert view.refreshed_at <= admin.metadata_at
 
     async def test_a_broker_that_refuses_or_is_down_keeps_the_last_answer(self, monkeypatch):
         """An authorizer's refusal, a failed request or a broker missing from the metadata

@@ -299,6 +299,26 @@ class TestEngineTiering:
         await r.until(r.all_tiered)
         await r.stop()
 
+    async def test_a_running_worker_starts_no_further_copy_once_paused(self, rig):
+        """Kafka becomes unreachable while a worker goes through a backlog: the view still
+        says this broker leads (it is not stale yet), but a new leader may start copying
+        before it is; the copy in flight finishes, and no further segment starts."""
+        r = rig()
+        r.objects.gate.clear()  # the first upload waits
+        r.start()
+        await asyncio.wait_for(r.objects.uploading.wait(), 10)
+        r.pause = "Kafka is unreachable"  # what the daemon says once a refresh failed
+        r.objects.gate.set()
+        await r.until(lambda: len(r.finished()) == 1)
+        key = (TOPIC, 0)
+        await r.until(lambda: r.engine._workers[key].task.done())
+        started = [e for e in r.publisher.events if e[1].state is STARTED]
+        assert len(started) == 1
+        r.pause = None
+        r.engine.retry_now()
+        await r.until(r.all_tiered)
+        await r.stop()
+
     async def test_handover_delay_before_first_upload(self, rig):
         """A partition just led is not uploaded before the hand-over delay."""
         r = rig(handover_delay_s=0.3)
