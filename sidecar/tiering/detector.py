@@ -380,12 +380,23 @@ class LogDirDetector(Generic[V]):
             seen.update(scanned)
             await self._merge(scanned)
         await self._merge(dict.fromkeys([d for d in self.views if d not in seen]))
+        await asyncio.to_thread(self._forget_stamps, listed)
+
+    def _forget_stamps(self, listed: list[Path]) -> None:
+        """Thread side: drop the stamps of dirs gone since (without the hints no stat-only
+        rescan, which does it otherwise, runs; every deleted topic's dir would stay)."""
+        kept = {str(d) for d in listed}
+        for key in [k for k in self._stamps if k not in kept and not Path(k).is_dir()]:
+            self._stamps.pop(key, None)
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: full scan, then event-driven partial scans and periodic full scans."""
         loop = asyncio.get_running_loop()
         handler = _Hints(loop, self._log_dirs, self._mark)
-        observer = start_observer(handler, self._log_dirs, self._observer_factory)
+        # a watch on every partition dir: seconds at ten thousand, not on the event loop
+        observer = await asyncio.to_thread(
+            start_observer, handler, self._log_dirs, self._observer_factory
+        )
         self.watching = observer is not None
         try:
             next_full = 0.0
@@ -417,5 +428,5 @@ class LogDirDetector(Generic[V]):
                     await asyncio.sleep(_DEBOUNCE_S)
         finally:
             if observer is not None:
-                observer.stop()
+                await asyncio.to_thread(observer.stop)
                 await asyncio.to_thread(observer.join, 5.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -304,6 +305,22 @@ class TestStepwiseFullScan:
         await det.scan_once()
         assert rec.changes[-1] == ("orders-0", ("00000000000000000000.log",), None)
         assert det.views == {}
+
+    async def test_full_rescans_forget_the_stamps_of_gone_dirs(self, log_dir):
+        """Without inotify hints no stat-only rescan runs, which otherwise drops the stamps of
+        dirs no longer listed: the full rescans do it, so every topic ever deleted does not
+        stay in memory."""
+        det = _detector(log_dir, on_change=lambda *_: None)
+        for n in range(3):  # topics created, then deleted (Kafka renames them first)
+            (log_dir / f"gone{n}-0").mkdir()
+        for d in log_dir.iterdir():  # a stamp is kept once a dir's mtime is not too recent
+            os.utime(d, ns=(1_600_000_000_000_000_000,) * 2)
+        await det.scan_once()
+        assert len(det._stamps) == 4
+        for n in range(3):
+            (log_dir / f"gone{n}-0").rmdir()
+        await det.scan_once()
+        assert sorted(det._stamps) == [str(log_dir / "orders-0")]
 
 
 class TestRescanSpacing:
