@@ -292,8 +292,8 @@ class SegmentUploader:
         """Upload ``segment`` of ``scan``'s partition and publish it FINISHED.
 
         ``may_continue`` says whether this broker still leads the partition; it is asked before
-        FINISHED, and before STARTED unless ``may_start`` (which may ask more: a recent
-        picture of the leaders) is given. ``on_late_finish`` is called when the upload is cancelled
+        FINISHED, and before STARTED unless ``may_start`` (which may ask more: that nothing
+        pauses copies) is given. ``on_late_finish`` is called when the upload is cancelled
         while FINISHED is on its way and the topic then shows it FINISHED: the copy is tiered
         although this raises ``CancelledError``, so the caller can still count it.
         """
