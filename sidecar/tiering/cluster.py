@@ -318,6 +318,15 @@ class ClusterView:
         return sorted(tp for tp, leader in self.leaders.items() if leader == self.broker_id)
 
 
+def _track_only(consumer: Any, topics: set[str]) -> None:
+    """Have the consumer's metadata updates cover just ``topics``. aiokafka tracks every topic
+    a consumer was ever asked about and logs an error for each one deleted since, at every
+    metadata update, for good; the watcher asks about the topics this broker tiers now."""
+    client = getattr(consumer, "_client", None)
+    if client is not None and getattr(client, "_topics", None) != topics:
+        client.set_topics(sorted(topics))  # a metadata update when a topic is new to it
+
+
 class ClusterWatcher:
     """Keeps a :class:`ClusterView` current with an aiokafka admin client and consumer."""
 
@@ -409,6 +418,7 @@ class ClusterWatcher:
                     or self._selector.broker_copies(configs.get(t))
                 )
             ]
+            _track_only(consumer, {tp.topic for tp in mine})
             lsos: dict[tuple[str, int], int] = {}
             if mine:
                 ends = await consumer.end_offsets(mine)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from sidecar.tiering.cluster import ClusterUnavailableError, ClusterWatcher, TopicSelector
@@ -38,6 +41,33 @@ class TestClusterWatcher:
         assert not view.configs[topic_name].remote_storage_enable
         # internal topics are never selected, so no LSO is fetched for them
         assert all(not t.startswith("__") for t, _ in view.last_stable_offsets)
+
+    async def test_a_deleted_topic_is_no_longer_tracked_by_the_consumer(self, kafka, topic_name):
+        """aiokafka's consumer keeps every topic it was asked about in its metadata updates and
+        logs an error for a deleted one at each of them, for good: after the next refresh the
+        watcher's consumer tracks only the topics it tiers."""
+        from tests.e2e._support import delete_topic
+
+        await create_topic(kafka.bootstrap_servers, topic_name, partitions=1)
+        watcher = ClusterWatcher(
+            bootstrap_servers=[kafka.bootstrap_servers],
+            broker_id=1,
+            selector=TopicSelector(include=[topic_name]),
+        )
+        try:
+            view = await watcher.refresh()
+            assert view.lso(topic_name, 0) == 0
+            _admin, consumer = await watcher._clients()
+            assert consumer._client._topics == {topic_name}
+            await delete_topic(kafka.bootstrap_servers, topic_name)
+            deadline = time.monotonic() + 30
+            while (topic_name, 0) in (await watcher.refresh()).leaders:  # until brokers know
+                assert time.monotonic() < deadline, "the deleted topic is still in the metadata"
+                await asyncio.sleep(0.2)
+            assert watcher.view.lso(topic_name, 0) is None
+            assert consumer._client._topics == set()
+        finally:
+            await watcher.aclose()
 
     async def test_unreachable_cluster_is_a_typed_error(self):
         """A cluster that does not answer raises ClusterUnavailableError, not a client error."""
