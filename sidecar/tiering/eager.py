@@ -60,8 +60,8 @@ from sidecar.storage import PartChecksums
 from sidecar.storage._crc import crc32c
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout
-from sidecar.tiering.cluster import BrokerTiering, ClusterView, ClusterWatcher
-from sidecar.tiering.detector import ViewMap
+from sidecar.tiering.changes import ChangeWatch
+from sidecar.tiering.cluster import BrokerTiering, ClusterWatcher
 from sidecar.tiering.planner import Plan, plan_partition
 from sidecar.tiering.workers import remote_coverage
 
@@ -238,13 +238,9 @@ class EagerStager:
         self._wake = asyncio.Event()
         #: when the next pass walks every partition dir, whatever changed
         self._next_full = 0.0
-        #: the log dirs' changes since the last pass (the detector's journal), or, for views
-        #: of another kind, the scans the last pass saw
-        self._journal: set[Path] | None = None
-        self._seen_scans: dict[Path, PartitionScan] = {}
-        #: what the last pass saw of the cluster and the broker-driven topics
-        self._seen_view: ClusterView | None = None
-        self._seen_fresh = False
+        #: the log dirs' and the cluster view's changes since the last pass
+        self._changes = ChangeWatch()
+        #: the broker-driven topics the last pass saw
         self._seen_driven: set[str] = set()
         #: partition dirs the next pass looks at (work left over, an LSO that moved)
         self._dirty: set[Path] = set()
@@ -312,9 +308,13 @@ class EagerStager:
             self._seen_driven = driven
             return
         views = self._views()
-        changed = self._changed_paths(views)
+        changed = self._changes.changed_paths(views)
         now = self._monotonic()
-        full = self._view_changed(self._cluster.view) or driven != self._seen_driven
+        view = self._cluster.view
+        full, lso_moved = self._changes.view_changes(view, view.fresh)
+        # a partition whose LSO moved (one looked up by a pass) is looked at again
+        self._dirty.update(p for key in lso_moved if (p := self._paths.get(key)) is not None)
+        full = full or driven != self._seen_driven
         self._seen_driven = driven
         if full or now >= self._next_full:
             # leaders, configs or freshness changed, or it is time: every partition
@@ -387,44 +387,6 @@ class EagerStager:
             del self._tips[key]
         self._paths = {k: p for k, p in self._paths.items() if p in views}
         self._ledger.prune()
-
-    def _changed_paths(self, views: Mapping[Path, PartitionScan]) -> set[Path]:
-        """The partition dirs whose scan changed since the last pass."""
-        if self._journal is None and isinstance(views, ViewMap):
-            self._journal = views.journal()  # from now on; the first pass walks them all
-        if self._journal is not None:
-            changed = set(self._journal)
-            self._journal.clear()
-            return changed
-        seen = self._seen_scans
-        changed = {path for path, scan in views.items() if seen.get(path) is not scan}
-        changed.update(path for path in seen if path not in views)
-        self._seen_scans = dict(views)
-        return changed
-
-    def _view_changed(self, view: ClusterView) -> bool:
-        """Whether the cluster view changed in a way that needs a pass over every partition
-        (leaders, configs, freshness); an LSO looked up for one partition marks just the
-        partitions whose LSO moved."""
-        seen, self._seen_view = self._seen_view, view
-        fresh = view.fresh
-        seen_fresh, self._seen_fresh = self._seen_fresh, fresh
-        if seen is None or fresh != seen_fresh:
-            return True
-        if view is seen:
-            return False
-        if (
-            view.leaders is not seen.leaders
-            or view.configs is not seen.configs
-            or view.broker_id != seen.broker_id
-        ):
-            return True  # a refresh that changed neither keeps both objects
-        before = seen.last_stable_offsets
-        for key, lso in view.last_stable_offsets.items():
-            path = self._paths.get(key)
-            if path is not None and before.get(key) != lso:
-                self._dirty.add(path)
-        return False
 
     def _tip(self, topic_id: str, topic: str, partition: int) -> tuple[TopicIdPartition, int]:
         key = (topic_id, topic, partition)

@@ -65,8 +65,8 @@ from sidecar.metadata.tailer import MetadataTailer
 from sidecar.observability.logging import bind_context, get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.tiering._backoff import partition_backoff
-from sidecar.tiering.cluster import ClusterView, ClusterWatcher
-from sidecar.tiering.detector import ViewMap
+from sidecar.tiering.changes import ChangeWatch
+from sidecar.tiering.cluster import ClusterWatcher
 from sidecar.tiering.planner import (
     Plan,
     RemoteCoverage,
@@ -263,12 +263,8 @@ class TieringEngine:
         self._waiting_catch_up: set[_PartitionKey] = set()  # visited every pass
         self._walk_all = True
         self._next_walk_all = 0.0
-        self._seen_view: ClusterView | None = None
-        self._seen_fresh = False
-        #: the log dirs' changes: the detector's journal of changed dirs, or (views of another
-        #: kind) the scans of the last pass, compared by identity
-        self._journal: set[Path] | None = None
-        self._seen_scans: dict[Path, PartitionScan] = {}
+        #: the log dirs' and the cluster view's changes since the last pass
+        self._changes = ChangeWatch()
         self._stopping = asyncio.Event()
         self._next_lag_at = 0.0
         self._lag_task: asyncio.Task[None] | None = None
@@ -342,40 +338,6 @@ class TieringEngine:
                 task.cancel()
             await asyncio.wait(stuck)
 
-    def _changed_paths(self, views: Mapping[Path, PartitionScan]) -> set[Path]:
-        """The partition dirs whose scan changed since the last pass."""
-        if self._journal is None and isinstance(views, ViewMap):
-            self._journal = views.journal()  # from now on: the first pass walks them all
-        if self._journal is not None:
-            changed = set(self._journal)
-            self._journal.clear()
-            return changed
-        seen = self._seen_scans
-        changed = {path for path, scan in views.items() if seen.get(path) is not scan}
-        changed.update(path for path in seen if path not in views)
-        self._seen_scans = dict(views)
-        return changed
-
-    def _view_changes(self, view: ClusterView, fresh: bool) -> bool:
-        """Whether the cluster view changed in a way that needs a pass over every partition
-        (leaders, configs, freshness); an LSO looked up for one partition (``fetch_lso``)
-        marks just the partitions whose LSO moved."""
-        seen, self._seen_view = self._seen_view, view
-        seen_fresh, self._seen_fresh = self._seen_fresh, fresh
-        if fresh != seen_fresh or seen is None:
-            return True
-        if view is seen:
-            return False
-        if (
-            view.leaders is not seen.leaders
-            or view.configs is not seen.configs
-            or view.broker_id != seen.broker_id
-        ):
-            return True  # a refresh that changed neither keeps both objects
-        before = seen.last_stable_offsets
-        self._dirty.update(k for k, v in view.last_stable_offsets.items() if before.get(k) != v)
-        return False
-
     def _reconcile(self, tg: asyncio.TaskGroup) -> None:
         """One pass: over every partition, or over those something happened to (see
         ``full_pass_interval_s``); at ten thousand partitions a pass over all of them costs
@@ -394,8 +356,10 @@ class TieringEngine:
         # the view's answers, looked up once per pass and inline per partition (this loop runs
         # over every partition of the broker)
         fresh = view.fresh
-        if self._view_changes(view, fresh):
+        view_changed, lso_moved = self._changes.view_changes(view, fresh)
+        if view_changed:
             walk_all = True
+        self._dirty.update(lso_moved)
         unwanted = self._tailer.unwanted_count
         rewant = unwanted != self._wanted_at
         if rewant:
@@ -404,7 +368,7 @@ class TieringEngine:
         if lag_due:  # copy lag costs store queries: not on every wake-up
             self._next_lag_at = now + self._settings.lag_interval_s
         views = self._views()
-        changed = self._changed_paths(views)
+        changed = self._changes.changed_paths(views)
         due = self._due
         while due and due[0][0] <= now:
             self._dirty.add(heapq.heappop(due)[1])
