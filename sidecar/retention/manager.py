@@ -89,7 +89,7 @@ from sidecar.retention.policy import (
 )
 from sidecar.retention.safety import LocalRetention, at_risk_segments, lost_segments
 from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError, metadata_retention_problem
-from sidecar.storage.base import ObjectStore
+from sidecar.storage.base import ObjectStore, abort_uploads_of
 from sidecar.tiering.cluster import ClusterWatcher, TopicConfig, TopicSelector
 from sidecar.tiering.planner import RemoteCoverage, find_highest_remote_offset
 from sidecar.tiering.uploader import SegmentUploader
@@ -893,9 +893,7 @@ class RetentionManager:
 
     async def _abort_uploads(self, keys: Iterable[str]) -> None:
         for key in keys:
-            async for upload in self._objects.list_multipart_uploads(key):
-                if upload.key == key:
-                    await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
+            await abort_uploads_of(self._objects, key)
 
     # --- scrub
 

@@ -41,6 +41,7 @@ __all__ = [
     "MultipartUpload",
     "ObjectInfo",
     "ObjectStore",
+    "abort_uploads_of",
 ]
 
 #: S3's smallest part size (every part but the last)
@@ -191,3 +192,18 @@ class ObjectStore(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+async def abort_uploads_of(objects: ObjectStore, key: str, *, keep: str | None = None) -> list[str]:
+    """Abort the incomplete multipart uploads of exactly ``key`` (a listing by prefix also
+    names longer keys), all but ``keep``; returns the ids aborted. An upload's id is known only
+    to whoever started it: one cancelled before the store answered, or one whose answer was
+    lost, can be found only this way."""
+    doomed = [
+        u.upload_id
+        async for u in objects.list_multipart_uploads(key)
+        if u.key == key and u.upload_id != keep
+    ]
+    for upload_id in doomed:
+        await objects.abort_multipart_upload(key, upload_id)
+    return doomed

@@ -109,6 +109,7 @@ from sidecar.storage.base import (
     Arrivals,
     MultipartUpload,
     ObjectInfo,
+    abort_uploads_of,
 )
 from sidecar.storage.throttle import TokenBucket
 
@@ -891,17 +892,11 @@ class S3ObjectStore:
         and the upload goes on: the orphan scrub aborts what is left after
         ``retention.multipart_grace_s``."""
         try:
-            others = [
-                u
-                async for u in self.list_multipart_uploads(key)
-                if u.key == key and u.upload_id != upload_id
-            ]
-            for upload in others:
-                await self.abort_multipart_upload(upload.key, upload.upload_id)
+            for aborted in await abort_uploads_of(self, key, keep=upload_id):
                 log.info(
                     "multipart_upload_aborted",
                     key=key,
-                    upload_id=upload.upload_id,
+                    upload_id=aborted,
                     detail="started by a CreateMultipartUpload whose answer was lost",
                 )
         except (StorageError, RuntimeError, TimeoutError) as exc:

@@ -45,7 +45,7 @@ from sidecar.metadata.events import SegmentMetadata
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.storage import PartChecksums
-from sidecar.storage.base import ObjectInfo, ObjectStore
+from sidecar.storage.base import ObjectInfo, ObjectStore, abort_uploads_of
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind
 from sidecar.tiering.eager import StagingLedger, file_crc32c
@@ -233,10 +233,7 @@ class BrokerCopier:
         Idempotent: deleting what is gone succeeds."""
         keys = segment_keys(self._layout, metadata)
         await self._objects.delete(list(keys.values()))
-        log_key = keys[ObjectSuffix.LOG]
-        async for upload in self._objects.list_multipart_uploads(log_key):
-            if upload.key == log_key:
-                await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
+        await abort_uploads_of(self._objects, keys[ObjectSuffix.LOG])
         log.info(
             "broker_delete_finished",
             base_offset=metadata.start_offset,

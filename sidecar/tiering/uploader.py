@@ -69,7 +69,7 @@ from sidecar.metadata.publisher import MetadataPublisher
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import get_logger
 from sidecar.storage import PartChecksums
-from sidecar.storage.base import ObjectInfo, ObjectStore
+from sidecar.storage.base import ObjectInfo, ObjectStore, abort_uploads_of
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
 
@@ -534,10 +534,8 @@ class SegmentUploader:
         """Abort the open multipart uploads of ``key``. A cancelled upload cannot abort its own
         upload when the cancellation came before the store answered CreateMultipartUpload (it
         never learnt the id), so the cleanup looks them up by key."""
-        uploads = [u async for u in self._objects.list_multipart_uploads(key) if u.key == key]
-        for upload in uploads:
-            await self._objects.abort_multipart_upload(upload.key, upload.upload_id)
-            log.info("multipart_upload_aborted", key=key, upload_id=upload.upload_id)
+        for upload_id in await abort_uploads_of(self._objects, key):
+            log.info("multipart_upload_aborted", key=key, upload_id=upload_id)
 
     async def _publish_state(self, metadata: SegmentMetadata, state: RemoteLogSegmentState) -> None:
         await self._publisher.publish_and_wait(
