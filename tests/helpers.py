@@ -78,3 +78,40 @@ def wait_for(predicate: Callable[[], bool], *, timeout: float, what: str) -> Non
 
 def segment_files(partition_dir: Path) -> list[Path]:
     return sorted(partition_dir.glob("*.log"))
+
+
+class OneDocumentServer:
+    """An HTTP server on loopback (a thread) that answers every GET with one document, and
+    counts the requests; ``url`` names ``path`` on it. A context manager."""
+
+    def __init__(self, body: bytes, *, path: str, content_type: str) -> None:
+        import http.server
+        import threading
+
+        served = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                served.requests += 1
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.requests = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> OneDocumentServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()

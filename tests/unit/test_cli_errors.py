@@ -3,6 +3,7 @@ stderr, a documented exit code, a traceback only with --debug, quiet on a closed
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from sidecar import __version__
 from sidecar.cli import build_parser
+from tests.helpers import OneDocumentServer
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -234,39 +236,11 @@ class TestConfigCheck:
         assert result.returncode == 0, result.stderr
 
 
-class _StatusServer:
+def _status_server(document: dict[str, object]) -> OneDocumentServer:
     """A one-document HTTP server on loopback standing in for a sidecar's /v1/status."""
-
-    def __init__(self, document: dict[str, object]) -> None:
-        import http.server
-        import json
-        import threading
-
-        body = json.dumps(document).encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/status"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _StatusServer:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    return OneDocumentServer(
+        json.dumps(document).encode(), path="/v1/status", content_type="application/json"
+    )
 
 
 def _row(partition: int, selected: bool) -> dict[str, object]:
@@ -300,7 +274,7 @@ class TestSmallFixes:
             "failing": {"s3": "connection refused"},
             "partitions": [_row(0, True), _row(1, False)],
         }
-        with _StatusServer(document) as server:
+        with _status_server(document) as server:
             text = _cli("status", "--url", server.url)
             as_json = _cli("status", "--json", "--url", server.url)
             everything = _cli("status", "--json", "--all", "--url", server.url)
@@ -326,7 +300,7 @@ class TestSmallFixes:
         }
         row = {**_row(0, True), "quarantined": [0], "quarantined_segments": [segment]}
         document = {"broker_id": 1, "ready": True, "checks": {}, "failing": {}, "partitions": [row]}
-        with _StatusServer(document) as server:
+        with _status_server(document) as server:
             result = _cli(
                 "status",
                 "--url",
@@ -347,7 +321,7 @@ class TestSmallFixes:
 
     def test_status_of_another_document_is_one_line(self):
         """`status --url` at /readyz (or any other JSON): one error line, nothing on stdout."""
-        with _StatusServer({"ready": True, "checks": {}}) as server:
+        with _status_server({"ready": True, "checks": {}}) as server:
             result = _cli("status", "--url", server.url)
         assert result.returncode == 1
         assert result.stdout == ""

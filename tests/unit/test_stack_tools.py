@@ -4,7 +4,6 @@ Java is missing or Maven cannot be fetched."""
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
 import os
 import shutil
@@ -12,10 +11,11 @@ import socket
 import subprocess
 import sys
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import OneDocumentServer
 
 STACK = Path(__file__).resolve().parents[2] / "deploy" / "local" / "stack.py"
 
@@ -87,36 +87,9 @@ def _maven_archive(tmp_path: Path, *members: tuple[str, bytes]) -> bytes:
     return path.read_bytes()
 
 
-class _Served:
+def _served(body: bytes) -> OneDocumentServer:
     """One archive served over HTTP on loopback, counting the requests for it."""
-
-    def __init__(self, body: bytes) -> None:
-        served = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                served.requests += 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.requests = 0
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/maven.tar.gz"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _Served:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    return OneDocumentServer(body, path="/maven.tar.gz", content_type="application/gzip")
 
 
 class TestMavenFetch:
@@ -129,7 +102,7 @@ class TestMavenFetch:
         top = f"apache-maven-{stack.MAVEN_VERSION}"
         body = _maven_archive(tmp_path, (f"{top}/bin/mvn", b"#!/bin/sh\necho maven\n"))
         cache = tmp_path / "cache"
-        with _Served(body) as served:
+        with _served(body) as served:
             sha = hashlib.sha512(body).hexdigest()
             mvn = stack.fetch_maven(cache, url=served.url, sha512=sha)
             again = stack.fetch_maven(cache, url=served.url, sha512=sha)
@@ -144,7 +117,7 @@ class TestMavenFetch:
         top = f"apache-maven-{stack.MAVEN_VERSION}"
         body = _maven_archive(tmp_path, (f"{top}/bin/mvn", b"#!/bin/sh\n"))
         cache = tmp_path / "cache"
-        with _Served(body) as served, pytest.raises(stack.StackError, match="SHA-512"):
+        with _served(body) as served, pytest.raises(stack.StackError, match="SHA-512"):
             stack.fetch_maven(cache, url=served.url, sha512="0" * 128)
         assert list(cache.iterdir()) == []
 
@@ -156,7 +129,7 @@ class TestMavenFetch:
             tmp_path, (f"{top}/bin/mvn", b"#!/bin/sh\n"), ("../outside", b"not here")
         )
         cache = tmp_path / "cache"
-        with _Served(body) as served, pytest.raises(stack.StackError, match="unexpected"):
+        with _served(body) as served, pytest.raises(stack.StackError, match="unexpected"):
             stack.fetch_maven(cache, url=served.url, sha512=hashlib.sha512(body).hexdigest())
         assert list(cache.iterdir()) == []  # nothing unpacked, "../outside" included
 

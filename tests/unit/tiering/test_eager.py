@@ -690,6 +690,38 @@ async def test_a_partition_is_planned_again_only_when_something_changed(
         store.close()
 
 
+def _led_partitions(
+    stager: EagerStager, cluster: _Cluster, partition: Path, tmp_path: Path, count: int
+) -> tuple[ViewMap[PartitionScan], PartitionScan]:
+    """``count`` partitions of the topic, all led here, as copies of ``partition``'s scan in
+    a ViewMap the stager reads; and that scan."""
+    scan = scan_partition_dir(partition)
+    assert scan is not None
+    views: ViewMap[PartitionScan] = ViewMap()
+    for i in range(count):
+        views[tmp_path / f"orders-{i}"] = dataclasses.replace(scan, partition=i)
+    stager._views = lambda: views
+    cluster.view = dataclasses.replace(
+        cluster.view,
+        leaders={("orders", i): 1 for i in range(count)},
+        last_stable_offsets={("orders", i): 10_000 for i in range(count)},
+    )
+    return views, scan
+
+
+def _record_looks(stager: EagerStager, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The partitions the stager plans (or reuses the plan of), in order, as it looks."""
+    looked: list[int] = []
+    candidates = stager._candidates
+
+    async def counting(scan: PartitionScan, tip: TopicIdPartition) -> Any:
+        looked.append(scan.partition)
+        return await candidates(scan, tip)
+
+    monkeypatch.setattr(stager, "_candidates", counting)
+    return looked
+
+
 async def test_between_full_passes_only_partitions_something_happened_to_are_looked_at(
     tmp_path: Path, partition: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -699,27 +731,10 @@ async def test_between_full_passes_only_partitions_something_happened_to_are_loo
     detector's journal names and at those with work left."""
     objects = MemoryObjectStore()
     stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
-    scan = scan_partition_dir(partition)
-    assert scan is not None
-    views: ViewMap[PartitionScan] = ViewMap()
-    for i in range(20):
-        views[tmp_path / f"orders-{i}"] = dataclasses.replace(scan, partition=i)
-    stager._views = lambda: views
-    cluster.view = dataclasses.replace(
-        cluster.view,
-        leaders={("orders", i): 1 for i in range(20)},
-        last_stable_offsets={("orders", i): 10_000 for i in range(20)},
-    )
+    views, scan = _led_partitions(stager, cluster, partition, tmp_path, 20)
     now = [time.monotonic()]
     stager._monotonic = lambda: now[0]
-    looked: list[int] = []
-    candidates = stager._candidates
-
-    async def counting(scan: PartitionScan, tip: TopicIdPartition) -> Any:
-        looked.append(scan.partition)
-        return await candidates(scan, tip)
-
-    monkeypatch.setattr(stager, "_candidates", counting)
+    looked = _record_looks(stager, monkeypatch)
     objects.fail_next("put_file", StorageError("SlowDown"))  # one staging upload to retry
     try:
         await stager._pass(asyncio.Event())
@@ -751,14 +766,7 @@ async def test_topics_driven_again_get_a_pass_over_every_partition(
     objects = MemoryObjectStore()
     stager, _ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
     stager._monotonic = lambda: 1000.0  # the clock stands still: no pass is due by time
-    looked: list[int] = []
-    candidates = stager._candidates
-
-    async def counting(scan: PartitionScan, tip: TopicIdPartition) -> Any:
-        looked.append(scan.partition)
-        return await candidates(scan, tip)
-
-    monkeypatch.setattr(stager, "_candidates", counting)
+    looked = _record_looks(stager, monkeypatch)
     try:
         await stager._pass(asyncio.Event())
         assert looked == [0]
@@ -779,17 +787,7 @@ async def test_a_pass_that_fails_midway_leaves_the_rest_to_the_next(
     the partitions it had not looked at yet: the next pass, one second later, looks at them."""
     objects = MemoryObjectStore()
     stager, ledger, _metrics, cluster, store = _stager(tmp_path, partition, objects, lso=10_000)
-    scan = scan_partition_dir(partition)
-    assert scan is not None
-    views: ViewMap[PartitionScan] = ViewMap()
-    for i in range(6):
-        views[tmp_path / f"orders-{i}"] = dataclasses.replace(scan, partition=i)
-    stager._views = lambda: views
-    cluster.view = dataclasses.replace(
-        cluster.view,
-        leaders={("orders", i): 1 for i in range(6)},
-        last_stable_offsets={("orders", i): 10_000 for i in range(6)},
-    )
+    _led_partitions(stager, cluster, partition, tmp_path, 6)
     stager._monotonic = lambda: 1000.0  # no pass is due by time after the first
     candidates = stager._candidates
     calls = 0
