@@ -152,6 +152,19 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.log_dir_hints = Gauge(
+            "log_dir_hints",
+            "1 while inotify hints cover every log dir and partition dir; 0 while some or all"
+            " rolls are seen by the rescans alone (watch limit reached, watcher stopped).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.log_dir_watch_restarts = Counter(
+            "log_dir_watch_restarts",
+            "inotify watchers started again: a log dir appeared, or the watcher had stopped.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.copy_lag_segments = Gauge(
             "copy_lag_segments",
             "Rolled local segments not yet copied to remote storage, by topic.",

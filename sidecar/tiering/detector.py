@@ -17,6 +17,13 @@ When the kernel refuses the inotify watches (``fs.inotify.max_user_watches`` or
 detector says so once, with the sysctl to raise, and goes on with full rescans alone: rolls are
 then seen within ``rescan_interval_s`` instead of at once.
 
+The hints can also stop covering everything after the start, which watchdog does not report: a
+partition dir created once the limit is reached gets no watch, a log dir missing at the start
+gets none when it appears, and an error in watchdog's thread ends its events. Before each
+stat-only rescan the detector checks for these: the watcher is started again for a log dir that
+appeared or a watcher that stopped, and new partition dirs are followed by a probe of the limit
+(a warning once). The stat-only rescans see every roll meanwhile, within ``rescan_interval_s``.
+
 All file work runs in a worker thread (``asyncio.to_thread``); the event loop only merges
 results, yielding to other tasks every ``_MERGE_CHUNK`` changed partitions (a first scan of a
 broker with ten thousand partitions reports ten thousand changes). The detector reads the log
@@ -251,6 +258,13 @@ class LogDirDetector(Generic[V]):
         self._stamps: dict[str, int] = {}
         #: seconds from the end of the last full rescan to the next one
         self.rescan_spacing_s = rescan_interval_s
+        self._observer: BaseObserver | None = None
+        #: the log dirs the running watcher was started on (the others did not exist then)
+        self._watched: list[Path] = []
+        #: partition dirs appeared since the last check of the watch limit
+        self._appeared = False
+        #: the watch limit's warning was given (once per run)
+        self._limit_warned = False
 
     def _mark(self, partition_dir: Path) -> None:
         self._metrics.log_dir_events.inc()
@@ -339,6 +353,7 @@ class LogDirDetector(Generic[V]):
                 del self.views[d]
             elif old != new:
                 self.views[d] = new
+                self._appeared = self._appeared or old is None
             else:
                 continue
             self.views.note(d)
@@ -389,15 +404,73 @@ class LogDirDetector(Generic[V]):
         for key in [k for k in self._stamps if k not in kept and not Path(k).is_dir()]:
             self._stamps.pop(key, None)
 
+    def _start_hints(self, handler: FileSystemEventHandler) -> None:
+        """Thread side: start a watcher on the log dirs that exist now (a walk of every
+        partition dir: seconds at ten thousand)."""
+        watched = [d for d in self._log_dirs if d.is_dir()]
+        self._observer = start_observer(handler, self._log_dirs, self._observer_factory)
+        self._watched = watched if self._observer is not None else []
+        self._limit_warned = self._limit_warned or self._observer is None
+        self._appeared = False  # start_observer probed the limit after its walk
+        self.watching = self._observer is not None
+        self._metrics.log_dir_hints.set(1 if self.watching else 0)
+
+    def _stop_hints(self) -> None:
+        """Thread side: stop the watcher, if any."""
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            with contextlib.suppress(Exception):
+                observer.stop()
+                observer.join(5.0)
+
+    def _hints_need_restart(self) -> str | None:
+        """Why the running watcher no longer covers the log dirs, or None."""
+        observer = self._observer
+        if observer is None:
+            return None
+        if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
+            return "watcher_stopped"
+        if any(d not in self._watched and d.is_dir() for d in self._log_dirs):
+            return "log_dir_appeared"
+        return None
+
+    async def check_hints(self, handler: FileSystemEventHandler) -> None:
+        """With the hints on: start the watcher again when a log dir appeared or the watcher
+        stopped; after new partition dirs, warn once if the watch limit left them unwatched.
+        The stat-only rescan that follows sees what the hints missed meanwhile."""
+        if self._observer is None:
+            return
+        reason = self._hints_need_restart()
+        if reason is not None:
+            log.warning("log_dir_watch_restart", reason=reason)
+            self._metrics.log_dir_watch_restarts.inc()
+            await asyncio.to_thread(self._stop_hints)
+            await asyncio.to_thread(self._start_hints, handler)
+            return
+        if self._appeared and not self._limit_warned:
+            self._appeared = False
+            try:
+                await asyncio.to_thread(_check_watches_left, self._log_dirs)
+            except OSError as exc:
+                if exc.errno not in _WATCH_LIMIT_ERRNOS:
+                    raise
+                self._limit_warned = True
+                self._metrics.log_dir_hints.set(0)
+                log.warning(
+                    "inotify_watch_limit_reached",
+                    error=str(exc),
+                    fallback="new partition dirs go unwatched; their rolls are seen by the"
+                    " rescans, within tiering.rescan_interval_s",
+                    fix="raise the limits on the host, e.g. sysctl -w"
+                    " fs.inotify.max_user_watches=1048576 (one watch per partition dir)",
+                )
+
     async def run(self, stopping: asyncio.Event) -> None:
         """Root task: full scan, then event-driven partial scans and periodic full scans."""
         loop = asyncio.get_running_loop()
         handler = _Hints(loop, self._log_dirs, self._mark)
         # a watch on every partition dir: seconds at ten thousand, not on the event loop
-        observer = await asyncio.to_thread(
-            start_observer, handler, self._log_dirs, self._observer_factory
-        )
-        self.watching = observer is not None
+        await asyncio.to_thread(self._start_hints, handler)
         try:
             next_full = 0.0
             next_stat = float("inf")  # stat-only rescans: with the hints on only
@@ -405,7 +478,10 @@ class LogDirDetector(Generic[V]):
                 now = loop.time()
                 if now >= next_full:
                     self._dirty.clear()
+                    first = self.full_scans == 0
                     await self.scan_once(None)
+                    if first:  # the dirs there at the start: the start's probe covered them
+                        self._appeared = False
                     took = loop.time() - now
                     self.rescan_spacing_s = self._interval
                     if self.watching:  # rolls are seen through the hints meanwhile
@@ -413,6 +489,11 @@ class LogDirDetector(Generic[V]):
                         next_stat = loop.time() + self._interval
                     next_full = loop.time() + self.rescan_spacing_s
                 elif now >= next_stat:
+                    await self.check_hints(handler)
+                    if not self.watching:  # the watcher could not start again: as without
+                        next_stat = float("inf")
+                        next_full = loop.time()
+                        continue
                     await self.rescan_stale()
                     took = loop.time() - now
                     next_stat = loop.time() + max(self._interval, took * _RESCAN_SPACING)
@@ -427,6 +508,4 @@ class LogDirDetector(Generic[V]):
                     # let the rest of a roll's burst of events arrive: one rescan, not five
                     await asyncio.sleep(_DEBOUNCE_S)
         finally:
-            if observer is not None:
-                await asyncio.to_thread(observer.stop)
-                await asyncio.to_thread(observer.join, 5.0)
+            await asyncio.to_thread(self._stop_hints)

@@ -157,6 +157,7 @@ async def test_watch_limit_below_partition_dirs(kafka, s3, topic_name, s3_prefix
         samples = await metric_samples(port)
         # the rolls were found by the rescans: not one inotify event came for them
         assert sample(samples, hints) == hints_at_ready
+        assert samples[("kafka_tiered_sidecar_log_dir_hints", ())] == 0  # rescans only
         assert sample(samples, "kafka_tiered_sidecar_log_dir_scans_total", outcome="ok") > 1
 
         os.kill(sidecar.proc.pid, signal.SIGTERM)

@@ -213,6 +213,156 @@ class TestWatchLimit:
             start_observer(object(), [log_dir], Broken)  # type: ignore[arg-type]
 
 
+class TestHintsAfterStart:
+    """The hints stop covering everything after the start, without a word from watchdog: a
+    log dir created later, a watcher whose thread ended, partition dirs created past the watch
+    limit. Before each stat-only rescan the detector finds these, starts the watcher again or
+    warns once, and the stat-only rescans see the rolls meanwhile."""
+
+    @staticmethod
+    async def _until(det: LogDirDetector[object], done: Callable[[], bool]) -> None:
+        """Wait through the detector's scans until ``done()`` holds."""
+        for _ in range(500):
+            if done():
+                return
+            det.scanned.clear()
+            await asyncio.wait_for(det.scanned.wait(), 10)
+        raise AssertionError("the detector's scans went on without the expected state")
+
+    @staticmethod
+    def _hinted(metrics: Metrics, partition_dir: Path) -> Callable[[], bool]:
+        """A probe that creates a file in ``partition_dir`` and holds once the hints count
+        more events than before (only the watcher counts events)."""
+        before = [-1.0]
+        created = [0]
+
+        def probe() -> bool:
+            count = metrics.log_dir_events._value.get()
+            if before[0] >= 0 and count > before[0]:
+                return True
+            before[0] = count
+            created[0] += 1
+            (partition_dir / f"{created[0]:020d}.snapshot").write_bytes(b"")
+            return False
+
+        return probe
+
+    def _run(
+        self, log_dir: Path, rec: Recorder, monkeypatch, observers: list[object] | None = None
+    ) -> tuple[LogDirDetector[object], Metrics]:
+        from watchdog.observers import Observer
+
+        from sidecar.tiering import detector
+
+        monkeypatch.setattr(detector, "_FULL_RESCAN_SPACING", 1e9)  # stat-only rescans only
+        metrics = Metrics()
+
+        def factory() -> Observer:
+            observer = Observer()
+            if observers is not None:
+                observers.append(observer)
+            return observer
+
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=0.05,
+            metrics=metrics,
+            observer_factory=factory,
+        )
+        return det, metrics
+
+    async def test_a_log_dir_created_later_is_watched(self, tmp_path, monkeypatch):
+        from structlog.testing import capture_logs
+
+        log_dir = tmp_path / "data"
+        rec = Recorder()
+        det, metrics = self._run(log_dir, rec, monkeypatch)
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(det.run(stopping))
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            (log_dir / "orders-0").mkdir(parents=True)
+            await self._until(det, lambda: metrics.log_dir_watch_restarts._value.get() == 1)
+            await self._until(det, self._hinted(metrics, log_dir / "orders-0"))
+            stopping.set()
+            await asyncio.wait_for(task, 10)
+        assert det.watching
+        assert metrics.log_dir_hints._value.get() == 1
+        restarts = [e for e in logs if e["event"] == "log_dir_watch_restart"]
+        assert [e["reason"] for e in restarts] == ["log_dir_appeared"]
+        assert rec.changes[0][0] == "orders-0"
+
+    async def test_a_stopped_watcher_is_started_again(self, log_dir, monkeypatch):
+        from structlog.testing import capture_logs
+
+        rec = Recorder()
+        observers: list[object] = []
+        det, metrics = self._run(log_dir, rec, monkeypatch, observers)
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(det.run(stopping))
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            first = observers[0]
+            await asyncio.to_thread(first.stop)  # type: ignore[attr-defined]
+            await asyncio.to_thread(first.join, 5)  # type: ignore[attr-defined]
+            await self._until(det, lambda: len(observers) == 2)
+            await self._until(det, self._hinted(metrics, log_dir / "orders-0"))
+            stopping.set()
+            await asyncio.wait_for(task, 10)
+        assert det.watching
+        assert metrics.log_dir_watch_restarts._value.get() == 1
+        restarts = [e for e in logs if e["event"] == "log_dir_watch_restart"]
+        assert [e["reason"] for e in restarts] == ["watcher_stopped"]
+
+    async def test_partition_dirs_past_the_limit_are_warned_of_and_rescanned(
+        self, log_dir, monkeypatch
+    ):
+        """The limit leaves room for the log dir, its one partition dir and the start's probe;
+        a partition dir created afterwards gets no watch (watchdog skips it silently)."""
+        import ctypes
+        import errno
+
+        from structlog.testing import capture_logs
+        from watchdog.observers import inotify_c
+
+        real = inotify_c.inotify_add_watch
+        left = [3]
+
+        def limited(fd: int, path: bytes, mask: int) -> int:
+            if left[0] > 0:
+                left[0] -= 1
+                return real(fd, path, mask)
+            ctypes.set_errno(errno.ENOSPC)
+            return -1
+
+        monkeypatch.setattr(inotify_c, "inotify_add_watch", limited)
+        rec = Recorder()
+        det, metrics = self._run(log_dir, rec, monkeypatch)
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(det.run(stopping))
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            assert metrics.log_dir_hints._value.get() == 1
+            (log_dir / "orders-1").mkdir()
+            await self._until(det, lambda: metrics.log_dir_hints._value.get() == 0)
+            (log_dir / "orders-1" / "00000000000000000100.log").write_bytes(b"")
+            await self._until(
+                det, lambda: any("00000000000000000100.log" in (c[2] or ()) for c in rec.changes)
+            )
+            for _ in range(3):  # the warning is not repeated
+                det.scanned.clear()
+                await asyncio.wait_for(det.scanned.wait(), 10)
+            stopping.set()
+            await asyncio.wait_for(task, 10)
+        assert det.watching  # the watched dirs keep their hints
+        warnings = [e for e in logs if e["event"] == "inotify_watch_limit_reached"]
+        assert len(warnings) == 1
+        assert "unwatched" in warnings[0]["fallback"]
+        assert metrics.log_dir_watch_restarts._value.get() == 0
+
+
 class TestHintMask:
     """The detector's inotify watches ask only for what a roll, a deletion or a partition
     move does to the log dirs."""
