@@ -74,6 +74,7 @@ from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
 
 __all__ = [
+    "CopyNotStartedError",
     "CorruptSegmentError",
     "LeadershipLostError",
     "OpenSegment",
@@ -102,6 +103,11 @@ class LeadershipLostError(SidecarError):
     """This broker no longer leads the partition (or cannot tell): the copy is abandoned."""
 
     retriable = True
+
+
+class CopyNotStartedError(LeadershipLostError):
+    """Before STARTED, ``may_start`` said no (leadership lost, or copies paused): nothing was
+    published or uploaded, so the caller may simply look at the partition again."""
 
 
 class SegmentCopyPreemptedError(SidecarError):
@@ -322,7 +328,7 @@ class SegmentUploader:
                 txn_index_empty=segment.txn_index_empty,
             )
             if not (may_continue if may_start is None else may_start)():
-                raise LeadershipLostError(
+                raise CopyNotStartedError(
                     f"{tip.topic}-{tip.partition}: no longer the leader (or not known to be),"
                     f" segment {segment.base_offset} not started"
                 )

@@ -81,7 +81,12 @@ from sidecar.tiering.quarantine import (
     classify,
     read_error_reason,
 )
-from sidecar.tiering.uploader import CorruptSegmentError, SegmentUploader, UploadOutcome
+from sidecar.tiering.uploader import (
+    CopyNotStartedError,
+    CorruptSegmentError,
+    SegmentUploader,
+    UploadOutcome,
+)
 
 __all__ = ["MetadataSync", "TieringEngine", "remote_coverage"]
 
@@ -811,6 +816,10 @@ class TieringEngine:
                             self._tiered, topic, segment, after_cancel=True
                         ),
                     )
+                except CopyNotStartedError:
+                    # a pause or a leadership move came while the segment was opened and
+                    # checked: not a failure, the checks above decide what happens next
+                    continue
                 except CorruptSegmentError as exc:
                     if classify(exc) is not Verdict.CORRUPT:
                         raise  # not proof of corrupt bytes: retried with backoff

@@ -319,6 +319,43 @@ class TestEngineTiering:
         await r.until(r.all_tiered)
         await r.stop()
 
+    async def test_a_pause_while_a_segment_is_opened_is_not_an_upload_error(
+        self, rig, monkeypatch
+    ):
+        """The pause starts after the worker's own check, while the uploader opens and checks
+        the segment: the copy is not started, and that is no failure (no error counted, no
+        backoff); it starts once the pause ends."""
+        from structlog.testing import capture_logs
+
+        from sidecar.tiering import uploader
+
+        r = rig()
+        real_open = uploader._open_segment
+        opened = 0
+
+        def open_then_pause(*args: Any, **kwargs: Any) -> Any:
+            nonlocal opened
+            opened += 1
+            if opened == 1:
+                r.pause = "S3 is unreachable"
+            return real_open(*args, **kwargs)
+
+        monkeypatch.setattr(uploader, "_open_segment", open_then_pause)
+        key = (TOPIC, 0)
+        with capture_logs() as logs:
+            r.start()
+            await r.until(lambda: opened == 1 and r.engine._workers[key].task.done())
+            assert r.publisher.events == []
+            r.pause = None
+            r.engine.retry_now()
+            await r.until(r.all_tiered)
+            await r.stop()
+        assert [e["event"] for e in logs if e["event"] == "partition_tiering_failed"] == []
+        (family,) = r.metrics.upload_errors.collect()
+        errors = {s.labels["kind"]: s.value for s in family.samples if s.name.endswith("_total")}
+        assert errors == {}
+        assert r.engine._workers[key].failures == 0
+
     async def test_handover_delay_before_first_upload(self, rig):
         """A partition just led is not uploaded before the hand-over delay."""
         r = rig(handover_delay_s=0.3)
