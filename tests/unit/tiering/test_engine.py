@@ -319,9 +319,7 @@ class TestEngineTiering:
         await r.until(r.all_tiered)
         await r.stop()
 
-    async def test_a_pause_while_a_segment_is_opened_is_not_an_upload_error(
-        self, rig, monkeypatch
-    ):
+    async def test_a_pause_while_a_segment_is_opened_is_not_an_upload_error(self, rig, monkeypatch):
         """The pause starts after the worker's own check, while the uploader opens and checks
         the segment: the copy is not started, and that is no failure (no error counted, no
         backoff); it starts once the pause ends."""
