@@ -567,8 +567,8 @@ class ReadService:
         self, topic: str, partition: int, topic_id: uuid.UUID | None = None
     ) -> TopicIdPartition:
         """The partition's topic id from the store. A name with several topic ids (deleted and
-        re-created) resolves to the one not being deleted, else needs ``topic_id``. A partition
-        the store does not know is looked for once through ``discover``, if set."""
+        re-created) resolves to the one whose data is not deleted, else needs ``topic_id``. A
+        partition the store does not know is looked for once through ``discover``, if set."""
         try:
             return await self._resolve(topic, partition, topic_id)
         except (UnknownTopicError, UnknownPartitionError):
@@ -590,15 +590,7 @@ class ReadService:
             raise UnknownTopicError(f"no tiered data for topic {topic!r}{suffix}")
         ids = sorted({tp.topic_id for tp in named})
         if len(ids) > 1:
-            live = [
-                i
-                for i in ids
-                if await asyncio.to_thread(
-                    self._store.partition_delete,
-                    next(tp for tp in named if tp.topic_id == i),
-                )
-                is None
-            ]
+            live = await asyncio.to_thread(self._live_topic_ids, named, ids)
             if len(live) != 1:
                 raise AmbiguousTopicError(
                     f"topic {topic!r} has tiered data under several topic ids; pass topic_id",
@@ -612,6 +604,22 @@ class ReadService:
             f"topic {topic!r} has no tiered partition {partition}",
             partitions=sorted(tp.partition for tp in named),
         )
+
+    def _live_topic_ids(
+        self, named: list[TopicIdPartition], ids: list[uuid.UUID]
+    ) -> list[uuid.UUID]:
+        """(thread) Of a name's topic ids, those not being deleted: no partition-delete event,
+        and a segment left in one of its partitions (Kafka 4 deletes a topic's remote data
+        segment by segment, with no partition-delete event; the old id's partitions stay in the
+        store until retention forgets them)."""
+        live: list[uuid.UUID] = []
+        for topic_id in ids:
+            partitions = [tp for tp in named if tp.topic_id == topic_id]
+            if self._store.partition_delete(partitions[0]) is not None:
+                continue
+            if any(self._store.segments(tp) for tp in partitions):
+                live.append(topic_id)
+        return live
 
     # -- lineage -------------------------------------------------------------------------
 

@@ -22,7 +22,11 @@ from sidecar.kafka.checkpoints import (
 )
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.records import Compression, Record, decode_records
-from sidecar.metadata.events import TopicIdPartition
+from sidecar.metadata.events import (
+    RemoteLogSegmentState,
+    SegmentMetadataUpdate,
+    TopicIdPartition,
+)
 from sidecar.readserver.cache import ChunkCache, MemoryCache
 from sidecar.readserver.errors import (
     AmbiguousTopicError,
@@ -710,6 +714,29 @@ class TestResolve:
             await service.resolve("orders", 0)
         assert len(caught.value.details["topic_ids"]) == 2
         assert await service.resolve("orders", 0, other.topic_id) == other
+
+    async def test_a_name_resolves_to_the_new_id_once_the_old_ones_segments_are_deleted(
+        self, remote, service
+    ):
+        """Kafka 4 deletes a topic's remote data segment by segment, with no partition-delete
+        event; the old id's partition stays in the store until retention forgets it. The
+        re-created topic is read by name meanwhile."""
+        new = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
+        old = await remote.upload(0, data_batches(0, 2))
+        await remote.upload(0, data_batches(0, 2), tp=new)
+        for state in (
+            RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
+            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
+        ):
+            remote.store.apply(
+                [
+                    SegmentMetadataUpdate(
+                        segment_id=old.segment_id, broker_id=1, event_timestamp_ms=1, state=state
+                    )
+                ]
+            )
+        assert TP in remote.store.partitions()  # still known: the old id is not forgotten yet
+        assert await service.resolve("orders", 0) == new
 
 
 class TestDecode:
