@@ -121,7 +121,9 @@ def _read_manifests(
 
 def _resolve_topics(store: RemoteSegmentStore, options: ReadOptions) -> list[TopicIdPartition]:
     """The selected partitions; a topic name with several topic ids (deleted and re-created)
-    resolves to the incarnation whose partitions are not being deleted."""
+    resolves to the incarnation whose partitions are not being deleted: no partition-delete
+    event, and a segment left (Kafka 4 deletes a topic segment by segment, with no
+    partition-delete event)."""
     by_name: dict[str, dict[uuid.UUID, list[TopicIdPartition]]] = {}
     for tp in store.partitions():
         if options.selection.partition_selected(tp.topic, tp.partition):
@@ -133,6 +135,7 @@ def _resolve_topics(store: RemoteSegmentStore, options: ReadOptions) -> list[Top
                 i: tps
                 for i, tps in ids.items()
                 if all(store.partition_delete(tp) is None for tp in tps)
+                and any(store.segments(tp) for tp in tps)
             }
             if len(live) != 1:
                 raise SparkOptionError(

@@ -1,6 +1,7 @@
 """The Spark source at the edges a leader change and odd input make: a timestamp whose first
 record lies in a segment's tail that the lineage gave to a later copy, JSON offsets that leave a
-partition out, Arrow batches of large values, and metadata records that did not decode."""
+partition out, Arrow batches of large values, metadata records that did not decode, and a
+re-created topic."""
 
 from __future__ import annotations
 
@@ -232,3 +233,50 @@ def test_a_header_key_that_is_not_utf8_reads_as_sparks_kafka_source_reads_it(tmp
     (task,) = plan_reads(options, catalog, PushedFilters(), archive.reader)
     (batch,) = read_task(task, archive.reader)
     assert batch.column("headers").to_pylist() == [[{"key": "h\ufffd\ufffd", "value": b"1"}]]
+
+
+def test_a_recreated_topic_is_read_once_the_old_ones_segments_are_deleted():
+    """Kafka 4 deletes a topic's remote data segment by segment and writes no partition-delete
+    event: the re-created topic is the one read, not an ambiguous archive."""
+    from sidecar.metadata.events import (
+        RemoteLogSegmentId,
+        RemoteLogSegmentState,
+        SegmentMetadata,
+        SegmentMetadataUpdate,
+        TopicIdPartition,
+    )
+
+    new = TopicIdPartition(uuid.UUID(int=8), "orders", 0)
+    old_events = _segment(0, 9)
+    old_id = old_events[0].segment_id
+    deleted = [
+        SegmentMetadataUpdate(segment_id=old_id, broker_id=1, event_timestamp_ms=3, state=state)
+        for state in (
+            RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
+            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
+        )
+    ]
+    new_id = RemoteLogSegmentId(new, uuid.uuid4())
+    new_events = [
+        SegmentMetadata(
+            segment_id=new_id,
+            start_offset=0,
+            end_offset=4,
+            broker_id=1,
+            max_timestamp_ms=1,
+            event_timestamp_ms=4,
+            segment_leader_epochs=((0, 0),),
+            segment_size_in_bytes=100,
+        ),
+        SegmentMetadataUpdate(
+            segment_id=new_id,
+            broker_id=1,
+            event_timestamp_ms=5,
+            state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+        ),
+    ]
+    options = parse_options(BASE)
+    with pytest.raises(SparkOptionError, match="several topic ids"):
+        catalog_from_events(options, old_events + new_events)  # both hold data: ambiguous
+    catalog = catalog_from_events(options, old_events + deleted + new_events)
+    assert [p.tp for p in catalog.partitions] == [new]
