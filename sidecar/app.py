@@ -432,6 +432,7 @@ class Daemon:
             on_undecodable=lambda *_: self.metrics.metadata_undecodable.inc(),
             on_error=lambda _: self._dependency_error("kafka", "metadata_tailer"),
             on_expired=self.metrics.metadata_expired.inc,
+            on_rejected=lambda reason: self.metrics.metadata_events_dropped.labels(reason).inc(),
             num_partitions=meta.num_partitions,
             # selective: only the broker's partitions' events are kept (the coordinator's all)
             scoped=meta.tailing == "selective",

@@ -160,13 +160,15 @@ class MetadataTailer:
         on_undecodable: UndecodableCallback | None = None,
         on_error: _ErrorCallback | None = None,
         on_expired: Callable[[int], None] | None = None,
+        on_rejected: Callable[[str], None] | None = None,
         retry_backoff_s: tuple[float, float] = (0.5, 30.0),
         num_partitions: int | None = None,
         scoped: bool = False,
     ) -> None:
         """``num_partitions``: the metadata topic's partition count, needed by ``want``;
         ``scoped``: ``want`` limits what is applied (otherwise it only tracks);
-        ``on_expired(count)``: ``count`` records were deleted from the topic unread."""
+        ``on_expired(count)``: ``count`` records were deleted from the topic unread;
+        ``on_rejected(reason)``: the store dropped an event, as Kafka's cache would."""
         self.topic = topic
         self._num_partitions = num_partitions
         self._scoped = scoped
@@ -180,6 +182,7 @@ class MetadataTailer:
         self._on_undecodable = on_undecodable
         self._on_error = on_error
         self._on_expired = on_expired
+        self._on_rejected = on_rejected
         self._backoff_initial_s, self._backoff_max_s = retry_backoff_s
         self._state = _State.NEW
         self._consumer: AIOKafkaConsumer | None = None
@@ -802,6 +805,8 @@ class MetadataTailer:
                 reason=rejection.reason.value,
                 detail=rejection.detail,
             )
+            if self._on_rejected is not None:
+                self._on_rejected(rejection.reason.value)
         self._consumed.update(ingested.consumed)
         for partition, last in replayed.items():
             replay = self._replays.get(partition)
@@ -879,9 +884,10 @@ class MetadataTailer:
         return _in(self._scopes.get(mp), key)
 
 
-#: SQLite result codes of a write the disk refused (full, or an I/O error): the transaction
-#: was rolled back, and the same records apply once the disk takes writes again
-_RECOVERABLE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
+#: SQLite result codes of a write the disk refused (full, or an I/O error) or another process's
+#: lock held past the busy timeout: the transaction was rolled back, and the same records apply
+#: once the disk takes writes again or the lock is released
+_RECOVERABLE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_BUSY})
 
 
 def _store_may_recover(exc: MetadataStoreError) -> bool:

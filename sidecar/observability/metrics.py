@@ -307,6 +307,14 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.metadata_events_dropped = Counter(
+            "metadata_events_dropped",
+            "Events of the remote log metadata topic that the store dropped as Kafka's own"
+            " metadata cache would (invalid transition, unknown segment, ...), by reason.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.metadata_expired = Counter(
             "metadata_expired_records",
             "Records of the remote log metadata topic deleted (its retention, DeleteRecords)"

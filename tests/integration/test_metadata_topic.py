@@ -331,6 +331,40 @@ class TestReadBack:
         ]
         assert "frame version 7" in bad[0]["error"]
 
+    async def test_an_event_kafka_would_drop_is_counted_by_reason(
+        self, kafka, metadata_topic, publisher_factory, tmp_path
+    ):
+        """An update of a segment never started (Kafka's cache drops it as unknown) is
+        skipped, logged and reported by reason; later events still apply."""
+        from sidecar.metadata.serde import encode
+
+        tp = user_partition(1)
+        orphan = SegmentMetadataUpdate(
+            segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
+            broker_id=BROKER_ID,
+            event_timestamp_ms=1,
+            state=FINISHED,
+        )
+        raw = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
+        await raw.start()
+        try:
+            await raw.send_and_wait(metadata_topic, value=encode(orphan), partition=1)
+        finally:
+            await raw.stop()
+        segment = copy_started(tp, 0, 9)
+        reasons: list[str] = []
+        with structlog.testing.capture_logs() as logs:
+            async with tailing(
+                kafka, metadata_topic, tmp_path, {1}, on_rejected=reasons.append
+            ) as (tailer, store):
+                publisher = await publisher_factory(read_back=tailer)
+                await publisher.publish_and_wait(segment)
+                assert store.segment(segment.segment_id).state == STARTED
+        assert reasons == ["unknown_segment"]
+        assert tailer.rejected_events == 1
+        dropped = [e for e in logs if e["event"] == "metadata_event_dropped"]
+        assert [e["reason"] for e in dropped] == ["unknown_segment"]
+
 
 class TestFailures:
     """Publishes that cannot be confirmed fail with typed, retriable errors."""

@@ -1,5 +1,6 @@
 """Which metadata-store failures the tailer retries: a write the disk refused (SQLite FULL or
-IOERR, rolled back) is retried once space returns; a store that disagrees with the topic is not."""
+IOERR, rolled back) is retried once space returns, one another process's lock held past the busy
+timeout (BUSY) once it is released; a store that disagrees with the topic is not."""
 
 from __future__ import annotations
 
@@ -53,3 +54,21 @@ def test_a_store_ahead_of_the_topic_is_not_retried(tmp_path: Path) -> None:
     finally:
         db.close()
     assert not _store_may_recover(_wrapped(caught.value))
+
+
+def test_another_process_holding_the_lock_is_retried(tmp_path: Path) -> None:
+    """SQLITE_BUSY past the busy timeout (another process writing the store): the write is
+    rolled back and applies once the lock is released, so the tailer keeps running."""
+    path = tmp_path / "store.sqlite3"
+    holder = sqlite3.connect(path, isolation_level=None)
+    writer = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        holder.execute("CREATE TABLE t (v INTEGER)")
+        holder.execute("BEGIN IMMEDIATE")
+        with pytest.raises(sqlite3.OperationalError) as caught:
+            writer.execute("INSERT INTO t VALUES (1)")
+    finally:
+        holder.close()
+        writer.close()
+    assert caught.value.sqlite_errorcode == sqlite3.SQLITE_BUSY
+    assert _store_may_recover(_wrapped(caught.value))
