@@ -459,6 +459,8 @@ final class SidecarHttp {
         private long remaining;
         private boolean closed;
         private boolean failed;
+        /** The connection was handed back (or closed) once the whole body was read. */
+        private boolean released;
 
         BodyStream(Connection connection, ByteBuffer initial, long length, int idleTimeoutMs, SidecarHttp pool) {
             this.connection = connection;
@@ -500,7 +502,24 @@ final class SidecarHttp {
             int n = Math.min(len, buffer.remaining());
             buffer.get(b, off, n);
             remaining -= n;
+            releaseAtEnd();
             return n;
+        }
+
+        /**
+         * Once the whole body is read, hand the connection back at once: a caller that reads a
+         * stream to its end and never closes it (Kafka's reader does, on one path) would
+         * otherwise hold its socket for good, since the JDK never reclaims an unclosed channel.
+         */
+        private void releaseAtEnd() {
+            if (remaining == 0 && !released && !failed) {
+                released = true;
+                if (pool != null) {
+                    pool.release(connection);
+                } else {
+                    connection.close();
+                }
+            }
         }
 
         @Override
@@ -534,6 +553,7 @@ final class SidecarHttp {
                 throw e;
             }
             remaining = 0;
+            releaseAtEnd();
             return all;
         }
 
@@ -571,10 +591,14 @@ final class SidecarHttp {
         @Override
         public void close() {
             if (!closed) {
+                closed = true;
+                if (released) {
+                    return; // handed back when its end was read
+                }
                 if (pool != null && !failed && remaining > 0 && remaining <= DRAIN_MAX_BYTES) {
                     drain();
                 }
-                closed = true;
+                released = true;
                 if (pool != null && remaining == 0 && !failed) {
                     pool.release(connection);
                 } else {

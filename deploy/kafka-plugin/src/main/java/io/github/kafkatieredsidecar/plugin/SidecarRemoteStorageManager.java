@@ -550,6 +550,10 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                     return n;
                 }
                 if (next > last) {
+                    // the last window's connection or cache files go back now: a caller may
+                    // read to the end and never close (Kafka's reader does, on one path)
+                    current.close();
+                    current = InputStream.nullInputStream();
                     return -1;
                 }
                 current.close();

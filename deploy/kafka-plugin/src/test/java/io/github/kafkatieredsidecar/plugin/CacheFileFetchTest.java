@@ -215,6 +215,21 @@ class CacheFileFetchTest {
     }
 
     @Test
+    void aReaderThatReadsToTheEndAndNeverClosesLeavesNoCacheFileOpen() throws Exception {
+        SidecarRemoteStorageManager plugin = sequentialPlugin();
+        firstPlainRead(plugin);
+        answerFiles(chunk("a.chunk", 100, 1100, 0));
+        InputStream in = plugin.fetchLogSegment(metadata(), 100, 1099);
+        nextRequest();
+        sidecar.answer(200, "{}");
+        plugin.deleteLogSegmentData(metadata()); // the window is no longer kept: the reader alone holds it
+        nextRequest();
+        assertEquals(1, plugin.openFileChannels(), "the reader holds the window");
+        assertArrayEquals(range(100, 1100), in.readAllBytes());
+        assertEquals(0, plugin.openFileChannels(), "the window's files are closed at the end, unclosed stream or not");
+    }
+
+    @Test
     void aDeletedSegmentsWindowStaysWithItsReaderAndClosingThePluginClosesTheKeptOnes() throws Exception {
         SidecarRemoteStorageManager plugin = sequentialPlugin();
         firstPlainRead(plugin);

@@ -219,6 +219,27 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
+    void aStreamReadToItsEndHandsItsConnectionBackUnclosed() throws Exception {
+        // Kafka's RemoteLogManager.read, on one path, reads a stream to its end and drops it
+        // unclosed; the JDK never reclaims an unclosed socket
+        sidecar.keepAlive = true;
+        for (int round = 0; round < 3; round++) {
+            sidecar.answer(200, new byte[1000]);
+            InputStream in = rsm.fetchLogSegment(metadata(), 0, 999);
+            assertEquals(1000, in.readAllBytes().length);
+            assertEquals(-1, in.read());
+            assertEquals(1, rsm.idleConnections());
+        }
+        sidecar.answer(200, "{}".getBytes(StandardCharsets.UTF_8));
+        InputStream index = rsm.fetchIndex(metadata(), IndexType.OFFSET);
+        assertEquals(2, index.readAllBytes().length);
+        assertEquals(1, rsm.idleConnections());
+        index.close(); // a close after the end hands nothing back twice
+        assertEquals(1, rsm.idleConnections());
+        assertEquals(1, sidecar.accepted.get());
+    }
+
+    @Test
     void aReadClosedFarFromItsEndDoesNotGoBackToThePool() throws Exception {
         sidecar.keepAlive = true;
         int size = SidecarHttp.BodyStream.DRAIN_MAX_BYTES + 100_000;
