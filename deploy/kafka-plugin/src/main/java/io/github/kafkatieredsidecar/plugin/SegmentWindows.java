@@ -8,6 +8,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.LongSupplier;
 
 /**
  * Windows of remote segments kept for the next fetches of a sequential reader, and where recent
@@ -37,7 +38,10 @@ import java.util.concurrent.atomic.AtomicInteger;
  *
  * <p>Remote segments never change, so a window stays right until the segment is deleted
  * ({@link #forget}). The windows together hold at most {@code maxBytes}, least recently used
- * dropped first. Thread-safe: Kafka's remote reader threads share one instance.
+ * dropped first, and a window unused for longer than the idle time is dropped too
+ * ({@link #expire}): a file window holds its cache files open, which keeps their disk space
+ * after the sidecar's cache evicts them, and on a broker whose reads stopped nothing else would
+ * ever drop it. Thread-safe: Kafka's remote reader threads share one instance.
  */
 final class SegmentWindows {
 
@@ -51,6 +55,8 @@ final class SegmentWindows {
         final int length;
         /** The references held; 0 once the last was released (for good: it never comes back). */
         private final AtomicInteger references = new AtomicInteger(1);
+        /** When it was kept or last found ({@link SegmentWindows}' clock, under its lock). */
+        private long usedAt;
 
         Window(String segment, long start, int length) {
             this.segment = segment;
@@ -165,6 +171,8 @@ final class SegmentWindows {
 
     private final long maxBytes;
     private final long slackBytes;
+    private final LongSupplier nanoClock;
+    private final long idleNanos;
     /** Windows by segment and start, least recently used first; each holds a reference of ours. */
     private final LinkedHashMap<String, Window> windows = new LinkedHashMap<>(16, 0.75f, true);
     private long bytes;
@@ -185,8 +193,18 @@ final class SegmentWindows {
      *     that reader's next fetch
      */
     SegmentWindows(long maxBytes, long slackBytes) {
+        this(maxBytes, slackBytes, System::nanoTime, 0);
+    }
+
+    /**
+     * @param nanoClock the clock of the idle time
+     * @param idleNanos how long a kept window may go unused before it is dropped (0: no limit)
+     */
+    SegmentWindows(long maxBytes, long slackBytes, LongSupplier nanoClock, long idleNanos) {
         this.maxBytes = maxBytes;
         this.slackBytes = slackBytes;
+        this.nanoClock = nanoClock;
+        this.idleNanos = idleNanos;
     }
 
     boolean enabled() {
@@ -201,6 +219,7 @@ final class SegmentWindows {
         List<Window> dropped = new ArrayList<>(0);
         Window found;
         synchronized (this) {
+            expireInto(dropped);
             found = find(segment, position, dropped);
             if (found != null && !found.retain()) {
                 found = null; // not while we hold ours: never
@@ -237,6 +256,7 @@ final class SegmentWindows {
                     return null;
                 }
                 windows.get(key(window)); // access order: most recently used
+                window.usedAt = nanoClock.getAsLong();
                 return window;
             }
         }
@@ -264,6 +284,8 @@ final class SegmentWindows {
             if (closed || window.length > maxBytes || !window.retain()) {
                 return false;
             }
+            expireInto(dropped);
+            window.usedAt = nanoClock.getAsLong();
             Window replaced = windows.put(key(window), window);
             if (replaced != null) {
                 bytes -= replaced.length;
@@ -280,6 +302,38 @@ final class SegmentWindows {
         }
         dropped.forEach(Window::release);
         return true;
+    }
+
+    /**
+     * Drop the windows unused for longer than the idle time (a file window's cache files are
+     * closed once its last reader is done); returns how many were dropped. Called on every
+     * lookup and keep, and periodically by the plugin for a broker whose reads stopped.
+     */
+    int expire() {
+        List<Window> dropped = new ArrayList<>(0);
+        synchronized (this) {
+            expireInto(dropped);
+        }
+        dropped.forEach(Window::release);
+        return dropped.size();
+    }
+
+    /** Under the lock: move the idle windows to {@code dropped} (to release). */
+    private void expireInto(List<Window> dropped) {
+        if (idleNanos <= 0) {
+            return;
+        }
+        long now = nanoClock.getAsLong();
+        Iterator<Window> eldest = windows.values().iterator();
+        while (eldest.hasNext()) {
+            Window window = eldest.next();
+            if (now - window.usedAt <= idleNanos) {
+                return; // access order: every window after it was used later
+            }
+            bytes -= window.length;
+            eldest.remove();
+            dropped.add(window);
+        }
     }
 
     /** Drop what is known of {@code segment} (it was deleted). */

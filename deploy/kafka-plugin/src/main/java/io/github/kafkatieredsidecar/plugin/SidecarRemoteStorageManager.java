@@ -13,6 +13,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
@@ -89,6 +90,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     private int readAheadWindows = 1;
     /** Fetches of windows ahead of sequential readers; null when there are none. */
     private ThreadPoolExecutor readAhead;
+    /** Drops the kept windows that went unused (see {@link SegmentWindows#expire}); null when none are kept. */
+    private ScheduledThreadPoolExecutor windowSweeper;
     /** The windows being fetched ahead, by segment and start. */
     private final ConcurrentHashMap<String, Pending> pending = new ConcurrentHashMap<>();
     private final LongSupplier nanoClock;
@@ -126,12 +129,27 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
         readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
         fileReads = new CacheFileReads(booleanSetting(configs, "fetch.files", true), nanoClock);
+        long windowIdleMs = longSetting(configs, "fetch.cache.idle.ms", 30_000);
         if (readAhead != null) {
             readAhead.shutdownNow();
             readAhead = null;
         }
+        if (windowSweeper != null) {
+            windowSweeper.shutdownNow();
+            windowSweeper = null;
+        }
         windows.close(); // the windows of the settings before, if any (their open files)
-        windows = new SegmentWindows(cacheBytes, fetchWindowBytes);
+        windows = new SegmentWindows(cacheBytes, fetchWindowBytes, nanoClock, windowIdleMs * 1_000_000L);
+        if (cacheBytes > 0 && windowIdleMs > 0) {
+            windowSweeper = new ScheduledThreadPoolExecutor(1, task -> {
+                Thread thread = new Thread(task, "sidecar-rsm-windows");
+                thread.setDaemon(true);
+                return thread;
+            });
+            long periodMs = Math.max(100, Math.min(windowIdleMs / 2, 10_000));
+            SegmentWindows kept = windows;
+            windowSweeper.scheduleWithFixedDelay(kept::expire, periodMs, periodMs, TimeUnit.MILLISECONDS);
+        }
         // a window fetched ahead is of use only kept: one the budget cannot keep is not fetched ahead
         if (cacheBytes >= sequentialWindowBytes && readAheadWindows > 0) {
             readAhead = new ThreadPoolExecutor(2, 2, 0L, TimeUnit.MILLISECONDS, new ArrayBlockingQueue<>(8), task -> {
@@ -599,6 +617,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     public void close() {
         if (readAhead != null) {
             readAhead.shutdownNow();
+        }
+        if (windowSweeper != null) {
+            windowSweeper.shutdownNow();
         }
         windows.close(); // streams still open keep their windows' files open until they are closed
         if (http != null) {

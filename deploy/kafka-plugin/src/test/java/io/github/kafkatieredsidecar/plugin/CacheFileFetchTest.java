@@ -215,6 +215,27 @@ class CacheFileFetchTest {
     }
 
     @Test
+    void aKeptWindowLeftUnusedClosesItsCacheFilesOnItsOwn() throws Exception {
+        // a broker whose reads stopped makes no call that would drop it: the plugin's sweeper does
+        SidecarRemoteStorageManager plugin = sequentialPlugin("fetch.cache.idle.ms", "200");
+        firstPlainRead(plugin);
+        answerFiles(chunk("a.chunk", 100, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100, 1099)) {
+            assertArrayEquals(range(100, 1100), in.readAllBytes());
+        }
+        nextRequest();
+        assertEquals(1, plugin.windows().count());
+        assertEquals(1, plugin.openFileChannels());
+        now.addAndGet(201_000_000L); // the plugin's clock: past the idle time
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (plugin.openFileChannels() > 0 && System.nanoTime() < deadline) {
+            Thread.sleep(10); // the sweeper runs every 100 ms of real time
+        }
+        assertEquals(0, plugin.openFileChannels());
+        assertEquals(0, plugin.windows().count());
+    }
+
+    @Test
     void aReaderThatReadsToTheEndAndNeverClosesLeavesNoCacheFileOpen() throws Exception {
         SidecarRemoteStorageManager plugin = sequentialPlugin();
         firstPlainRead(plugin);

@@ -3,6 +3,7 @@ package io.github.kafkatieredsidecar.plugin;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -15,6 +16,7 @@ import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
 
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
@@ -215,5 +217,44 @@ class SegmentWindowsTest {
         assertEquals(0, window.references());
         assertEquals(1, windows.count());
         assertThrows(IllegalStateException.class, window::release, "released once too often");
+    }
+
+    @Test
+    void aWindowUnusedForTheIdleTimeIsDroppedAndItsFilesClosed() throws IOException {
+        AtomicLong clock = new AtomicLong();
+        SegmentWindows timed = new SegmentWindows(4000, 100, clock::get, 1000);
+        try {
+            FileWindow first = fileWindow("s", 0, 1000);
+            assertTrue(timed.put(first));
+            first.release();
+            clock.set(600);
+            FileWindow second = fileWindow("s", 1000, 1000);
+            assertTrue(timed.put(second));
+            second.release();
+            assertEquals(4, openFiles.get());
+            clock.set(1000);
+            assertEquals(0, timed.expire(), "unused for the idle time exactly: kept");
+            clock.set(1001);
+            assertEquals(1, timed.expire());
+            assertEquals(0, first.references());
+            assertEquals(2, openFiles.get(), "the dropped window's cache files are closed");
+            assertEquals(1, timed.count());
+            assertEquals(1000, timed.bytes());
+            // a lookup counts as a use
+            clock.set(1500);
+            SegmentWindows.Window found = timed.acquire("s", 1500);
+            assertNotNull(found);
+            found.release();
+            clock.set(2500);
+            assertEquals(0, timed.expire());
+            // and a lookup drops what went idle before it looks
+            clock.set(2501);
+            assertNull(timed.acquire("s", 1500));
+            assertEquals(0, timed.count());
+            assertEquals(0, timed.bytes());
+            assertEquals(0, openFiles.get());
+        } finally {
+            timed.close();
+        }
     }
 }
