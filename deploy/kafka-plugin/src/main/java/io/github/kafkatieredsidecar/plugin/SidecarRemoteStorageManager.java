@@ -130,10 +130,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
         fileReads = new CacheFileReads(booleanSetting(configs, "fetch.files", true), nanoClock);
         long windowIdleMs = longSetting(configs, "fetch.cache.idle.ms", 30_000);
-        if (readAhead != null) {
-            readAhead.shutdownNow();
-            readAhead = null;
-        }
+        stopReadAhead();
         if (windowSweeper != null) {
             windowSweeper.shutdownNow();
             windowSweeper = null;
@@ -361,6 +358,21 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 }
             }
             from = end + 1;
+        }
+    }
+
+    /**
+     * Stop the fetches ahead: the ones still queued never run, so their readers are told now
+     * (they fetch the bytes themselves) instead of waiting out {@code request.timeout.ms}.
+     */
+    private void stopReadAhead() {
+        if (readAhead != null) {
+            readAhead.shutdownNow();
+            readAhead = null;
+        }
+        for (Pending fetch : pending.values()) {
+            fetch.window.completeExceptionally(new RemoteStorageException("the fetch ahead was stopped"));
+            pending.remove(fetch.segment + ":" + fetch.start, fetch);
         }
     }
 
@@ -615,9 +627,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void close() {
-        if (readAhead != null) {
-            readAhead.shutdownNow();
-        }
+        stopReadAhead();
         if (windowSweeper != null) {
             windowSweeper.shutdownNow();
         }
@@ -640,6 +650,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /** Cache files open in file windows, kept or being read (tests). */
     int openFileChannels() {
         return openFiles.get();
+    }
+
+    /** Windows being fetched ahead, queued or in flight (tests). */
+    int pendingFetchesAhead() {
+        return pending.size();
     }
 
     /** Idle connections kept for the next read (tests). */

@@ -215,6 +215,25 @@ class CacheFileFetchTest {
     }
 
     @Test
+    void fetchesAheadStillQueuedWhenThePluginIsConfiguredAgainAreNotWaitedFor() throws Exception {
+        // two read-ahead threads: of six windows ahead, four wait in the queue, which the
+        // executor's shutdown drops; a reader of their bytes must not wait request.timeout.ms
+        SidecarRemoteStorageManager plugin = sequentialPlugin("fetch.readahead.windows", "6",
+                "fetch.cache.bytes", "100000", "request.timeout.ms", "60000");
+        firstPlainRead(plugin);
+        answerFiles(chunk("a.chunk", 100, 1100, 0));
+        try (InputStream in = plugin.fetchLogSegment(metadata(), 100)) {
+            assertArrayEquals(range(100, 1100), in.readNBytes(1000));
+        }
+        nextRequest();
+        assertEquals(6, plugin.pendingFetchesAhead());
+        plugin.configure(Map.of("socket.path", sidecar.path.toString(), "request.timeout.ms", "2000",
+                "fetch.window.bytes", "100", "fetch.sequential.window.bytes", "1000",
+                "fetch.readahead.windows", "0"));
+        assertEquals(0, plugin.pendingFetchesAhead(), "every fetch ahead is told it was stopped");
+    }
+
+    @Test
     void aKeptWindowLeftUnusedClosesItsCacheFilesOnItsOwn() throws Exception {
         // a broker whose reads stopped makes no call that would drop it: the plugin's sweeper does
         SidecarRemoteStorageManager plugin = sequentialPlugin("fetch.cache.idle.ms", "200");
