@@ -124,8 +124,8 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         requestTimeoutMs = intSetting(configs, "request.timeout.ms", 30_000);
         copyTimeoutMs = intSetting(configs, "copy.timeout.ms", 600_000);
         idleTimeoutMs = intSetting(configs, "read.idle.timeout.ms", 30_000);
-        fetchWindowBytes = intSetting(configs, "fetch.window.bytes", 1024 * 1024);
-        sequentialWindowBytes = intSetting(configs, "fetch.sequential.window.bytes", 4 * 1024 * 1024);
+        fetchWindowBytes = windowSetting(configs, "fetch.window.bytes", 1024 * 1024);
+        sequentialWindowBytes = windowSetting(configs, "fetch.sequential.window.bytes", 4 * 1024 * 1024);
         long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
         readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
         fileReads = new CacheFileReads(booleanSetting(configs, "fetch.files", true), nanoClock);
@@ -180,6 +180,19 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
             throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + configs.get(name));
         }
         return (int) parsed;
+    }
+
+    /** The largest window a fetch may ask for: a window is one array or one stream's range. */
+    static final int MAX_WINDOW_BYTES = 256 * 1024 * 1024;
+
+    /** A window size: positive and at most {@link #MAX_WINDOW_BYTES} (the overshoot is added to it). */
+    private static int windowSetting(Map<String, ?> configs, String name, int fallback) {
+        int parsed = intSetting(configs, name, fallback);
+        if (parsed > MAX_WINDOW_BYTES) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be at most " + MAX_WINDOW_BYTES
+                    + " (256 MiB), not " + parsed);
+        }
+        return parsed;
     }
 
     /** {@code true} or {@code false}, in any case. */

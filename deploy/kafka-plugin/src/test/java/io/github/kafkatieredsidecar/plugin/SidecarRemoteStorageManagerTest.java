@@ -572,6 +572,16 @@ class SidecarRemoteStorageManagerTest {
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("request.timeout.ms", "-1")));
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("copy.timeout.ms", "soon")));
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("fetch.cache.bytes", "-1")));
+        assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("fetch.cache.idle.ms", "-1")));
+        // a window past 256 MiB would overflow once the overshoot is added to it
+        String tooLarge = String.valueOf(Integer.MAX_VALUE - 1000);
+        IllegalArgumentException refused = assertThrows(IllegalArgumentException.class,
+                () -> other.configure(Map.of("fetch.window.bytes", tooLarge)));
+        assertTrue(refused.getMessage().contains("at most"), refused.getMessage());
+        assertThrows(IllegalArgumentException.class,
+                () -> other.configure(Map.of("fetch.sequential.window.bytes", tooLarge)));
+        other.configure(Map.of("fetch.window.bytes", String.valueOf(SidecarRemoteStorageManager.MAX_WINDOW_BYTES)));
+        other.close();
     }
 
     /** A scripted HTTP/1.1 server on a Unix socket: one queued answer per connection. */
