@@ -744,13 +744,23 @@ class _ChangeClock:
     def __init__(self) -> None:
         self._clock = 0
         self._versions: dict[TopicIdPartition, int] = {}
+        #: the version of every partition with no entry: moved past every version given out
+        #: whenever an entry is dropped, so a dropped partition never shows a version seen before
+        self._floor = 0
         self.commits = 0
         self._data_version: int | None = None
         self._seen_commits = 0
         self._external = 0
 
     def version(self, tp: TopicIdPartition) -> int:
-        return self._versions.get(tp, 0)
+        return self._versions.get(tp, self._floor)
+
+    def forgot(self, tp: TopicIdPartition) -> None:
+        """(under the write lock) ``tp`` was dropped from the store: its entry goes (one per
+        partition ever applied would grow with every topic created and deleted)."""
+        if self._versions.pop(tp, None) is not None:
+            self._clock += 1
+            self._floor = self._clock
 
     def committed(self, partitions: Iterable[TopicIdPartition]) -> None:
         """(under the write lock) One commit that applied events of ``partitions``."""
@@ -960,6 +970,7 @@ class RemoteSegmentStore:
             except BaseException:
                 writer.rollback()
                 raise
+            self._changes.forgot(tp)
             self._forget_dropped_pids()
             return True
 

@@ -551,6 +551,9 @@ class ReadService:
             return cached[2]
         found = await asyncio.to_thread(self._store.partitions)
         self._partitions = (applied, now, found)
+        known = set(found)
+        for tp in [tp for tp in self._lineages if tp not in known]:
+            del self._lineages[tp]  # dropped from the store (its topic deleted and forgotten)
         return found
 
     async def topics(self) -> list[TopicSummary]:

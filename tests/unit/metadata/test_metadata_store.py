@@ -444,6 +444,19 @@ class TestPartitionDelete:
         store.apply(copied(3, 0, 9, tp=OTHER))
         assert ids(store.segments(OTHER)) == [3]
 
+    def test_a_forgotten_partition_keeps_no_version_and_never_shows_an_old_one(self, store):
+        """The per-partition change versions do not grow with every topic created and
+        deleted; a forgotten partition's version differs from every one it had, so no cache
+        of it is taken for current."""
+        store.apply(copied(1, 0, 9))
+        store.apply([update(1, DELETE_STARTED), update(1, DELETE_FINISHED)])
+        seen = store.partition_version(TP)
+        assert store.forget_partition(TP) is True
+        assert TP not in store._changes._versions
+        assert store.partition_version(TP) != seen
+        store.apply(copied(2, 0, 9))  # a later event adds it again
+        assert store.partition_version(TP) not in (seen, 0)
+
     def test_transitions_are_not_validated(self, store):
         """Like Kafka's store, any partition-delete state is accepted in any order."""
         finished = partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)
