@@ -173,6 +173,50 @@ class _LocalTotals:
         self._move(view, -1)
 
 
+class MetadataReadiness:
+    """The ``metadata`` check of /readyz: the store has caught up with the metadata of the
+    broker's partitions once, at start.
+
+    Until the tiering engine has made a pass over the log dirs' first scan, the tailer tracks
+    nothing yet (the pass is what asks for the partitions' metadata), so the check waits for it
+    rather than pass on an empty set. Once passed, metadata partitions read later (a topic
+    created, a partition moved here, the cluster duties taken up, a read of another broker's
+    partition) no longer take the whole pod out of service while their history is read: the
+    engine and the read path each wait for what they need, and ``metadata_store_lag`` shows
+    it. A tailer that fails fails the check at any time."""
+
+    def __init__(self) -> None:
+        self._passed = False
+        #: the engine's passes when the log dirs' first scan was seen done
+        self._passes_at_scan: int | None = None
+
+    def check(
+        self,
+        *,
+        healthy: bool,
+        error: str | None,
+        lagging: Sequence[int],
+        scanned: bool,
+        passes: int,
+    ) -> tuple[bool, str | None]:
+        """(ok, reason) from the tailer's state, whether the log dirs were scanned once and
+        the engine's passes so far."""
+        if not healthy:
+            return False, error or "the metadata tailer is failing"
+        if self._passed:
+            return True, None
+        if not scanned:
+            return False, "waiting for the first scan of the log dirs"
+        if self._passes_at_scan is None:
+            self._passes_at_scan = passes
+        if passes <= self._passes_at_scan:
+            return False, "waiting for the tiering engine's first pass over the log dirs"
+        if lagging:
+            return False, f"catching up on metadata partitions {list(lagging)}"
+        self._passed = True
+        return True, None
+
+
 class Daemon:
     """The running sidecar: its components and root tasks."""
 
@@ -775,14 +819,18 @@ class Daemon:
         was_ready = False
         s3_error: str | None = None
         next_s3_probe = 0.0
+        metadata = MetadataReadiness()
         while not stopping.is_set():
             lagging = sorted(p for p in tailer.tracked if not tailer.caught_up(p))
             self._check("kafka", cluster.healthy, cluster.last_error or "no recent refresh")
-            self._check(
-                "metadata",
-                tailer.healthy and not lagging,
-                tailer.last_error or f"catching up on metadata partitions {lagging}",
+            ok, reason = metadata.check(
+                healthy=tailer.healthy,
+                error=tailer.last_error,
+                lagging=lagging,
+                scanned=self.detector.scanned.is_set(),
+                passes=0 if self.engine is None else self.engine.passes,
             )
+            self._check("metadata", ok, reason)
             if s3_error is not None or time.monotonic() >= next_s3_probe:
                 s3_error = await self._probe_s3(objects, prefix)
                 self._check("s3", s3_error is None, s3_error)

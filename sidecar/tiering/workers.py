@@ -279,6 +279,8 @@ class TieringEngine:
         self._quarantine_task: asyncio.Task[None] | None = None
         self._lag_topics: set[str] = set()  # topics with copy-lag series
         self.uploaded = 0
+        #: passes made so far (each wants the metadata of the partitions it looked at)
+        self.passes = 0
         #: (topic, partition) → (unix time, message) of the last failure; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
         self._publish_quarantine()  # what the state dir holds, before the first scrape
@@ -313,6 +315,7 @@ class TieringEngine:
                         self._reconcile(tg)
                     except SidecarError as exc:
                         log.warning("tiering_reconcile_failed", error=str(exc))
+                    self.passes += 1
                     spacing = (time.monotonic() - started) * _PASS_SPACING
                     if spacing >= _MIN_SPACING_S:
                         await wait_any(stopping, within=spacing)  # pokes meanwhile stay set
