@@ -486,6 +486,7 @@ class Daemon:
         # computed at each scrape from what the tailer already knows (no request)
         self.metrics.metadata_store_lag.set_function(tailer.lag)
         self.metrics.metadata_partitions_tracked.set_function(lambda: len(tailer.tracked))
+        self.metrics.metadata_partitions_stalled.set_function(lambda: len(tailer.stalled))
         publisher = MetadataPublisher(
             bootstrap_servers=bootstrap,
             broker_id=broker_id,

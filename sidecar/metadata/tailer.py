@@ -22,7 +22,14 @@ resuming from the offsets stored with the state instead of re-reading from offse
   ``sync(p)`` waits until everything published to ``p`` so far is applied: a new leader reads the
   previous leader's last events before it plans. ``lag()`` is how many records of the tracked
   partitions are not applied yet (the ``metadata_store_lag_records`` gauge), from the end offsets
-  the consumer's fetches report, without a request of its own.
+  the consumer's fetches report and those of the progress check.
+* **Progress check.** A metadata partition whose leader the consumer cannot reach returns no
+  records and raises nothing (aiokafka retries quietly), so the lag above would keep the last
+  fetch's end offset and the store would fall behind unseen. Every ``progress_check_s`` the
+  tailer asks the end offsets of the partitions it reads (one ListOffsets): the lag follows
+  them, and a partition behind its end whose position has not moved since the last check is
+  ``stalled`` (``metadata_partition_stalled``, then ``metadata_partition_resumed``). A check
+  that fails is a Kafka error like any other (below).
 * **Scopes** (selective tailing): ``want(partitions)`` limits what a metadata partition's
   events are applied for to the user partitions wanted (Kafka's ``ConsumerTask`` applies only
   those of its assigned partitions); the other events are read and skipped
@@ -51,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -164,6 +172,7 @@ class MetadataTailer:
         retry_backoff_s: tuple[float, float] = (0.5, 30.0),
         num_partitions: int | None = None,
         scoped: bool = False,
+        progress_check_s: float = 30.0,
     ) -> None:
         """``num_partitions``: the metadata topic's partition count, needed by ``want``;
         ``scoped``: ``want`` limits what is applied (otherwise it only tracks);
@@ -184,6 +193,14 @@ class MetadataTailer:
         self._on_expired = on_expired
         self._on_rejected = on_rejected
         self._backoff_initial_s, self._backoff_max_s = retry_backoff_s
+        self._progress_check_s = progress_check_s
+        self._next_progress_check = 0.0
+        #: metadata partition → end offset at the last progress check
+        self._checked_ends: dict[int, int] = {}
+        #: metadata partition → its position at the last progress check, while behind its end
+        self._checked_positions: dict[int, int] = {}
+        #: metadata partitions behind their end whose position did not move between two checks
+        self.stalled: frozenset[int] = frozenset()
         self._state = _State.NEW
         self._consumer: AIOKafkaConsumer | None = None
         self._tracked: set[int] = set()
@@ -432,6 +449,7 @@ class MetadataTailer:
                 continue
             if consumer is not None and partition in self._assigned:
                 end = max(end, _fetched_end(consumer, TopicPartition(self.topic, partition)))
+                end = max(end, self._checked_ends.get(partition, -1))
             consumed = self._consumed.get(partition)
             start = self._beginnings.get(partition, 0)
             following = start if consumed is None else max(consumed + 1, start)
@@ -557,10 +575,54 @@ class MetadataTailer:
             return
         if records:
             await self._ingest(records)
+        now = time.monotonic()
+        if now >= self._next_progress_check:
+            await self._check_progress(consumer)
+            self._next_progress_check = now + self._progress_check_s
         if self.last_error is not None:
             log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
             self.last_error = None
             self._notify()
+
+    async def _check_progress(self, consumer: AIOKafkaConsumer) -> None:
+        """Ask the end offsets of the partitions read; note those behind whose position has
+        not moved since the last check (see the module's doc)."""
+        tps = {p: TopicPartition(self.topic, p) for p in sorted(self._assigned)}
+        if not tps:
+            return
+        ends = await consumer.end_offsets(list(tps.values()))
+        stalled: set[int] = set()
+        positions: dict[int, int] = {}
+        for p, tp in tps.items():
+            end = ends.get(tp)
+            if end is None or tp not in consumer.assignment():
+                continue
+            self._checked_ends[p] = end
+            try:  # a position being reset is not progress to judge: the next check will
+                position = await asyncio.wait_for(consumer.position(tp), _POSITION_WAIT_S)
+            except TimeoutError:
+                continue
+            if position >= end:
+                continue
+            if self._checked_positions.get(p) == position:
+                stalled.add(p)
+            positions[p] = position
+        self._checked_positions = positions
+        for p in [k for k in self._checked_ends if k not in tps]:
+            del self._checked_ends[p]  # no longer read
+        for p in sorted(stalled - self.stalled):
+            log.warning(
+                "metadata_partition_stalled",
+                topic=self.topic,
+                metadata_partition=p,
+                position=positions[p],
+                end_offset=self._checked_ends[p],
+                detail="no record of it was read since the last check although it has more;"
+                " its leader may be unreachable from here",
+            )
+        for p in sorted(self.stalled - stalled):
+            log.info("metadata_partition_resumed", topic=self.topic, metadata_partition=p)
+        self.stalled = frozenset(stalled)
 
     def _out_of_range(self, exc: OffsetOutOfRangeError) -> None:
         """A fetch position the partition no longer has: it was truncated or recreated under
@@ -883,6 +945,9 @@ class MetadataTailer:
             return replay.wanted(offset, key)
         return _in(self._scopes.get(mp), key)
 
+
+#: how long the progress check waits for a partition's position (one being reset is skipped)
+_POSITION_WAIT_S = 1.0
 
 #: SQLite result codes of a write the disk refused (full, or an I/O error) or another process's
 #: lock held past the busy timeout: the transaction was rolled back, and the same records apply

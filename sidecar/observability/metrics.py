@@ -405,6 +405,13 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.metadata_partitions_stalled = Gauge(
+            "metadata_partitions_stalled",
+            "Partitions of the remote log metadata topic behind their end offset whose reading"
+            " did not move between two progress checks (their leader unreachable from here).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.metadata_partitions_tracked = Gauge(
             "metadata_partitions_tracked",
             "Partitions of the remote log metadata topic the sidecar reads.",

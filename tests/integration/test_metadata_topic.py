@@ -154,6 +154,14 @@ async def publisher_factory(kafka, metadata_topic_name):
         await publisher.aclose()
 
 
+async def _until(condition, what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition`` (state the tailer's own loop changes) until it holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"not {what} within {timeout} s"
+        await asyncio.sleep(0.02)
+
+
 @asynccontextmanager
 async def tailing(
     kafka, metadata_topic: str, state_dir: Path, partitions: set[int], **kwargs
@@ -245,6 +253,54 @@ class TestReadBack:
             assert tailer.undecodable_records == 0
             assert store.counters().applied == 8
             assert store.consumed_offsets() == {0: 1, 3: 5}
+
+    async def test_a_metadata_partition_that_stops_moving_is_reported_stalled(
+        self, kafka, metadata_topic, publisher_factory, tmp_path
+    ):
+        """The consumer gets nothing of a metadata partition that has more records (its leader
+        unreachable from here; here its fetching is paused) and nothing raises: the progress
+        check sees its end move past a position that does not, reports it stalled and counts
+        it in the lag; once it is read again, resumed."""
+        from sidecar.metadata.serde import encode
+
+        tp = user_partition(1)
+        later = [copy_started(tp, start, start + 9) for start in (10, 20, 30)]
+        with structlog.testing.capture_logs() as logs:
+            async with tailing(kafka, metadata_topic, tmp_path, {1}, progress_check_s=0.05) as (
+                tailer,
+                store,
+            ):
+                publisher = await publisher_factory(read_back=tailer)
+                await publisher.publish_and_wait(copy_started(tp, 0, 9))
+                consumer = tailer._consumer
+                assert consumer is not None
+                read = TopicPartition(metadata_topic, 1)
+                consumer.pause(read)
+                raw = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
+                await raw.start()
+                try:
+                    for event in later:
+                        await raw.send_and_wait(metadata_topic, value=encode(event), partition=1)
+                finally:
+                    await raw.stop()
+                await _until(lambda: tailer.stalled == frozenset({1}), "stalled")
+                assert tailer.lag() >= len(later)
+                assert all(store.segment(e.segment_id) is None for e in later)
+                consumer.resume(read)
+                await _until(
+                    lambda: (
+                        not tailer.stalled
+                        and all(store.segment(e.segment_id) is not None for e in later)
+                    ),
+                    "read again",
+                )
+                assert tailer.lag() == 0
+        stalled = [e for e in logs if e["event"] == "metadata_partition_stalled"]
+        assert [e["metadata_partition"] for e in stalled] == [1]
+        assert stalled[0]["end_offset"] > stalled[0]["position"]
+        assert [
+            e["metadata_partition"] for e in logs if e["event"] == "metadata_partition_resumed"
+        ] == [1]
 
     async def test_restart_resumes_without_rereading(
         self, kafka, metadata_topic, publisher_factory, tmp_path
