@@ -426,6 +426,23 @@ class Daemon:
                     return None
             delay = min(delay * 2, _STARTUP_RETRY_MAX_S)
 
+    async def _claim_metadata_topic_id(
+        self, store: RemoteSegmentStore, kafka: RetentionKafka, topic: str
+    ) -> None:
+        """Check the store against the metadata topic's id (see ``claim_topic_id``): a store
+        read from a topic since deleted and re-created is refused, not read on at offsets that
+        now belong to other records. The id unknown here (an answer that failed, a topic we may
+        not describe) skips the check until the next start."""
+        try:
+            topic_id = (await kafka.topic_ids()).get(topic)
+        except ClusterUnavailableError as exc:
+            log.warning("metadata_topic_id_unknown", topic=topic, error=str(exc))
+            return
+        if topic_id is None:
+            log.warning("metadata_topic_id_unknown", topic=topic, error="not in the answer")
+            return
+        await asyncio.to_thread(store.claim_topic_id, topic_id)
+
     async def _await_kafka(self, deadline: float) -> bool:
         """Wait while no bootstrap server can be reached (:func:`_connect_once`); False when
         stopped meanwhile. A server that answers but refuses us (credentials, a certificate
@@ -503,6 +520,7 @@ class Daemon:
         await publisher.start()
         resources.push_async_callback(publisher.aclose)
         await publisher.ensure_topic()
+        await self._claim_metadata_topic_id(store, retention_kafka, meta.topic)
         cluster = ClusterWatcher(
             bootstrap_servers=bootstrap,
             broker_id=broker_id,

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Final, Protocol, Self, TypeVar
 
+from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.metadata.errors import MetadataStoreError
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
@@ -889,6 +890,25 @@ class RemoteSegmentStore:
                 raise MetadataStoreError(
                     f"the metadata store {self.path} follows topic {row[0]!r}, not {topic!r};"
                     " use another state dir or remove the store to rebuild it from the topic"
+                )
+
+    def claim_topic_id(self, topic_id: uuid.UUID) -> None:
+        """Bind the store to the metadata topic's id (first call), or check that it is the
+        same: a topic deleted and re-created under the same name starts its offsets again, and
+        the consumed offsets of the old one would skip the new one's first events."""
+        with self._write_lock, self._translate_errors():
+            self._check_open()
+            db = self._writer.db
+            shown = encode_kafka_uuid(topic_id)  # as Kafka's tools show topic ids
+            row = db.execute("SELECT value FROM meta WHERE key = 'metadata_topic_id'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('metadata_topic_id', ?)", (shown,))
+            elif row[0] != shown:
+                raise MetadataStoreError(
+                    f"the metadata store {self.path} was read from a metadata topic with id"
+                    f" {row[0]}, but the topic is now {shown}: it was deleted and re-created,"
+                    " and the offsets read no longer match; remove the store to rebuild it from"
+                    " the topic"
                 )
 
     def apply(

@@ -607,6 +607,18 @@ class TestPersistence:
         with RemoteSegmentStore(tmp_path) as store, pytest.raises(MetadataStoreError):
             store.claim_topic("other")
 
+    def test_claim_topic_id(self, tmp_path):
+        """A store follows one incarnation of its metadata topic: the same name re-created
+        (a new topic id) is refused, since its offsets start again."""
+        first, second = uuid.UUID(int=1), uuid.UUID(int=2)
+        with RemoteSegmentStore(tmp_path) as store:
+            store.claim_topic_id(first)
+            store.claim_topic_id(first)
+        with RemoteSegmentStore(tmp_path) as store:
+            with pytest.raises(MetadataStoreError, match="deleted and re-created"):
+                store.claim_topic_id(second)
+            store.claim_topic_id(first)
+
     def test_closed_store_refuses_use(self, tmp_path):
         """After close (idempotent), every call raises MetadataStoreError."""
         store = RemoteSegmentStore(tmp_path)
