@@ -616,8 +616,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         public void close() throws IOException {
             if (!closed) {
                 closed = true;
-                // a reader that stopped before the range's end shows how far a fetch reads
-                if (start + consumed <= last && plain) {
+                // a reader that stopped before the range's end shows how far a fetch reads; one
+                // that read more than two windows is a scan (a search by timestamp), not a fetch
+                // with the batches before its offset, and would make the next fetches' windows
+                // too long to keep their connections
+                if (start + consumed <= last && plain && consumed <= 2L * fetchWindowBytes) {
                     overshoot.record(consumed - fetchWindowBytes);
                 }
                 windows.read(segment, start, start + consumed);

@@ -297,6 +297,29 @@ class SidecarRemoteStorageManagerTest {
         windowed.close();
     }
 
+    @Test
+    void aLongScanDoesNotGrowTheFirstWindow() throws Exception {
+        SidecarRemoteStorageManager windowed = new SidecarRemoteStorageManager();
+        windowed.configure(Map.of("socket.path", sidecar.path.toString(), "fetch.window.bytes", "100"));
+        for (int i = 0; i < 4; i++) {
+            sidecar.answer(200, new byte[100]);
+        }
+        // a read of three and a half windows, stopped before the range's end (a search by time)
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 1000)) {
+            assertEquals(350, in.readNBytes(350).length);
+        }
+        for (int i = 0; i < 4; i++) {
+            sidecar.requests.take();
+        }
+        sidecar.answer(200, new byte[100]);
+        try (InputStream in = windowed.fetchLogSegment(metadata(), 2000)) {
+            assertEquals(50, in.readNBytes(50).length);
+        }
+        String body = sidecar.requests.take().body;
+        assertTrue(body.contains("\"start\":2000,\"end\":2099,"), body);
+        windowed.close();
+    }
+
     /** Windows kept for sequential readers; none fetched in the background unless asked. */
     private SidecarRemoteStorageManager sequentialWindows(int window, int sequentialWindow, int cacheBytes) {
         return sequentialWindows(window, sequentialWindow, cacheBytes, 0);
