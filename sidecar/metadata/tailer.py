@@ -29,7 +29,8 @@ resuming from the offsets stored with the state instead of re-reading from offse
   tailer asks the end offsets of the partitions it reads (one ListOffsets): the lag follows
   them, and a partition behind its end whose position has not moved since the last check is
   ``stalled`` (``metadata_partition_stalled``, then ``metadata_partition_resumed``). A check
-  that fails is a Kafka error like any other (below).
+  that fails (a partition without a leader fails the whole request) is logged and counted, and
+  the reading goes on.
 * **Scopes** (selective tailing): ``want(partitions)`` limits what a metadata partition's
   events are applied for to the user partitions wanted (Kafka's ``ConsumerTask`` applies only
   those of its assigned partitions); the other events are read and skipped
@@ -577,8 +578,8 @@ class MetadataTailer:
             await self._ingest(records)
         now = time.monotonic()
         if now >= self._next_progress_check:
-            await self._check_progress(consumer)
             self._next_progress_check = now + self._progress_check_s
+            await self._check_progress(consumer)
         if self.last_error is not None:
             log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
             self.last_error = None
@@ -590,7 +591,15 @@ class MetadataTailer:
         tps = {p: TopicPartition(self.topic, p) for p in sorted(self._assigned)}
         if not tps:
             return
-        ends = await consumer.end_offsets(list(tps.values()))
+        try:
+            ends = await consumer.end_offsets(list(tps.values()))
+        except KafkaError as exc:
+            # one partition without a leader fails the whole request: reported, but the
+            # reading of the others goes on (raised, it would back off every fetch)
+            log.warning("metadata_progress_check_failed", topic=self.topic, error=repr(exc))
+            if self._on_error is not None:
+                self._on_error(exc)
+            return
         stalled: set[int] = set()
         positions: dict[int, int] = {}
         for p, tp in tps.items():

@@ -1,0 +1,89 @@
+"""The tailer's progress check without Kafka (the real broker's case, a paused partition, is in
+tests/integration/test_metadata_topic.py): stalls are told from positions that do not move
+while the end does, a transaction marker at the end is no stall, and a failed check is
+reported without stopping the reading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError, KafkaTimeoutError
+from structlog.testing import capture_logs
+
+from sidecar.metadata import MetadataTailer, RemoteSegmentStore
+
+TOPIC = "__remote_log_metadata"
+
+
+class _Consumer:
+    """What the check asks of aiokafka's consumer: end offsets, assignment, positions."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, int] = {}
+        self.positions: dict[int, int] = {}
+        self.failure: KafkaError | None = None
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        if self.failure is not None:
+            raise self.failure
+        return {tp: self.ends[tp.partition] for tp in tps}
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(TOPIC, p) for p in self.ends}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions[tp.partition]
+
+
+def _tailer(store: RemoteSegmentStore, errors: list[KafkaError]) -> MetadataTailer:
+    tailer = MetadataTailer(
+        bootstrap_servers="127.0.0.1:9",
+        store=store,
+        broker_id=1,
+        topic=TOPIC,
+        num_partitions=3,
+        on_error=errors.append,
+    )
+    tailer._assigned = frozenset({0, 1, 2})
+    return tailer
+
+
+async def test_a_partition_behind_that_does_not_move_is_stalled_until_it_moves(
+    tmp_path: Path,
+) -> None:
+    consumer = _Consumer()
+    consumer.ends = {0: 10, 1: 20, 2: 7}
+    # 0 caught up; 1 behind; 2 at its end, which is a transaction marker past its last record
+    consumer.positions = {0: 10, 1: 12, 2: 7}
+    errors: list[KafkaError] = []
+    with RemoteSegmentStore(tmp_path) as store, capture_logs() as logs:
+        tailer = _tailer(store, errors)
+        await tailer._check_progress(consumer)
+        assert tailer.stalled == frozenset()  # behind, but not seen still yet
+        consumer.ends[1] = 25
+        await tailer._check_progress(consumer)
+        assert tailer.stalled == frozenset({1})
+        assert tailer._checked_ends[1] == 25
+        await tailer._check_progress(consumer)
+        consumer.positions[1] = 25
+        await tailer._check_progress(consumer)
+        assert tailer.stalled == frozenset()
+    assert [(e["event"], e["metadata_partition"]) for e in logs] == [
+        ("metadata_partition_stalled", 1),
+        ("metadata_partition_resumed", 1),
+    ]
+    assert errors == []
+
+
+async def test_a_failed_check_is_reported_and_the_reading_goes_on(tmp_path: Path) -> None:
+    consumer = _Consumer()
+    consumer.ends = {0: 10}
+    consumer.failure = KafkaTimeoutError("no leader for partition 2")
+    errors: list[KafkaError] = []
+    with RemoteSegmentStore(tmp_path) as store, capture_logs() as logs:
+        tailer = _tailer(store, errors)
+        await tailer._check_progress(consumer)
+    assert errors == [consumer.failure]
+    assert [e["event"] for e in logs] == ["metadata_progress_check_failed"]
+    assert tailer.last_error is None  # not a failure of the reading itself
