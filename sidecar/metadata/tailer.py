@@ -196,6 +196,9 @@ class MetadataTailer:
         self._backoff_initial_s, self._backoff_max_s = retry_backoff_s
         self._progress_check_s = progress_check_s
         self._next_progress_check = 0.0
+        #: the progress check under way, beside the reading (a request to a partition without
+        #: a leader waits out the request timeout: the reading must not wait with it)
+        self._progress_task: asyncio.Task[None] | None = None
         #: metadata partition → end offset at the last progress check
         self._checked_ends: dict[int, int] = {}
         #: metadata partition → its position at the last progress check, while behind its end
@@ -544,6 +547,7 @@ class MetadataTailer:
         try:
             while not stopping.is_set():
                 try:
+                    self._start_progress_check(consumer)
                     await self._step(consumer, stopping)
                 except (KafkaError, MetadataStoreError) as exc:
                     if isinstance(exc, MetadataStoreError) and not _store_may_recover(exc):
@@ -557,12 +561,37 @@ class MetadataTailer:
         except BaseException as exc:
             self._fail(exc)
             raise
+        finally:
+            await self._stop_progress_check()
         self._fail(MetadataPublishError("the metadata tailer stopped"))
+
+    def _start_progress_check(self, consumer: AIOKafkaConsumer) -> None:
+        """Start the progress check when it is due and none runs (see the module's doc)."""
+        task = self._progress_task
+        if task is not None:
+            if not task.done():
+                return
+            self._progress_task = None
+            task.result()  # what the check could not handle itself ends the reading too
+        if time.monotonic() >= self._next_progress_check and self._assigned:
+            self._progress_task = asyncio.create_task(
+                self._check_progress(consumer), name="metadata progress check"
+            )
+
+    async def _stop_progress_check(self) -> None:
+        task, self._progress_task = self._progress_task, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _step(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
         """One round: (re-)assign if needed, then one fetch applied to the store."""
         if self._changed.is_set():
             await self._assign(consumer)
+        for mp, replay in list(self._replays.items()):
+            if replay.done >= replay.until:  # its end was stored, not yet its new scope
+                await self._finish_replay(mp, replay)
         if not self._assigned:
             await _first(stopping.wait(), self._changed.wait())
             return
@@ -576,10 +605,6 @@ class MetadataTailer:
             return
         if records:
             await self._ingest(records)
-        now = time.monotonic()
-        if now >= self._next_progress_check:
-            self._next_progress_check = now + self._progress_check_s
-            await self._check_progress(consumer)
         if self.last_error is not None:
             log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
             self.last_error = None
@@ -587,7 +612,14 @@ class MetadataTailer:
 
     async def _check_progress(self, consumer: AIOKafkaConsumer) -> None:
         """Ask the end offsets of the partitions read; note those behind whose position has
-        not moved since the last check (see the module's doc)."""
+        not moved since the last check (see the module's doc). The next check is due
+        ``progress_check_s`` after this one ends."""
+        try:
+            await self._check_progress_once(consumer)
+        finally:
+            self._next_progress_check = time.monotonic() + self._progress_check_s
+
+    async def _check_progress_once(self, consumer: AIOKafkaConsumer) -> None:
         tps = {p: TopicPartition(self.topic, p) for p in sorted(self._assigned)}
         if not tps:
             return
@@ -663,24 +695,42 @@ class MetadataTailer:
 
     async def _rescope(self) -> set[int]:
         """Apply the scope changes asked for since the last assignment; the metadata partitions
-        to read again from their beginning."""
-        restart: set[int] = set()
+        to read again from their beginning. A store write that fails (a full disk, another
+        process's lock) leaves the changes not applied yet to the next assignment."""
         narrowed, self._narrowed = self._narrowed, {}
         pending, self._pending = self._pending, {}
         if not (narrowed or pending):
-            return restart
+            return set()
+        try:
+            return await self._apply_scopes(narrowed, pending)
+        except BaseException:
+            for mp, kept in narrowed.items():
+                self._narrowed.setdefault(mp, kept)  # a narrowing asked since is the newer one
+            for mp, scope in pending.items():
+                newer = self._pending.get(mp, scope)
+                self._pending[mp] = None if newer is None or scope is None else newer | scope
+            raise
+
+    async def _apply_scopes(
+        self, narrowed: dict[int, frozenset[_Key]], pending: dict[int, Scope]
+    ) -> set[int]:
+        """:meth:`_rescope`'s work; each entry is removed from ``narrowed`` or ``pending`` once
+        the store has it."""
+        restart: set[int] = set()
         stored = await asyncio.to_thread(self._store.partitions)
         on_mp: dict[int, list[TopicIdPartition]] = {}
         for tp in stored:
             on_mp.setdefault(self._metadata_partition(tp), []).append(tp)
-        for mp, kept in narrowed.items():
+        for mp, kept in list(narrowed.items()):
             if mp in self._replays:  # shrink once the re-read is done
                 self._narrowed[mp] = kept
+                del narrowed[mp]
                 continue
             scope = self._scopes.get(mp)
             keep = kept if scope is None else scope & kept
             drop = [tp for tp in on_mp.get(mp, ()) if (tp.topic_id, tp.partition) not in keep]
             await asyncio.to_thread(self._store.set_scope, mp, keep, drop=drop)
+            del narrowed[mp]
             self._scopes[mp] = keep
             if drop:
                 log.info(
@@ -692,7 +742,7 @@ class MetadataTailer:
                 )
             if not keep:
                 self.untrack((mp,))
-        for mp, new in pending.items():
+        for mp, new in list(pending.items()):
             # caught up again once the assignment has read its end offset anew (want() made
             # it not caught up: a newcomer's history may be on it)
             self._targets.pop(mp, None)
@@ -701,16 +751,20 @@ class MetadataTailer:
             old = self._scopes.get(mp)
             if consumed is None:  # never read: read it from its beginning with this scope
                 await asyncio.to_thread(self._store.set_scope, mp, new)
+                del pending[mp]
                 self._scopes[mp] = new
                 continue
-            if old is None:
-                continue  # read whole already
             replay = self._replays.get(mp)
+            if old is None:
+                del pending[mp]
+                continue  # read whole already
             if replay is not None:  # a re-read is under way: widen it
                 old = replay.old
             elif new is not None and new <= old:
+                del pending[mp]
                 continue  # no newcomer
             if mp not in self._tracked:
+                del pending[mp]
                 continue  # narrowed away meanwhile
             incoming = [
                 tp
@@ -719,6 +773,7 @@ class MetadataTailer:
             ]
             # the newcomers' partial state, if any, is rebuilt from the beginning
             await asyncio.to_thread(self._store.set_scope, mp, old, drop=incoming)
+            del pending[mp]
             self._scopes[mp] = old
             self._replays[mp] = _Replay(until=consumed, old=old, new=new)
             restart.add(mp)

@@ -87,3 +87,37 @@ async def test_a_failed_check_is_reported_and_the_reading_goes_on(tmp_path: Path
     assert errors == [consumer.failure]
     assert [e["event"] for e in logs] == ["metadata_progress_check_failed"]
     assert tailer.last_error is None  # not a failure of the reading itself
+
+
+async def test_a_check_that_hangs_does_not_hold_up_the_reading(tmp_path: Path) -> None:
+    """A ListOffsets to a partition without a leader waits out the request timeout: the check
+    runs beside the reading, which goes on fetching meanwhile."""
+    import asyncio
+
+    class _Hanging(_Consumer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked = asyncio.Event()
+            self.fetches = 0
+
+        async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+            self.asked.set()
+            await asyncio.Event().wait()  # never answered
+            raise AssertionError("unreachable")
+
+        async def getmany(self, **_: object) -> dict:
+            self.fetches += 1
+            return {}
+
+    consumer = _Hanging()
+    consumer.ends = {0: 10, 1: 20, 2: 7}
+    with RemoteSegmentStore(tmp_path) as store:
+        tailer = _tailer(store, [])
+        tailer._start_progress_check(consumer)
+        await asyncio.wait_for(consumer.asked.wait(), 10)
+        for _ in range(5):
+            tailer._start_progress_check(consumer)  # one check at a time: still the first
+            await asyncio.wait_for(tailer._step(consumer, asyncio.Event()), 10)
+        assert consumer.fetches == 5
+        await tailer._stop_progress_check()
+        assert tailer._progress_task is None

@@ -3,8 +3,11 @@ reading itself is tested on the real broker in tests/integration/test_metadata_t
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
+
+import pytest
 
 from sidecar.metadata import MetadataTailer, RemoteSegmentStore, TopicIdPartition
 
@@ -101,3 +104,64 @@ def test_a_partition_is_complete_once_wanted_and_caught_up(tmp_path: Path) -> No
         tailer._caught_up.add(0)
         assert tailer.complete(A)
         assert not tailer.complete(B)  # caught up, but B's events are not applied
+
+
+async def test_a_scope_the_store_could_not_record_is_applied_at_the_next_assignment(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A store write that fails (another process's lock past the busy timeout, a full disk)
+    is retried by the tailer: the wants it was applying are not lost, and a want asked
+    meanwhile is kept with them."""
+    import sqlite3
+
+    from sidecar.metadata.errors import MetadataStoreError
+
+    with RemoteSegmentStore(tmp_path) as store:
+        tailer = _tailer(store)
+        tailer.want([A])
+        await tailer._rescope()  # never read: its scope is A
+        tailer._consumed[0] = 41
+        real = store.set_scope
+        failures = [1]
+
+        def busy_once(*args, **kwargs):
+            if failures[0]:
+                failures[0] -= 1
+                error = MetadataStoreError("metadata store: database is locked")
+                error.__cause__ = sqlite3.OperationalError("database is locked")
+                raise error
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, "set_scope", busy_once)
+        tailer.want([B])
+        with pytest.raises(MetadataStoreError):
+            await tailer._rescope()
+        assert tailer._pending[0] == frozenset({(A.topic_id, 0), (B.topic_id, 0)})
+        assert await tailer._rescope() == {0}  # B's history is read again
+        assert tailer._replays[0].new == frozenset({(A.topic_id, 0), (B.topic_id, 0)})
+        assert tailer._pending == {}
+
+
+async def test_a_reread_whose_scope_could_not_be_stored_is_finished_at_the_next_step(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A re-read that reached its end while the store refused its new scope is finished at the
+    next step, not only when a record arrives (a quiet metadata partition has none)."""
+    from sidecar.metadata.tailer import _Replay
+
+    with RemoteSegmentStore(tmp_path) as store:
+        tailer = _tailer(store)
+        new = frozenset({(A.topic_id, 0), (B.topic_id, 0)})
+        tailer._replays[0] = _Replay(until=41, old=frozenset({(A.topic_id, 0)}), new=new)
+        tailer._replays[0].done = 41
+        tailer._assigned = frozenset({0})
+        tailer._tracked.add(0)
+
+        class _Idle:
+            async def getmany(self, **_: object) -> dict:
+                return {}
+
+        await tailer._step(_Idle(), asyncio.Event())
+        assert 0 not in tailer._replays
+        assert tailer._scopes[0] == new
+        assert store.scopes()[0] == new
