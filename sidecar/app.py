@@ -177,9 +177,10 @@ class MetadataReadiness:
     """The ``metadata`` check of /readyz: the store has caught up with the metadata of the
     broker's partitions once, at start.
 
-    Until the tiering engine has made a pass over the log dirs' first scan, the tailer tracks
-    nothing yet (the pass is what asks for the partitions' metadata), so the check waits for it
-    rather than pass on an empty set. Once passed, metadata partitions read later (a topic
+    Until the tiering engine has made a pass over the log dirs' first scan on a fresh cluster
+    view, the tailer tracks nothing yet (the pass is what asks for the partitions' metadata, and
+    on a stale view no topic is selected), so the check waits for it rather than pass on an
+    empty set. Once passed, metadata partitions read later (a topic
     created, a partition moved here, the cluster duties taken up, a read of another broker's
     partition) no longer take the whole pod out of service while their history is read: the
     engine and the read path each wait for what they need, and ``metadata_store_lag`` shows
@@ -210,7 +211,7 @@ class MetadataReadiness:
         if self._passes_at_scan is None:
             self._passes_at_scan = passes
         if passes <= self._passes_at_scan:
-            return False, "waiting for the tiering engine's first pass over the log dirs"
+            return False, "waiting for the tiering engine's first pass on a fresh cluster view"
         if lagging:
             return False, f"catching up on metadata partitions {list(lagging)}"
         self._passed = True

@@ -279,7 +279,8 @@ class TieringEngine:
         self._quarantine_task: asyncio.Task[None] | None = None
         self._lag_topics: set[str] = set()  # topics with copy-lag series
         self.uploaded = 0
-        #: passes made so far (each wants the metadata of the partitions it looked at)
+        #: passes completed on a fresh cluster view (each such pass has asked the tailer for
+        #: the metadata of every partition it looked at: on a stale view no topic is selected)
         self.passes = 0
         #: (topic, partition) → (unix time, message) of the last failure; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
@@ -315,7 +316,6 @@ class TieringEngine:
                         self._reconcile(tg)
                     except SidecarError as exc:
                         log.warning("tiering_reconcile_failed", error=str(exc))
-                    self.passes += 1
                     spacing = (time.monotonic() - started) * _PASS_SPACING
                     if spacing >= _MIN_SPACING_S:
                         await wait_any(stopping, within=spacing)  # pokes meanwhile stay set
@@ -532,6 +532,8 @@ class TieringEngine:
             self._quarantine_task = tg.create_task(
                 self._reload_quarantine(), name="tiering quarantine reload"
             )
+        if fresh:
+            self.passes += 1
 
     def _forget_gone(self, gone: list[Path]) -> None:
         """Partition dirs gone since the last pass: their partitions' state is dropped, as a

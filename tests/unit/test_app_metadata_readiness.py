@@ -30,7 +30,7 @@ def test_not_ready_on_the_empty_set_before_the_engine_wants_anything() -> None:
     # scanned now: the engine's passes so far may all have come before the scan
     assert _check(readiness, passes=3) == (
         False,
-        "waiting for the tiering engine's first pass over the log dirs",
+        "waiting for the tiering engine's first pass on a fresh cluster view",
     )
     assert _check(readiness, passes=4, lagging=[7, 12]) == (
         False,

@@ -354,6 +354,27 @@ class TestEngineTiering:
         assert errors == {}
         assert r.engine._workers[key].failures == 0
 
+    async def test_passes_count_only_on_a_fresh_cluster_view(self, rig):
+        """What the readiness check waits for: a pass on a stale view (no refresh answered
+        yet) selects no topic and asks for no metadata, so it is not counted."""
+        r = rig()
+        r.cluster.view = dataclasses.replace(r.cluster.view, refreshed_at=-1e9)
+        reconciles = 0
+        real = r.engine._reconcile
+
+        def counted(tg: asyncio.TaskGroup) -> None:
+            nonlocal reconciles
+            reconciles += 1
+            real(tg)
+
+        r.engine._reconcile = counted
+        r.start()
+        await r.until(lambda: reconciles >= 3)
+        assert r.engine.passes == 0
+        r.cluster.set_leader(ME)  # a refresh answered
+        await r.until(lambda: r.engine.passes > 0)
+        await r.stop()
+
     async def test_handover_delay_before_first_upload(self, rig):
         """A partition just led is not uploaded before the hand-over delay."""
         r = rig(handover_delay_s=0.3)
