@@ -408,10 +408,19 @@ class LogDirDetector(Generic[V]):
         """Thread side: start a watcher on the log dirs that exist now (a walk of every
         partition dir: seconds at ten thousand)."""
         watched = [d for d in self._log_dirs if d.is_dir()]
-        self._observer = start_observer(handler, self._log_dirs, self._observer_factory)
+        try:
+            self._observer = start_observer(handler, self._log_dirs, self._observer_factory)
+        except OSError as exc:
+            if self.full_scans == 0:
+                raise  # at the start: as before, the daemon says what is wrong and stops
+            # started again later (a log dir gone meanwhile, a failing disk): rescans only
+            log.warning("log_dir_watch_failed", error=str(exc), fallback="rescans only")
+            self._observer = None
         self._watched = watched if self._observer is not None else []
-        self._limit_warned = self._limit_warned or self._observer is None
-        self._appeared = False  # start_observer probed the limit after its walk
+        # a watcher that started has just probed the limit after its walk (the first one's
+        # warning, if any, was given by start_observer)
+        self._limit_warned = self._observer is None
+        self._appeared = False
         self.watching = self._observer is not None
         self._metrics.log_dir_hints.set(1 if self.watching else 0)
 
@@ -428,7 +437,11 @@ class LogDirDetector(Generic[V]):
         observer = self._observer
         if observer is None:
             return None
-        if not observer.is_alive() or not all(e.is_alive() for e in observer.emitters):
+        try:
+            emitters = list(observer.emitters)  # the set itself, which watchdog's threads change
+        except RuntimeError:
+            return "watcher_stopped"  # changed under the copy: an emitter went away
+        if not observer.is_alive() or not all(e.is_alive() for e in emitters):
             return "watcher_stopped"
         if any(d not in self._watched and d.is_dir() for d in self._log_dirs):
             return "log_dir_appeared"

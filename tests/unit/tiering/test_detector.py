@@ -305,8 +305,9 @@ class TestHintsAfterStart:
             task = asyncio.create_task(det.run(stopping))
             await asyncio.wait_for(det.scanned.wait(), 10)
             first = observers[0]
-            await asyncio.to_thread(first.stop)  # type: ignore[attr-defined]
-            await asyncio.to_thread(first.join, 5)  # type: ignore[attr-defined]
+            # on the loop's thread: the detector does not look at it while it stops
+            first.stop()  # type: ignore[attr-defined]
+            first.join(5)  # type: ignore[attr-defined]
             await self._until(det, lambda: len(observers) == 2)
             await self._until(det, self._hinted(metrics, log_dir / "orders-0"))
             stopping.set()
@@ -315,6 +316,56 @@ class TestHintsAfterStart:
         assert metrics.log_dir_watch_restarts._value.get() == 1
         restarts = [e for e in logs if e["event"] == "log_dir_watch_restart"]
         assert [e["reason"] for e in restarts] == ["watcher_stopped"]
+
+    async def test_a_watcher_that_cannot_start_again_leaves_the_rescans(self, log_dir, monkeypatch):
+        """Started again after the start (a log dir gone meanwhile, a failing disk), the
+        watcher fails with an error other than the limit: the detector says so and goes on
+        with rescans alone, as without hints; it does not stop."""
+        from structlog.testing import capture_logs
+        from watchdog.observers import Observer
+
+        from sidecar.tiering import detector
+
+        monkeypatch.setattr(detector, "_FULL_RESCAN_SPACING", 1e9)
+
+        class Broken(Observer):
+            def start(self) -> None:
+                raise OSError(5, "Input/output error")
+
+        observers: list[object] = []
+
+        def factory() -> Observer:
+            observer = Observer() if not observers else Broken()
+            observers.append(observer)
+            return observer
+
+        rec = Recorder()
+        det = LogDirDetector(
+            log_dirs=[log_dir],
+            scan_partition=_files,
+            on_change=rec,
+            rescan_interval_s=0.05,
+            metrics=Metrics(),
+            observer_factory=factory,
+        )
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(det.run(stopping))
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            first = observers[0]
+            first.stop()  # type: ignore[attr-defined]
+            first.join(5)  # type: ignore[attr-defined]
+            await self._until(det, lambda: len(observers) == 2 and not det.watching)
+            (log_dir / "orders-0" / "00000000000000000100.log").write_bytes(b"")
+            await self._until(
+                det, lambda: any("00000000000000000100.log" in (c[2] or ()) for c in rec.changes)
+            )
+            stopping.set()
+            await asyncio.wait_for(task, 10)
+        assert [e["event"] for e in logs if e["event"].startswith("log_dir_watch")] == [
+            "log_dir_watch_restart",
+            "log_dir_watch_failed",
+        ]
 
     async def test_partition_dirs_past_the_limit_are_warned_of_and_rescanned(
         self, log_dir, monkeypatch
