@@ -611,18 +611,23 @@ class ReadService:
     def _live_topic_ids(
         self, named: list[TopicIdPartition], ids: list[uuid.UUID]
     ) -> list[uuid.UUID]:
-        """(thread) Of a name's topic ids, those not being deleted: no partition-delete event,
-        and a segment left in one of its partitions (Kafka 4 deletes a topic's remote data
-        segment by segment, with no partition-delete event; the old id's partitions stay in the
-        store until retention forgets them)."""
-        live: list[uuid.UUID] = []
-        for topic_id in ids:
-            partitions = [tp for tp in named if tp.topic_id == topic_id]
-            if self._store.partition_delete(partitions[0]) is not None:
-                continue
-            if any(self._store.segments(tp) for tp in partitions):
-                live.append(topic_id)
-        return live
+        """(thread) Of a name's topic ids, those not being deleted: with no partition-delete
+        event; of several such, those with a segment left in one of their partitions (Kafka 4
+        deletes a topic's remote data segment by segment, with no partition-delete event; the
+        old id's partitions stay in the store until retention forgets them)."""
+        live = [
+            topic_id
+            for topic_id in ids
+            if self._store.partition_delete(next(tp for tp in named if tp.topic_id == topic_id))
+            is None
+        ]
+        if len(live) <= 1:
+            return live
+        return [
+            topic_id
+            for topic_id in live
+            if any(self._store.segments(tp) for tp in named if tp.topic_id == topic_id)
+        ]
 
     # -- lineage -------------------------------------------------------------------------
 

@@ -122,8 +122,8 @@ def _read_manifests(
 def _resolve_topics(store: RemoteSegmentStore, options: ReadOptions) -> list[TopicIdPartition]:
     """The selected partitions; a topic name with several topic ids (deleted and re-created)
     resolves to the incarnation whose partitions are not being deleted: no partition-delete
-    event, and a segment left (Kafka 4 deletes a topic segment by segment, with no
-    partition-delete event)."""
+    event; of several such, the one with a segment left (Kafka 4 deletes a topic segment by
+    segment, with no partition-delete event)."""
     by_name: dict[str, dict[uuid.UUID, list[TopicIdPartition]]] = {}
     for tp in store.partitions():
         if options.selection.partition_selected(tp.topic, tp.partition):
@@ -135,8 +135,9 @@ def _resolve_topics(store: RemoteSegmentStore, options: ReadOptions) -> list[Top
                 i: tps
                 for i, tps in ids.items()
                 if all(store.partition_delete(tp) is None for tp in tps)
-                and any(store.segments(tp) for tp in tps)
             }
+            if len(live) > 1:
+                live = {i: tps for i, tps in live.items() if any(store.segments(tp) for tp in tps)}
             if len(live) != 1:
                 raise SparkOptionError(
                     f"topic {topic!r} has tiered data under several topic ids"

@@ -738,6 +738,41 @@ class TestResolve:
         assert TP in remote.store.partitions()  # still known: the old id is not forgotten yet
         assert await service.resolve("orders", 0) == new
 
+    async def test_a_partition_delete_decides_before_the_segments_left(self, remote, service):
+        """The old id being deleted (a partition-delete event) and the new one with no segment
+        left (all expired): the new one, as the partition-delete event says; segments only
+        break a tie between ids that have none."""
+        from sidecar.metadata.events import PartitionDeleteMetadata, RemotePartitionDeleteState
+
+        new = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
+        await remote.upload(0, data_batches(0, 2))
+        expired = await remote.upload(0, data_batches(0, 2), tp=new)
+        for state in (
+            RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
+            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
+        ):
+            remote.store.apply(
+                [
+                    SegmentMetadataUpdate(
+                        segment_id=expired.segment_id,
+                        broker_id=1,
+                        event_timestamp_ms=1,
+                        state=state,
+                    )
+                ]
+            )
+        remote.store.apply(
+            [
+                PartitionDeleteMetadata(
+                    topic_id_partition=TP,
+                    broker_id=1,
+                    event_timestamp_ms=2,
+                    state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                )
+            ]
+        )
+        assert await service.resolve("orders", 0) == new
+
 
 class TestDecode:
     """decode_batch turns a served batch into records."""
