@@ -6,6 +6,7 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Base64;
+import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.concurrent.ArrayBlockingQueue;
@@ -671,6 +672,11 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /** Windows being fetched ahead, queued or in flight (tests). */
     int pendingFetchesAhead() {
         return pending.size();
+    }
+
+    /** What readers of the windows being fetched ahead wait for (tests). */
+    List<CompletableFuture<SegmentWindows.Window>> fetchesAhead() {
+        return pending.values().stream().map(Pending::window).toList();
     }
 
     /** Idle connections kept for the next read (tests). */

@@ -17,6 +17,7 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
@@ -227,10 +228,12 @@ class CacheFileFetchTest {
         }
         nextRequest();
         assertEquals(6, plugin.pendingFetchesAhead());
+        var waitedFor = plugin.fetchesAhead();
         plugin.configure(Map.of("socket.path", sidecar.path.toString(), "request.timeout.ms", "2000",
                 "fetch.window.bytes", "100", "fetch.sequential.window.bytes", "1000",
                 "fetch.readahead.windows", "0"));
         assertEquals(0, plugin.pendingFetchesAhead(), "every fetch ahead is told it was stopped");
+        assertTrue(waitedFor.stream().allMatch(CompletableFuture::isDone), "a reader waiting on one returns now");
     }
 
     @Test
