@@ -880,36 +880,36 @@ class RemoteSegmentStore:
     def claim_topic(self, topic: str) -> None:
         """Bind the store to the metadata topic it follows (first call), or check that it is the
         same: consumed offsets of another topic would silently skip its events."""
-        with self._write_lock, self._translate_errors():
-            self._check_open()
-            db = self._writer.db
-            row = db.execute("SELECT value FROM meta WHERE key = 'metadata_topic'").fetchone()
-            if row is None:
-                db.execute("INSERT INTO meta VALUES ('metadata_topic', ?)", (topic,))
-            elif row[0] != topic:
-                raise MetadataStoreError(
-                    f"the metadata store {self.path} follows topic {row[0]!r}, not {topic!r};"
-                    " use another state dir or remove the store to rebuild it from the topic"
-                )
+        claimed = self._claim_meta("metadata_topic", topic)
+        if claimed != topic:
+            raise MetadataStoreError(
+                f"the metadata store {self.path} follows topic {claimed!r}, not {topic!r};"
+                " use another state dir or remove the store to rebuild it from the topic"
+            )
 
     def claim_topic_id(self, topic_id: uuid.UUID) -> None:
         """Bind the store to the metadata topic's id (first call), or check that it is the
         same: a topic deleted and re-created under the same name starts its offsets again, and
         the consumed offsets of the old one would skip the new one's first events."""
+        shown = encode_kafka_uuid(topic_id)  # as Kafka's tools show topic ids
+        claimed = self._claim_meta("metadata_topic_id", shown)
+        if claimed != shown:
+            raise MetadataStoreError(
+                f"the metadata store {self.path} was read from a metadata topic with id"
+                f" {claimed}, but the topic is now {shown}: it was deleted and re-created, and"
+                " the offsets read no longer match; remove the store to rebuild it from the topic"
+            )
+
+    def _claim_meta(self, key: str, value: str) -> str:
+        """The value stored under ``key``, stored as ``value`` if there was none."""
         with self._write_lock, self._translate_errors():
             self._check_open()
             db = self._writer.db
-            shown = encode_kafka_uuid(topic_id)  # as Kafka's tools show topic ids
-            row = db.execute("SELECT value FROM meta WHERE key = 'metadata_topic_id'").fetchone()
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
             if row is None:
-                db.execute("INSERT INTO meta VALUES ('metadata_topic_id', ?)", (shown,))
-            elif row[0] != shown:
-                raise MetadataStoreError(
-                    f"the metadata store {self.path} was read from a metadata topic with id"
-                    f" {row[0]}, but the topic is now {shown}: it was deleted and re-created,"
-                    " and the offsets read no longer match; remove the store to rebuild it from"
-                    " the topic"
-                )
+                db.execute("INSERT INTO meta VALUES (?, ?)", (key, value))
+                return value
+            return str(row[0])
 
     def apply(
         self,

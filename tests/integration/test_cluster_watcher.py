@@ -13,6 +13,15 @@ from tests.helpers import create_topic, produce
 pytestmark = pytest.mark.integration
 
 
+def _watcher(kafka, topic: str) -> ClusterWatcher:
+    """Broker 1's watcher of the test stack, tiering ``topic``."""
+    return ClusterWatcher(
+        bootstrap_servers=[kafka.bootstrap_servers],
+        broker_id=1,
+        selector=TopicSelector(include=[topic]),
+    )
+
+
 class TestClusterWatcher:
     async def test_refresh_sees_leaders_configs_and_lso(self, kafka, topic_name):
         """After a refresh, this broker leads the new topic and its LSO is the produced count."""
@@ -20,11 +29,7 @@ class TestClusterWatcher:
             kafka.bootstrap_servers, topic_name, partitions=2, configs={"retention.ms": "3600000"}
         )
         await produce(kafka.bootstrap_servers, topic_name, count=42, value_size=10, partition=1)
-        watcher = ClusterWatcher(
-            bootstrap_servers=[kafka.bootstrap_servers],
-            broker_id=1,
-            selector=TopicSelector(include=[topic_name]),
-        )
+        watcher = _watcher(kafka, topic_name)
         try:
             view = await watcher.refresh()
             again = await watcher.refresh()
@@ -49,11 +54,7 @@ class TestClusterWatcher:
         from tests.e2e._support import delete_topic
 
         await create_topic(kafka.bootstrap_servers, topic_name, partitions=1)
-        watcher = ClusterWatcher(
-            bootstrap_servers=[kafka.bootstrap_servers],
-            broker_id=1,
-            selector=TopicSelector(include=[topic_name]),
-        )
+        watcher = _watcher(kafka, topic_name)
         try:
             view = await watcher.refresh()
             assert view.lso(topic_name, 0) == 0

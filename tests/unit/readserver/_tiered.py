@@ -163,6 +163,25 @@ class Remote:
         self.logs[sid] = log
         return metadata
 
+    def delete(self, metadata: SegmentMetadata) -> None:
+        """Delete a tiered segment as Kafka's retention does: DELETE_SEGMENT_STARTED, then
+        FINISHED (its objects are left: the store no longer names them)."""
+        result = self.store.apply(
+            [
+                SegmentMetadataUpdate(
+                    segment_id=metadata.segment_id,
+                    broker_id=1,
+                    event_timestamp_ms=3,
+                    state=state,
+                )
+                for state in (
+                    RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
+                    RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
+                )
+            ]
+        )
+        assert not result.rejected, result.rejected
+
 
 def records_of(log: bytes) -> list[Record]:
     """Every data record of a .log (control batches skipped), as the broker wrote them."""

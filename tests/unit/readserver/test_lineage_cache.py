@@ -107,24 +107,12 @@ async def test_the_spans_of_a_partition_dropped_from_the_store_are_not_kept(
 ) -> None:
     """A deleted topic's partitions, once forgotten by the store, leave the cache too: it
     does not grow with every topic ever read."""
-    from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadataUpdate
-
     gone = await remote.upload(0, data_batches(0, 4), tp=TP1)
     await remote.upload(0, data_batches(0, 4))
     service = _service(remote.store, remote, chunks)
     assert await service.tiered_range(TP1) == (0, 19)
     assert TP1 in service._lineages
-    remote.store.apply(
-        [
-            SegmentMetadataUpdate(
-                segment_id=gone.segment_id, broker_id=1, event_timestamp_ms=1, state=state
-            )
-            for state in (
-                RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
-                RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
-            )
-        ]
-    )
+    remote.delete(gone)
     assert remote.store.forget_partition(TP1)
     assert [s.topic for s in await service.topics()] == ["orders"]  # the store's partitions read
     assert TP1 not in service._lineages

@@ -22,11 +22,7 @@ from sidecar.kafka.checkpoints import (
 )
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.records import Compression, Record, decode_records
-from sidecar.metadata.events import (
-    RemoteLogSegmentState,
-    SegmentMetadataUpdate,
-    TopicIdPartition,
-)
+from sidecar.metadata.events import TopicIdPartition
 from sidecar.readserver.cache import ChunkCache, MemoryCache
 from sidecar.readserver.errors import (
     AmbiguousTopicError,
@@ -724,17 +720,7 @@ class TestResolve:
         new = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
         old = await remote.upload(0, data_batches(0, 2))
         await remote.upload(0, data_batches(0, 2), tp=new)
-        for state in (
-            RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
-            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
-        ):
-            remote.store.apply(
-                [
-                    SegmentMetadataUpdate(
-                        segment_id=old.segment_id, broker_id=1, event_timestamp_ms=1, state=state
-                    )
-                ]
-            )
+        remote.delete(old)
         assert TP in remote.store.partitions()  # still known: the old id is not forgotten yet
         assert await service.resolve("orders", 0) == new
 
@@ -747,20 +733,7 @@ class TestResolve:
         new = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
         await remote.upload(0, data_batches(0, 2))
         expired = await remote.upload(0, data_batches(0, 2), tp=new)
-        for state in (
-            RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
-            RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
-        ):
-            remote.store.apply(
-                [
-                    SegmentMetadataUpdate(
-                        segment_id=expired.segment_id,
-                        broker_id=1,
-                        event_timestamp_ms=1,
-                        state=state,
-                    )
-                ]
-            )
+        remote.delete(expired)
         remote.store.apply(
             [
                 PartitionDeleteMetadata(

@@ -239,9 +239,7 @@ def test_a_recreated_topic_is_read_once_the_old_ones_segments_are_deleted():
     """Kafka 4 deletes a topic's remote data segment by segment and writes no partition-delete
     event: the re-created topic is the one read, not an ambiguous archive."""
     from sidecar.metadata.events import (
-        RemoteLogSegmentId,
         RemoteLogSegmentState,
-        SegmentMetadata,
         SegmentMetadataUpdate,
         TopicIdPartition,
     )
@@ -256,25 +254,7 @@ def test_a_recreated_topic_is_read_once_the_old_ones_segments_are_deleted():
             RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
         )
     ]
-    new_id = RemoteLogSegmentId(new, uuid.uuid4())
-    new_events = [
-        SegmentMetadata(
-            segment_id=new_id,
-            start_offset=0,
-            end_offset=4,
-            broker_id=1,
-            max_timestamp_ms=1,
-            event_timestamp_ms=4,
-            segment_leader_epochs=((0, 0),),
-            segment_size_in_bytes=100,
-        ),
-        SegmentMetadataUpdate(
-            segment_id=new_id,
-            broker_id=1,
-            event_timestamp_ms=5,
-            state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-        ),
-    ]
+    new_events = _segment(0, 4, tp=new)
     options = parse_options(BASE)
     with pytest.raises(SparkOptionError, match="several topic ids"):
         catalog_from_events(options, old_events + new_events)  # both hold data: ambiguous

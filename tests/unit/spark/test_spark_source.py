@@ -55,9 +55,16 @@ class FakeReader:
 
 
 def _segment(
-    start: int, end: int, *, epochs=((0, 0),), size=100, max_ts=1_700_000_000_000, sid=None
+    start: int,
+    end: int,
+    *,
+    epochs=((0, 0),),
+    size=100,
+    max_ts=1_700_000_000_000,
+    sid=None,
+    tp: TopicIdPartition = TP,
 ) -> list:
-    segment_id = RemoteLogSegmentId(TP, sid or uuid.uuid4())
+    segment_id = RemoteLogSegmentId(tp, sid or uuid.uuid4())
     return [
         SegmentMetadata(
             segment_id=segment_id,

@@ -248,19 +248,27 @@ class TestHintsAfterStart:
         return probe
 
     def _run(
-        self, log_dir: Path, rec: Recorder, monkeypatch, observers: list[object] | None = None
+        self,
+        log_dir: Path,
+        rec: Recorder,
+        monkeypatch,
+        observers: list[object] | None = None,
+        restarted_as: type | None = None,
     ) -> tuple[LogDirDetector[object], Metrics]:
+        """A detector of ``log_dir`` whose watchers are appended to ``observers``; a watcher
+        started again is a ``restarted_as`` (default: watchdog's own)."""
         from watchdog.observers import Observer
 
         from sidecar.tiering import detector
 
         monkeypatch.setattr(detector, "_FULL_RESCAN_SPACING", 1e9)  # stat-only rescans only
         metrics = Metrics()
+        started: list[object] = [] if observers is None else observers
 
         def factory() -> Observer:
-            observer = Observer()
-            if observers is not None:
-                observers.append(observer)
+            kind = Observer if not started or restarted_as is None else restarted_as
+            observer = kind()
+            started.append(observer)
             return observer
 
         det = LogDirDetector(
@@ -272,6 +280,13 @@ class TestHintsAfterStart:
             observer_factory=factory,
         )
         return det, metrics
+
+    @staticmethod
+    def _stop(observer: object) -> None:
+        """Stop a watcher, as an error in its thread would; on the loop's thread, so the
+        detector does not look at it while it stops."""
+        observer.stop()  # type: ignore[attr-defined]
+        observer.join(5)  # type: ignore[attr-defined]
 
     async def test_a_log_dir_created_later_is_watched(self, tmp_path, monkeypatch):
         from structlog.testing import capture_logs
@@ -304,10 +319,7 @@ class TestHintsAfterStart:
         with capture_logs() as logs:
             task = asyncio.create_task(det.run(stopping))
             await asyncio.wait_for(det.scanned.wait(), 10)
-            first = observers[0]
-            # on the loop's thread: the detector does not look at it while it stops
-            first.stop()  # type: ignore[attr-defined]
-            first.join(5)  # type: ignore[attr-defined]
+            self._stop(observers[0])
             await self._until(det, lambda: len(observers) == 2)
             await self._until(det, self._hinted(metrics, log_dir / "orders-0"))
             stopping.set()
@@ -324,37 +336,18 @@ class TestHintsAfterStart:
         from structlog.testing import capture_logs
         from watchdog.observers import Observer
 
-        from sidecar.tiering import detector
-
-        monkeypatch.setattr(detector, "_FULL_RESCAN_SPACING", 1e9)
-
         class Broken(Observer):
             def start(self) -> None:
                 raise OSError(5, "Input/output error")
 
-        observers: list[object] = []
-
-        def factory() -> Observer:
-            observer = Observer() if not observers else Broken()
-            observers.append(observer)
-            return observer
-
         rec = Recorder()
-        det = LogDirDetector(
-            log_dirs=[log_dir],
-            scan_partition=_files,
-            on_change=rec,
-            rescan_interval_s=0.05,
-            metrics=Metrics(),
-            observer_factory=factory,
-        )
+        observers: list[object] = []
+        det, _ = self._run(log_dir, rec, monkeypatch, observers, restarted_as=Broken)
         stopping = asyncio.Event()
         with capture_logs() as logs:
             task = asyncio.create_task(det.run(stopping))
             await asyncio.wait_for(det.scanned.wait(), 10)
-            first = observers[0]
-            first.stop()  # type: ignore[attr-defined]
-            first.join(5)  # type: ignore[attr-defined]
+            self._stop(observers[0])
             await self._until(det, lambda: len(observers) == 2 and not det.watching)
             (log_dir / "orders-0" / "00000000000000000100.log").write_bytes(b"")
             await self._until(

@@ -201,6 +201,20 @@ class Rig:
         assert self.task is not None
         await asyncio.wait_for(self.task, 10)
 
+    def count_reconciles(self) -> Callable[[], int]:
+        """Count the engine's reconcile calls from now on (a stale view's too); the returned
+        function tells how many so far."""
+        count = 0
+        real = self.engine._reconcile
+
+        def counted(tg: asyncio.TaskGroup) -> None:
+            nonlocal count
+            count += 1
+            real(tg)
+
+        self.engine._reconcile = counted  # type: ignore[method-assign]
+        return lambda: count
+
     async def until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         # generous: a loaded CI machine (two suites at once) took more than 5 s here once
         deadline = time.monotonic() + timeout
@@ -359,17 +373,9 @@ class TestEngineTiering:
         yet) selects no topic and asks for no metadata, so it is not counted."""
         r = rig()
         r.cluster.view = dataclasses.replace(r.cluster.view, refreshed_at=-1e9)
-        reconciles = 0
-        real = r.engine._reconcile
-
-        def counted(tg: asyncio.TaskGroup) -> None:
-            nonlocal reconciles
-            reconciles += 1
-            real(tg)
-
-        r.engine._reconcile = counted
+        reconciles = r.count_reconciles()
         r.start()
-        await r.until(lambda: reconciles >= 3)
+        await r.until(lambda: reconciles() >= 3)
         assert r.engine.passes == 0
         r.cluster.set_leader(ME)  # a refresh answered
         await r.until(lambda: r.engine.passes > 0)
@@ -619,20 +625,12 @@ class TestEngineIdle:
         tailer already reads; once the tailer says it may have dropped partitions, the next
         pass wants them all again."""
         r = rig(full_pass_interval_s=0.0)
-        passes = 0
-        reconcile = r.engine._reconcile
-
-        def counting(tg: asyncio.TaskGroup) -> None:
-            nonlocal passes
-            passes += 1
-            reconcile(tg)
-
-        r.engine._reconcile = counting  # type: ignore[method-assign]
+        passes = r.count_reconciles()
         r.start()
         await r.until(r.all_tiered)
-        wanted, seen = r.tailer.wants, passes
+        wanted, seen = r.tailer.wants, passes()
         assert wanted >= 1
-        await r.until(lambda: passes >= seen + 20)  # passes over every partition
+        await r.until(lambda: passes() >= seen + 20)  # passes over every partition
         assert r.tailer.wants == wanted
         r.tailer.unwanted_count += 1  # a narrowing
         r.engine.poke()
