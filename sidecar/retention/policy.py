@@ -10,13 +10,13 @@ Pure functions over the facts of one partition (kafka-kip405-internals.md §3.5;
 2. size: with ``retention.bytes > -1``, the breach is ``onlyLocalLogSegmentsSize`` (local
    segments at or past the highest remote offset) plus the bytes of the remote segments within
    the lineage, minus ``retention.bytes``; time: with ``retention.ms > -1``, a segment whose
-   max timestamp is ``<= now - retention.ms`` is breached;
+   max timestamp is ``< now - retention.ms`` is breached;
 3. epochs are walked in ascending order and each epoch's segments by start offset: a segment
    being copied stops the walk; a DELETE_SEGMENT_STARTED one is queued again (retry); a segment
    whose epochs are all ``<=`` the lineage's first epoch and that ends below the log start
    offset is deleted (DeleteRecords, or the broker's own retention); otherwise a segment within
    the lineage is deleted when breached by time, else by size (consuming the breach while it
-   stays ``>= 0``). The walk goes on while segments are deleted or lie outside the lineage and
+   stays ``>= 0``); a segment deleted by time consumes the size breach too (down to 0). The walk goes on while segments are deleted or lie outside the lineage and
    stops at the first valid segment that is kept;
 4. segments whose epochs are all below the lineage's earliest epoch are deleted too
    (unreferenced epochs: unclean leader election, truncated lineage).
@@ -300,8 +300,11 @@ def plan_expiry(
             else:
                 valid = is_within_lineage(segment, facts.log_end_offset, lineage)
                 if valid:
-                    if cleanup_until is not None and segment.max_timestamp_ms <= cleanup_until:
+                    # Kafka's isSegmentBreachedByRetentionTime: strictly older than the
+                    # cutoff, and the bytes it frees count against the size breach too
+                    if cleanup_until is not None and segment.max_timestamp_ms < cleanup_until:
                         reason = DeleteReason.RETENTION_MS
+                        remaining = max(0, remaining - segment.segment_size_in_bytes)
                     elif remaining > 0 and remaining - segment.segment_size_in_bytes >= 0:
                         remaining -= segment.segment_size_in_bytes
                         reason = DeleteReason.RETENTION_BYTES

@@ -106,12 +106,12 @@ class TestLineage:
 
 
 class TestTime:
-    """A segment is breached when its max timestamp is at or before now - retention.ms."""
+    """A segment is breached when its max timestamp is before now - retention.ms."""
 
     def test_prefix_is_deleted_and_the_walk_stops_at_the_first_kept(self):
         segments = [
             seg(0, 99, ts=NOW - 5000),
-            seg(100, 199, ts=NOW - 4000),
+            seg(100, 199, ts=NOW - 4001),
             seg(200, 299, ts=NOW - 1000),
             seg(300, 399, ts=NOW - 4500),  # old again, but after a kept segment
         ]
@@ -145,6 +145,28 @@ class TestSize:
         segments = [seg(i * 100, i * 100 + 99, size=100) for i in range(3)]
         plan = plan_expiry(segments, facts(retention_bytes=100, only_local_bytes=0))
         assert [r for _, r in chosen(plan, segments)] == [DeleteReason.RETENTION_BYTES] * 2
+
+    def test_time_deletions_count_against_the_size_breach(self):
+        # Kafka: remainingBreachedSize -= size for each segment deleted by time. Breach 200
+        # (500 bytes, retention.bytes 300): the two expired segments free it, the rest stays
+        segments = [seg(i * 100, i * 100 + 99, size=100, ts=NOW) for i in range(5)]
+        segments[0] = seg(0, 99, size=100, ts=0)
+        segments[1] = seg(100, 199, size=100, ts=0)
+        plan = plan_expiry(segments, facts(retention_ms=1000, retention_bytes=300))
+        assert chosen(plan, segments) == [
+            (0, DeleteReason.RETENTION_MS),
+            (1, DeleteReason.RETENTION_MS),
+        ]
+        assert plan.new_log_start_offset == 200
+
+    def test_a_segment_at_the_time_cutoff_is_kept(self):
+        # Kafka deletes only segments whose max timestamp is below now - retention.ms
+        segments = [seg(0, 99, ts=NOW - 1000), seg(100, 199, ts=NOW - 1001)]
+        plan = plan_expiry(segments, facts(retention_ms=1000))
+        assert chosen(plan, segments) == []
+        segments = [seg(0, 99, ts=NOW - 1001), seg(100, 199, ts=NOW - 1000)]
+        plan = plan_expiry(segments, facts(retention_ms=1000))
+        assert chosen(plan, segments) == [(0, DeleteReason.RETENTION_MS)]
 
     def test_time_wins_over_size(self):
         segments = [seg(0, 99, ts=0, size=100), seg(100, 199, size=100)]
