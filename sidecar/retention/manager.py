@@ -279,7 +279,9 @@ class RetentionManager:
         self._gone_since = {i: t for i, t in self._gone_since.items() if i in stored_ids}
         self._unconfirmed = {i: s for i, s in self._unconfirmed.items() if i in stored_ids}
         candidates: list[TopicIdPartition] = []
-        for tp in partitions:
+        # retention.enabled = false: no retention, partition or topic deletion (the scrub
+        # has its own switch)
+        for tp in partitions if self._config.enabled else ():
             if stop.is_set():
                 break
             if self._broker_driven(tp):

@@ -40,7 +40,7 @@ a few requests at a time. The store is read in a worker thread.
 The scrub trusts that the metadata topic keeps every record: were an old COPY_SEGMENT_FINISHED
 record deleted by the topic's retention, its (live) segment's objects would look unreferenced.
 The caller checks the topic's ``retention.ms`` and ``retention.bytes`` (DescribeConfigs; both
-must be -1, :func:`metadata_retention_problem`) and passes what is wrong as ``unsafe``: a real
+must be -1, and ``cleanup.policy`` must not compact: :func:`metadata_retention_problem`) and passes what is wrong as ``unsafe``: a real
 scrub then raises :class:`UnsafeScrubError` before listing anything; a dry run reports it
 (``refused``) and still lists what it would delete.
 """
@@ -88,6 +88,13 @@ def metadata_retention_problem(topic: str, config: TopicConfig | None) -> str | 
     (``retention.ms`` and ``retention.bytes`` both -1, per DescribeConfigs)."""
     if config is None:
         return f"the configs of the metadata topic {topic!r} are unknown (DescribeConfigs)"
+    if config.compacted:
+        # Kafka's log cleaner drops records without a key, and no metadata record has one
+        return (
+            f"the metadata topic {topic!r} has cleanup.policy={config.cleanup_policy}: the log"
+            " cleaner drops its records (they have no key); set cleanup.policy=delete with"
+            " retention.ms and retention.bytes -1 to allow the scrub to delete"
+        )
     wrong = [
         f"{name}={value}"
         for name, value in (

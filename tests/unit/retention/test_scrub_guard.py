@@ -45,6 +45,12 @@ class TestProblem:
             (TopicConfig(retention_ms=604_800_000, retention_bytes=-1), "retention.ms=604800000"),
             (TopicConfig(retention_ms=-1, retention_bytes=10**9), "retention.bytes=1000000000"),
             (None, "unknown"),
+            # the log cleaner drops every record without a key: every metadata record
+            (TopicConfig(cleanup_policy="compact", retention_ms=-1), "cleanup.policy=compact"),
+            (
+                TopicConfig(cleanup_policy="delete,compact", retention_ms=-1),
+                "cleanup.policy=delete,compact",
+            ),
         ],
     )
     def test_anything_else_is_named(self, config, named):

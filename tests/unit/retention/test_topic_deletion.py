@@ -444,3 +444,34 @@ class TestStopBetweenRounds:
             assert world.value("remote_partition_deletions_total") == 1
         finally:
             world.close()
+
+
+class TestDisabled:
+    async def test_retention_disabled_deletes_no_topic_or_partition_data(self, tmp_path):
+        """retention.enabled = false: neither a deleted topic's data nor a marked partition's
+        goes (the scrub has a switch of its own)."""
+        world = _World(
+            tmp_path, enabled=False, topic_deletion_grace_s=0.0, topic_deletion_max_share=1.0
+        )
+        try:
+            await world.tier("orders", 2)
+            payments = await world.tier("payments", 2)
+            world.vanish("orders", TopicIdState.ABSENT)
+            world.store.apply(
+                [
+                    PartitionDeleteMetadata(
+                        topic_id_partition=payments,
+                        broker_id=1,
+                        event_timestamp_ms=0,
+                        state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                    )
+                ]
+            )
+            for _ in range(2):
+                world.now[0] += 10
+                summary = await world.manager.run_once()
+                assert summary.deleted == 0
+            assert len(world.objects_of("orders")) == 6
+            assert len(world.objects_of("payments")) == 6
+        finally:
+            world.close()
