@@ -295,6 +295,10 @@ class RetentionManager:
             await self._guarded(
                 summary, tp, self._deletions(tp, marker, topic_ids, summary, candidates, stop)
             )
+        # a topic id must be confirmed unknown at every pass: one not asked about in this one
+        # (the listing failed, its partitions not caught up, or listed again) starts over
+        asked = {tp.topic_id for tp in candidates}
+        self._gone_since = {i: t for i, t in self._gone_since.items() if i in asked}
         if not stop.is_set():
             await self._topic_deletions(candidates, summary, stop)
         await self._retention(summary, stop)
@@ -434,9 +438,13 @@ class RetentionManager:
         try:
             states = await self._kafka.topic_id_states(names)
         except SidecarError as exc:
-            # no answer is no proof; the grace period goes on only with proof at each pass
+            # no answer is no proof, and the grace period needs proof at each pass
             log.warning("topic_id_states_unavailable", error=str(exc))
+            for topic_id in names:
+                self._gone_since.pop(topic_id, None)
             return set()
+        for topic_id in names.keys() - states.keys():
+            self._gone_since.pop(topic_id, None)  # not answered for
         now = self._monotonic()
         grace = self._config.topic_deletion_grace_s
         gone: set[uuid.UUID] = set()

@@ -32,7 +32,7 @@ from sidecar.retention._kafka import TopicIdState
 from sidecar.retention.manager import _DELETE_BATCH, SERIES_GRACE_S, RetentionManager
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
-from sidecar.tiering.cluster import ClusterView
+from sidecar.tiering.cluster import ClusterUnavailableError, ClusterView
 
 META = "__remote_log_metadata"
 NUM_MP = 2
@@ -251,6 +251,32 @@ class TestGracePeriod:
             world.now[0] += 1000  # 4000 s after the first UNKNOWN_TOPIC_ID
             world.kafka.by_id[topic_id] = TopicIdState.ABSENT
             assert (await world.manager.run_once()).deleted == 0  # the clock starts again
+            world.now[0] += 3600
+            assert (await world.manager.run_once()).deleted == 2
+        finally:
+            world.close()
+
+    async def test_a_pass_without_an_answer_restarts_the_grace_period(self, tmp_path):
+        """Two UNKNOWN_TOPIC_ID answers a grace period apart, with passes between them that
+        got no answer (by id, or no listing at all), are not proof at every pass."""
+        world = _World(tmp_path, topic_deletion_grace_s=3600.0, topic_deletion_max_share=1.0)
+        try:
+            await world.tier("orders", 2)
+            await world.tier("payments", 2)
+            world.vanish("orders", TopicIdState.ABSENT)
+            assert (await world.manager.run_once()).deleted == 0  # first answer: t = 0
+            answer, listing = world.kafka.topic_id_states, world.kafka.topic_ids
+
+            async def unavailable(*args: Any) -> Any:
+                raise ClusterUnavailableError("Metadata v12 failed")
+
+            for failing in ("topic_id_states", "topic_ids"):
+                setattr(world.kafka, failing, unavailable)
+                world.now[0] += 1900
+                assert (await world.manager.run_once()).deleted == 0
+                world.kafka.topic_id_states, world.kafka.topic_ids = answer, listing
+                world.now[0] += 1900  # 3800 s after the first answer
+                assert (await world.manager.run_once()).deleted == 0  # the clock starts again
             world.now[0] += 3600
             assert (await world.manager.run_once()).deleted == 2
         finally:
