@@ -16,8 +16,9 @@ Pure functions over the facts of one partition (kafka-kip405-internals.md §3.5;
    whose epochs are all ``<=`` the lineage's first epoch and that ends below the log start
    offset is deleted (DeleteRecords, or the broker's own retention); otherwise a segment within
    the lineage is deleted when breached by time, else by size (consuming the breach while it
-   stays ``>= 0``); a segment deleted by time consumes the size breach too (down to 0). The walk goes on while segments are deleted or lie outside the lineage and
-   stops at the first valid segment that is kept;
+   stays ``>= 0``); a segment deleted by time consumes the size breach too (down to 0). The
+   walk goes on while segments are deleted or lie outside the lineage and stops at the first
+   valid segment that is kept;
 4. segments whose epochs are all below the lineage's earliest epoch are deleted too
    (unreferenced epochs: unclean leader election, truncated lineage).
 

@@ -40,9 +40,9 @@ a few requests at a time. The store is read in a worker thread.
 The scrub trusts that the metadata topic keeps every record: were an old COPY_SEGMENT_FINISHED
 record deleted by the topic's retention, its (live) segment's objects would look unreferenced.
 The caller checks the topic's ``retention.ms`` and ``retention.bytes`` (DescribeConfigs; both
-must be -1, and ``cleanup.policy`` must not compact: :func:`metadata_retention_problem`) and passes what is wrong as ``unsafe``: a real
-scrub then raises :class:`UnsafeScrubError` before listing anything; a dry run reports it
-(``refused``) and still lists what it would delete.
+must be -1) and ``cleanup.policy`` (no compaction), :func:`metadata_retention_problem`, and
+passes what is wrong as ``unsafe``: a real scrub then raises :class:`UnsafeScrubError` before
+listing anything; a dry run reports it (``refused``) and still lists what it would delete.
 """
 
 from __future__ import annotations
