@@ -325,6 +325,9 @@ def _name(state: RemoteLogSegmentState | None) -> str:
 # persistence
 
 _SCHEMA_VERSION: Final = 1
+#: meta key prefix of :meth:`RemoteSegmentStore.record_history_gap`
+_HISTORY_GAP: Final = "history_gap:"
+
 _SCHEMA: Final = """
 CREATE TABLE meta (
     key TEXT PRIMARY KEY,
@@ -899,6 +902,21 @@ class RemoteSegmentStore:
                 f" {claimed}, but the topic is now {shown}: it was deleted and re-created, and"
                 " the offsets read no longer match; remove the store to rebuild it from the topic"
             )
+
+    def record_history_gap(self, metadata_partition: int, first_offset: int) -> None:
+        """Records of ``metadata_partition`` below ``first_offset`` were deleted (the topic's
+        retention, DeleteRecords) before this store read them: the events they held are
+        missing from it for good. Kept until the store is removed (the first gap recorded)."""
+        self._claim_meta(f"{_HISTORY_GAP}{metadata_partition}", str(first_offset))
+
+    def history_gaps(self) -> dict[int, int]:
+        """Metadata partition -> the offset its records begin at in this store, for those
+        whose earlier records were deleted unread (:meth:`record_history_gap`)."""
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT key, value FROM meta WHERE key GLOB ?", (f"{_HISTORY_GAP}*",)
+            ).fetchall()
+        return {int(key[len(_HISTORY_GAP) :]): int(value) for key, value in rows}
 
     def _claim_meta(self, key: str, value: str) -> str:
         """The value stored under ``key``, stored as ``value`` if there was none."""

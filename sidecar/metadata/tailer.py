@@ -828,6 +828,18 @@ class MetadataTailer:
                         " recreated or truncated; remove the store to rebuild it from the topic"
                     )
                 resume = seeked.get(p)
+                if resume is None and tp in from_beginning and beginnings[tp] > 0:
+                    # read from its beginning, whose earlier records are gone: this store
+                    # never held their events (the scrub must not trust it)
+                    log.warning(
+                        "metadata_history_incomplete",
+                        topic=self.topic,
+                        metadata_partition=p,
+                        begins_at=beginnings[tp],
+                        detail="the metadata topic deleted records before this store first"
+                        " read the partition; the orphan scrub is refused on this store",
+                    )
+                    await asyncio.to_thread(self._store.record_history_gap, p, beginnings[tp])
                 if resume is not None and resume < beginnings[tp]:
                     # deleted before they were read (the topic's retention, DeleteRecords):
                     # what they said is missing from the store; the reading goes on after them
@@ -844,6 +856,7 @@ class MetadataTailer:
                     self.expired_records += beginnings[tp] - resume
                     if self._on_expired is not None:
                         self._on_expired(beginnings[tp] - resume)
+                    await asyncio.to_thread(self._store.record_history_gap, p, beginnings[tp])
                     consumer.seek(tp, beginnings[tp])
                 self._targets[p] = ends[tp]
                 self._beginnings[p] = beginnings[tp]

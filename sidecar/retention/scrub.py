@@ -39,6 +39,8 @@ a few requests at a time. The store is read in a worker thread.
 
 The scrub trusts that the metadata topic keeps every record: were an old COPY_SEGMENT_FINISHED
 record deleted by the topic's retention, its (live) segment's objects would look unreferenced.
+A store that found records deleted before it first read them (a former retention.ms, a
+DeleteRecords) says so (:meth:`RemoteSegmentStore.history_gaps`) and the scrub is refused.
 The caller checks the topic's ``retention.ms`` and ``retention.bytes`` (DescribeConfigs; both
 must be -1) and ``cleanup.policy`` (no compaction), :func:`metadata_retention_problem`, and
 passes what is wrong as ``unsafe``: a real scrub then raises :class:`UnsafeScrubError` before
@@ -249,7 +251,8 @@ class OrphanScrubber:
         stop: asyncio.Event | None = None,
     ) -> ScrubReport:
         """One full scrub of the layout's prefix. ``unsafe``: why the metadata topic cannot be
-        trusted (:func:`metadata_retention_problem`); a real scrub then raises
+        trusted (:func:`metadata_retention_problem`; the store's own history gaps count too,
+        :meth:`RemoteSegmentStore.history_gaps`); a real scrub then raises
         :class:`UnsafeScrubError` and deletes nothing, a dry run reports it. A prefix whose
         ownership marker is not ours raises :class:`UnsafeScrubError`, dry run or not.
         ``stop`` set during the listing (a listing of a million keys takes minutes) ends the
@@ -270,6 +273,14 @@ class OrphanScrubber:
         if foreign_owner is not None:
             log.error("scrub_refused", dry_run=dry_run, reason=foreign_owner)
             raise UnsafeScrubError(f"orphan scrub refused: {foreign_owner}")
+        gaps = await asyncio.to_thread(self._store.history_gaps)
+        if gaps and unsafe is None:
+            shown = ", ".join(f"{p} from offset {o}" for p, o in sorted(gaps.items())[:10])
+            unsafe = (
+                f"the metadata topic deleted records before this store read them (partitions"
+                f" {shown}): live segments' events may be missing from it, so their objects"
+                " would look unreferenced; the scrub cannot be trusted with this topic"
+            )
         if unsafe is not None:
             log.error("scrub_refused", dry_run=dry_run, reason=unsafe)
             if not dry_run:

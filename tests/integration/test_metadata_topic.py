@@ -578,12 +578,19 @@ class TestFailures:
                 assert store.segment(segments[2].segment_id) is not None
                 assert store.segment(segments[1].segment_id) is None
                 assert store.consumed_offsets() == {0: offsets[2]}
+                # the store lacks those events for good: the scrub will not trust it
+                assert store.history_gaps() == {0: offsets[2]}
         assert expired == [offsets[2] - offsets[0] - 1]
         assert tailer.expired_records == expired[0]
         lines = [e for e in logs if e["event"] == "metadata_records_expired_unread"]
         assert [(e["from_offset"], e["to_offset"], e["log_level"]) for e in lines] == [
             (offsets[0] + 1, offsets[2] - 1, "error")
         ]
+        # a new store reads from the partition's beginning: it never held the deleted events
+        async with tailing(kafka, metadata_topic, tmp_path / "fresh", {0}) as (tailer, store):
+            await _caught_up(tailer, 0)
+            assert store.segment(segments[0].segment_id) is None
+            assert store.history_gaps() == {0: offsets[2]}
 
 
 async def _recreate(kafka, topic: str) -> None:

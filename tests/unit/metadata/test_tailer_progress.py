@@ -6,6 +6,7 @@ reported without stopping the reading."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError, KafkaTimeoutError
@@ -121,3 +122,46 @@ async def test_a_check_that_hangs_does_not_hold_up_the_reading(tmp_path: Path) -
         assert consumer.fetches == 5
         await tailer._stop_progress_check()
         assert tailer._progress_task is None
+
+
+class _Assigning:
+    """What an assignment asks of aiokafka's consumer: seeks, beginnings and ends."""
+
+    def __init__(self, beginning: int, end: int) -> None:
+        self.beginning, self.end = beginning, end
+        self.seeks: list[tuple[int, int]] = []
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        self.tps = tps
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp.partition, offset))
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        self.seeks += [(tp.partition, self.beginning) for tp in tps]
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.beginning for tp in tps}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.end for tp in tps}
+
+
+async def test_a_new_store_records_that_the_partition_lost_records_before_it_read_them(
+    tmp_path: Path,
+) -> None:
+    """A store reading a metadata partition from its beginning, which is past offset 0 (a
+    former retention.ms, DeleteRecords): the events of the deleted records are missing from it
+    for good, and it says so (the scrub refuses such a store). From offset 0 it says nothing."""
+    for beginning, gaps in ((500, {0: 500}), (0, {})):
+        with RemoteSegmentStore(tmp_path / str(beginning)) as store, capture_logs() as logs:
+            tailer = MetadataTailer(
+                bootstrap_servers="127.0.0.1:9", store=store, broker_id=1, num_partitions=1
+            )
+            tailer.track([0])
+            consumer: Any = _Assigning(beginning, 900)
+            await tailer._assign(consumer)
+            assert consumer.seeks == [(0, beginning)]
+            assert store.history_gaps() == gaps
+        warned = [e for e in logs if e["event"] == "metadata_history_incomplete"]
+        assert [e["begins_at"] for e in warned] == list(gaps.values())

@@ -122,6 +122,28 @@ class TestScrubber:
         finally:
             store.close()
 
+    async def test_a_store_missing_deleted_metadata_records_is_refused(self, tmp_path):
+        """The metadata topic deleted records before this store first read them (a former
+        retention.ms, a DeleteRecords): a live segment's events may be among them, so its
+        objects would look unreferenced. Retention -1 now does not make the store whole."""
+        store, objects, keys = await _orphaned(tmp_path)
+        try:
+            store.record_history_gap(3, 500)
+            store.record_history_gap(3, 900)  # the first gap found stays
+            assert store.history_gaps() == {3: 500}
+            with capture_logs() as logs, pytest.raises(UnsafeScrubError, match="3 from offset 500"):
+                await _scrubber(store, objects).scrub()
+            assert sorted(objects.objects) == sorted([*keys, MARKER])
+            assert [e["event"] for e in logs] == ["scrub_refused"]
+            report = await _scrubber(store, objects).scrub(dry_run=True)
+            assert report.refused is not None
+            assert "deleted records" in report.refused
+            assert sorted(report.orphans) == sorted(keys)
+        finally:
+            store.close()
+        with RemoteSegmentStore(tmp_path / "state") as reopened:
+            assert reopened.history_gaps() == {3: 500}  # kept until the store is rebuilt
+
     async def test_a_dry_run_still_reports(self, tmp_path):
         store, objects, keys = await _orphaned(tmp_path)
         try:
