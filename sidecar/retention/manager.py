@@ -113,6 +113,8 @@ _DELETE_BATCH = 256
 #: how long a sidecar is without the coordinator role before it drops the other partitions'
 #: metadata: longer than a rebalance, which revokes the role from its holder for a moment
 _NARROW_AFTER_S = 30.0
+#: how long the scrub waits for the store to read every metadata partition to its end
+_SCRUB_SYNC_S = 60.0
 
 
 #: a time no segment expires before (retention.ms unlimited)
@@ -919,6 +921,12 @@ class RetentionManager:
         ):
             self._metrics.scrub_runs.labels("skipped").inc()
             return
+        behind = await self._metadata_behind()
+        if behind is not None:
+            # the objects of copies this store never read about would look like orphans
+            self._metrics.scrub_runs.labels("skipped").inc()
+            log.warning("scrub_skipped", reason=behind)
+            return
         self._next_scrub_at = time.monotonic() + self._config.scrub_interval_s
         unsafe = metadata_retention_problem(self._metadata_topic, meta_config)
         try:
@@ -941,6 +949,23 @@ class RetentionManager:
         if not report.dry_run:
             self._metrics.scrub_deleted_objects.inc(len(report.orphans))
             self._metrics.scrub_aborted_uploads.inc(len(report.aborted_uploads))
+
+    async def _metadata_behind(self) -> str | None:
+        """Why the store may lack events published before now, or None once every metadata
+        partition is read up to its end offset asked now. Being caught up once is not enough:
+        a tailer that stopped reading since (a revoked ACL, an unreachable leader) keeps that."""
+        tailer = self._tailer
+        if not tailer.healthy:
+            return f"the metadata tailer is failing: {tailer.last_error}"
+        if tailer.stalled:
+            return f"metadata partitions {sorted(tailer.stalled)} are not being read"
+        try:
+            async with asyncio.timeout(_SCRUB_SYNC_S):
+                for p in range(self._num_mp):
+                    await tailer.sync(p)
+        except (TimeoutError, SidecarError) as exc:
+            return f"the store did not read the metadata topic to its end: {exc!r}"
+        return None
 
 
 def _retained_floor(plan: RetentionPlan) -> int | None:

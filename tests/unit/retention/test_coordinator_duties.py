@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from sidecar.config import RetentionConfig
 from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.kafka.logdir import PartitionScan
+from sidecar.metadata.errors import MetadataNotTrackedError, MetadataTailError
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
     RemotePartitionDeleteState,
@@ -115,8 +116,18 @@ class TestPartitionDeletion:
 
 
 class _Tailer:
+    healthy = True
+    last_error: str | None = None
+    stalled: frozenset[int] = frozenset()
+
     def __init__(self) -> None:
         self.tracked: set[int] = set()
+        self.synced: list[int] = []
+
+    async def sync(self, partition: int) -> None:
+        if partition not in self.tracked:
+            raise MetadataNotTrackedError(f"partition {partition} is not tracked")
+        self.synced.append(partition)
 
     def caught_up(self, partition: int) -> bool:
         return partition in self.tracked
@@ -259,3 +270,52 @@ class TestRole:
         assert tailer.tracked == set(range(8))
         await manager.run_once()
         assert scrubber.runs == 1
+        assert tailer.synced == list(range(8))  # read to the end just before the listing
+
+
+class TestScrubOnCurrentMetadata:
+    """Caught up once is not current: copies other sidecars made since a tailer stopped
+    reading are not in its store, and their objects would look unreferenced."""
+
+    async def test_no_scrub_while_the_tailer_fails_or_a_partition_is_stalled(self):
+        for broken in ("failing", "stalled", "sync"):
+            tailer = _Tailer()
+            tailer.track(range(8))  # caught up once, long ago
+            if broken == "failing":
+                tailer.healthy = False
+                tailer.last_error = "TopicAuthorizationFailedError: __remote_log_metadata"
+            elif broken == "stalled":
+                tailer.stalled = frozenset({3})
+            else:
+
+                async def sync(partition: int) -> None:
+                    raise MetadataTailError("cannot read the end offset")
+
+                tailer.sync = sync  # type: ignore[method-assign]
+            scrubber = _Scrubber()
+            manager = _manager([True], tailer, scrubber, {})
+            with capture_logs() as logs:
+                await manager.run_once()
+            assert scrubber.runs == 0, broken
+            assert [e["event"] for e in logs if e["event"].startswith("scrub")] == ["scrub_skipped"]
+            assert manager._metrics.scrub_runs.labels("skipped")._value.get() == 1
+            # it is tried again at the next pass, and runs once the reading is current
+            tailer.healthy, tailer.stalled = True, frozenset()
+            tailer.sync = _Tailer.sync.__get__(tailer)  # type: ignore[method-assign]
+            await manager.run_once()
+            assert scrubber.runs == 1, broken
+
+    async def test_a_sync_that_never_ends_skips_the_scrub(self, monkeypatch):
+        monkeypatch.setattr("sidecar.retention.manager._SCRUB_SYNC_S", 0.01)
+        tailer = _Tailer()
+        tailer.track(range(8))
+        never = asyncio.Event()
+
+        async def sync(partition: int) -> None:
+            await never.wait()  # its leader does not answer
+
+        tailer.sync = sync  # type: ignore[method-assign]
+        scrubber = _Scrubber()
+        manager = _manager([True], tailer, scrubber, {})
+        await manager.run_once()
+        assert scrubber.runs == 0

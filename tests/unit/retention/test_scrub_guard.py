@@ -157,6 +157,10 @@ class TestScrubber:
             store.close()
 
 
+async def _synced(metadata_partition: int) -> None:
+    """The tailer's sync: every event published so far is in the store."""
+
+
 def _manager(store, objects, scrubber, metrics, config: TopicConfig | None) -> RetentionManager:
     configs = {} if config is None else {META: config}
     view = ClusterView(
@@ -174,7 +178,13 @@ def _manager(store, objects, scrubber, metrics, config: TopicConfig | None) -> R
         cluster=stub(view=view),
         kafka=stub(),
         store=store,
-        tailer=stub(caught_up=lambda p: True),
+        tailer=stub(
+            caught_up=lambda p: True,
+            healthy=True,
+            last_error=None,
+            stalled=frozenset(),
+            sync=_synced,
+        ),
         publisher=stub(),
         uploader=stub(broker_id=1),
         objects=objects,
