@@ -274,7 +274,8 @@ class RetentionManager:
         self.passes += 1
         self._follow_role()
         await self._check_lost()
-        topic_ids = await self._topic_ids()
+        listed = await self._topic_ids()
+        topic_ids = None if listed is None else set(listed.values())
         partitions, markers = await asyncio.to_thread(self._partitions_and_markers)
         # topic ids the store no longer holds (their partitions were forgotten) are not tracked
         stored_ids = {tp.topic_id for tp in partitions}
@@ -286,7 +287,7 @@ class RetentionManager:
         for tp in partitions if self._config.enabled else ():
             if stop.is_set():
                 break
-            if self._broker_driven(tp):
+            if self._broker_driven(tp, listed):
                 continue  # Kafka's RLM deletes these itself, partition and topic deletion too
             marker = markers.get(tp)
             if marker is None and topic_ids is not None and tp.topic_id in topic_ids:
@@ -336,23 +337,33 @@ class RetentionManager:
                     "retention_partition_failed", error=str(exc), error_type=type(exc).__name__
                 )
 
-    async def _topic_ids(self) -> set[uuid.UUID] | None:
+    async def _topic_ids(self) -> dict[str, uuid.UUID] | None:
+        """Every topic's id by name (the all-topics listing), or None without an answer."""
         if not self._config.topic_deletion:
             return None
         try:
-            ids = await self._kafka.topic_ids()
+            return await self._kafka.topic_ids()
         except SidecarError as exc:
             log.warning("topic_ids_unavailable", error=str(exc))
             return None
-        return set(ids.values())
 
-    def _broker_driven(self, tp: TopicIdPartition) -> bool:
+    def _broker_driven(self, tp: TopicIdPartition, listed: dict[str, uuid.UUID] | None) -> bool:
         """The topic has (or had, while this process ran) remote.storage.enable=true: the
-        broker's RLM owns its remote data. Remembered by topic id, so the topic's deletion does
-        not hand its cleanup to the sidecar."""
-        if TopicSelector.broker_driven(self._cluster.view.configs.get(tp.topic)):
-            self._broker_driven_ids.add(tp.topic_id)
-        return tp.topic_id in self._broker_driven_ids
+        broker's RLM owns its remote data. The config is the name's, so it counts for ``tp``'s
+        topic id only while the listing gives the name that id (a standalone topic deleted and
+        re-created broker-driven under its name leaves the old id's data to the sidecar: the
+        broker's RLM knows only the new id). Remembered by topic id, so the topic's deletion
+        does not hand its cleanup to the sidecar; without a listing, the config's topic is
+        taken to be ``tp``'s."""
+        if tp.topic_id in self._broker_driven_ids:
+            return True
+        if not TopicSelector.broker_driven(self._cluster.view.configs.get(tp.topic)):
+            return False
+        current = None if listed is None else listed.get(tp.topic)
+        if current is not None and current != tp.topic_id:
+            return False  # an earlier topic of that name
+        self._broker_driven_ids.add(tp.topic_id)
+        return True
 
     def _caught_up(self, tp: TopicIdPartition) -> bool:
         return self._tailer.caught_up(metadata_partition(tp, self._num_mp))

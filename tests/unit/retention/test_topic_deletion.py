@@ -32,7 +32,7 @@ from sidecar.retention._kafka import TopicIdState
 from sidecar.retention.manager import _DELETE_BATCH, SERIES_GRACE_S, RetentionManager
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
-from sidecar.tiering.cluster import ClusterUnavailableError, ClusterView
+from sidecar.tiering.cluster import ClusterUnavailableError, ClusterView, TopicConfig
 
 META = "__remote_log_metadata"
 NUM_MP = 2
@@ -499,5 +499,33 @@ class TestDisabled:
                 assert summary.deleted == 0
             assert len(world.objects_of("orders")) == 6
             assert len(world.objects_of("payments")) == 6
+        finally:
+            world.close()
+
+
+class TestRecreatedBrokerDriven:
+    async def test_a_standalone_topic_recreated_broker_driven_leaves_the_old_data_to_us(
+        self, tmp_path
+    ):
+        """'orders' (id A, standalone) is deleted and re-created under its name (id B) with
+        remote.storage.enable=true. The broker's RLM only knows B: A's tiered data is the
+        sidecar's to delete once A is confirmed unknown, and B's stays the broker's."""
+        world = _World(tmp_path, topic_deletion_grace_s=0.0, topic_deletion_max_share=1.0)
+        try:
+            await world.tier("orders", 2)
+            await world.tier("payments", 2)
+            world.vanish("orders", TopicIdState.ABSENT)
+            recreated = TopicIdPartition(uuid.uuid4(), "orders", 0)
+            world.store.apply([_segment(recreated, 0)])  # the broker's copy of B, in flight
+            world.kafka.listed["orders"] = recreated.topic_id
+            view = world.manager._cluster.view
+            configs = {"orders": TopicConfig(remote_storage_enable=True)}
+            world.manager._cluster.view = dataclasses.replace(view, configs=configs)
+            for _ in range(2):
+                world.now[0] += 10
+                await world.manager.run_once()
+            assert world.objects_of("orders") == set()
+            assert [s.start_offset for s in world.store.segments(recreated)] == [0]
+            assert world.manager._broker_driven_ids == {recreated.topic_id}
         finally:
             world.close()
