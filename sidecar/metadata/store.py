@@ -1269,6 +1269,14 @@ class RemoteSegmentStore:
             and (leader_epoch is None or any(e == leader_epoch for e, _ in row.epochs))
         ]
 
+    def segment_count(self) -> int:
+        """Live segments of every partition (what :meth:`segments` would list for each, summed),
+        counted without reading them."""
+        with self._reading() as db:
+            # the table holds live segments only (a DELETE_SEGMENT_FINISHED removes the row)
+            row = db.execute("SELECT COUNT(*) FROM segment").fetchone()
+        return int(row[0])
+
     def segment(self, segment_id: RemoteLogSegmentId) -> SegmentMetadata | None:
         """One segment as of its latest event, or None (never seen, or DELETE_SEGMENT_FINISHED)."""
         tp = segment_id.topic_id_partition

@@ -558,7 +558,7 @@ class RetentionManager:
     def _live_segment_count(self) -> int:
         """Live segments of every partition of the store: this cluster's tiered segments
         (worker thread)."""
-        return sum(len(self._store.segments(tp)) for tp in self._store.partitions())
+        return self._store.segment_count()
 
     async def _delete_topic_partition(
         self,

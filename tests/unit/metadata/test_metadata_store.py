@@ -377,6 +377,13 @@ class TestQueries:
         assert ids(store.segments(TP, states={FINISHED})) == [3, 2]
         assert store.segments(OTHER) == []
 
+    def test_segment_count_is_the_live_segments_of_every_partition(self, store):
+        store.apply([*copied(1, 0, 9), started(2, 10, 19), *copied(3, 20, 29)])
+        store.apply([update(3, DELETE_STARTED), *copied(4, 0, 9, tp=OTHER)])
+        store.apply([update(4, DELETE_STARTED, tp=OTHER), update(4, DELETE_FINISHED, tp=OTHER)])
+        expected = sum(len(store.segments(tp)) for tp in store.partitions())
+        assert store.segment_count() == expected == 3
+
     def test_remote_log_size(self, store):
         """Sizes of live segments, optionally of some states only."""
         store.apply([*copied(1, 0, 9, size=10), started(2, 10, 19, size=5)])
