@@ -3,7 +3,10 @@ configs, from the Kafka protocol only (Metadata, ListOffsets read_committed, Des
 never from ZooKeeper, so it works with KRaft and ZooKeeper clusters alike.
 
 ``ClusterWatcher.run`` refreshes a :class:`ClusterView` periodically and on demand; readers get
-the latest immutable view. When a refresh fails the view is marked stale and, past
+the latest immutable view. LSOs are asked of this broker itself, and one counts only when it
+answers as the partition's leader: another broker's LSO says nothing about this broker's log,
+whose tail past a leadership move may hold records the new leader never had (and that this
+broker truncates as its follower). When a refresh fails the view is marked stale and, past
 ``stale_after_s``, :meth:`ClusterView.may_upload` says no: an old leadership picture must not let
 two sidecars upload the same partition. ``healthy`` is stricter (the last refresh succeeded): it
 feeds readiness, so a Kafka outage shows at once. The topic-selection rule is pure and lives here
@@ -37,6 +40,7 @@ __all__ = [
     "describe_broker_configs",
     "describe_broker_tiering",
     "describe_topic_configs",
+    "own_last_stable_offsets",
 ]
 
 log = get_logger(__name__)
@@ -217,6 +221,46 @@ async def describe_broker_tiering(admin: Any, broker_id: int) -> BrokerTiering:
     )
 
 
+#: ListOffsets' isolation level and timestamp for the last stable offset
+_READ_COMMITTED = 1
+_LATEST = -1
+
+#: ListOffsets' answers from a broker that does not lead the partition (now, or yet):
+#: UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER,
+#: FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, OFFSET_NOT_AVAILABLE (a new leader whose high
+#: watermark has not caught up)
+_NOT_LEADING_HERE = frozenset({3, 5, 6, 74, 75, 78})
+
+
+async def own_last_stable_offsets(
+    client: Any, broker_id: int, partitions: Iterable[tuple[str, int]]
+) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+    """The LSOs of ``partitions`` that broker ``broker_id`` answers as their leader: one
+    ListOffsets (latest, read_committed) sent to that broker with aiokafka's ``client``, never
+    routed to whichever broker the client believes leads. Returns (partition → LSO, partition →
+    Kafka error code of each one it did not answer). Kafka errors of the request itself
+    propagate to the caller."""
+    from aiokafka.protocol.offset import OffsetRequest
+
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for topic, partition in partitions:
+        by_topic.setdefault(topic, []).append((partition, _LATEST))
+    if not by_topic:
+        return {}, {}
+    request = OffsetRequest(-1, _READ_COMMITTED, sorted(by_topic.items()))
+    response = await client.send(broker_id, request)
+    lsos: dict[tuple[str, int], int] = {}
+    refused: dict[tuple[str, int], int] = {}
+    for topic in response.to_object()["topics"]:
+        for answer in topic["partitions"]:
+            key = (topic["topic"], answer["partition"])
+            if answer["error_code"] != 0:
+                refused[key] = answer["error_code"]
+            elif answer["offset"] >= 0:
+                lsos[key] = int(answer["offset"])
+    return lsos, refused
+
+
 #: topic names whose selection by name is remembered, at most
 _MAX_REMEMBERED_TOPICS = 100_000
 
@@ -286,7 +330,8 @@ class ClusterView:
     """(topic, partition) → leader node id (-1 when leaderless)."""
     configs: Mapping[str, TopicConfig]
     last_stable_offsets: Mapping[tuple[str, int], int]
-    """LSO of the partitions this broker leads (ListOffsets with read_committed)."""
+    """LSO of the partitions this broker leads, as this broker answered it as their leader
+    (ListOffsets with read_committed)."""
     refreshed_at: float
     stale_after_s: float
     #: the broker's tiered-storage configs; None while unknown (not asked yet, or refused)
@@ -356,12 +401,13 @@ class ClusterWatcher:
         self._wake = asyncio.Event()
         self.refreshed = asyncio.Event()  # set after every successful refresh
         self.last_error: str | None = None
+        #: partitions whose LSO this broker refused, not for leadership (logged once)
+        self._lso_refused: dict[tuple[str, int], int] = {}
         self._pair = AdminAndConsumer(
             bootstrap_servers=bootstrap_servers,
             client_id="kafka-tiered-sidecar",
             request_timeout_ms=request_timeout_ms,
             client_options=client_options,
-            consumer_options={"isolation_level": "read_committed"},  # the LSO
         )
 
     @property
@@ -385,7 +431,6 @@ class ClusterWatcher:
 
     async def refresh(self) -> ClusterView:
         """Fetch leaders, configs and LSOs; raises ClusterUnavailableError on failure."""
-        from aiokafka import TopicPartition
         from aiokafka.errors import KafkaError
 
         # the picture is as old as its first answer, not its last: the later requests may
@@ -410,7 +455,7 @@ class ClusterWatcher:
             # the LSOs of the partitions this broker copies (standalone) or stages ahead of
             # the broker's copies (broker-driven): one request, not one per partition
             mine = [
-                TopicPartition(t, p)
+                (t, p)
                 for (t, p), leader in leaders.items()
                 if leader == broker_id
                 and (
@@ -418,11 +463,12 @@ class ClusterWatcher:
                     or self._selector.broker_copies(configs.get(t))
                 )
             ]
-            _track_only(consumer, {tp.topic for tp in mine})
+            _track_only(consumer, {t for t, _ in mine})
             lsos: dict[tuple[str, int], int] = {}
-            if mine:
-                ends = await consumer.end_offsets(mine)
-                lsos = {(tp.topic, tp.partition): int(offset) for tp, offset in ends.items()}
+            if mine and broker_id is not None:
+                # asked of this broker: the leaders above may be out of date already
+                lsos, lso_refused = await own_last_stable_offsets(consumer._client, broker_id, mine)
+                self._report_lso_refused(lso_refused)
             broker_tiering = self.view.broker_tiering
             live = {b["node_id"] for b in metadata["brokers"]}
             if broker_id not in live:
@@ -483,6 +529,26 @@ class ClusterWatcher:
         if readable:
             log.info("topic_configs_readable_again", topics=readable[:20], count=len(readable))
 
+    def _report_lso_refused(self, refused: Mapping[tuple[str, int], int]) -> None:
+        """Log the partitions whose LSO this broker did not give: at debug level when it does
+        not lead them (a leadership move the next Metadata shows), and once as a warning when
+        it refuses others for another reason (an authorizer, say), which stops their
+        tiering."""
+        moved = sorted(tp for tp, code in refused.items() if code in _NOT_LEADING_HERE)
+        if moved:
+            log.debug("lso_not_led_here", partitions=moved[:20], count=len(moved))
+        other = {tp: code for tp, code in refused.items() if code not in _NOT_LEADING_HERE}
+        new = sorted(tp for tp in other if tp not in self._lso_refused)
+        if new:
+            log.warning(
+                "lso_refused",
+                partitions=new[:20],
+                count=len(new),
+                error_codes=sorted({other[tp] for tp in new}),
+                consequence="a partition without its LSO is not tiered",
+            )
+        self._lso_refused = other
+
     async def _broker_tiering(self, admin: Any, broker_id: int) -> BrokerTiering | None:
         """This broker's tiered-storage configs, asked of the broker itself once a minute; the
         last answer when it is down (its partitions are led elsewhere meanwhile) or refuses."""
@@ -513,23 +579,33 @@ class ClusterWatcher:
         return tiering.runs(self._plugin_class)
 
     async def fetch_lso(self, topic: str, partition: int) -> int | None:
-        """One partition's LSO now (one ListOffsets, read_committed), merged into the view;
-        None when Kafka does not answer (the periodic refresh reports that)."""
-        from aiokafka import TopicPartition
+        """This broker's LSO of one partition now, asked of this broker itself (one
+        ListOffsets, read_committed) and merged into the view; None when it does not answer as
+        the leader (a refresh is asked for: the view's leaders are out of date) or Kafka does
+        not answer (the periodic refresh reports that)."""
         from aiokafka.errors import KafkaError
 
-        tp = TopicPartition(topic, partition)
+        broker_id = self.view.broker_id
+        if broker_id is None:
+            return None
+        key = (topic, partition)
         try:
             _, consumer = await self._clients()
-            ends = await consumer.end_offsets([tp])
+            lsos, refused = await own_last_stable_offsets(consumer._client, broker_id, [key])
         except (KafkaError, OSError, TimeoutError) as exc:
             log.debug("lso_fetch_failed", topic=topic, partition=partition, error=str(exc))
             return None
-        lso = int(ends[tp])
+        lso = lsos.get(key)
+        if lso is None:
+            code = refused.get(key)
+            log.debug("lso_not_answered", topic=topic, partition=partition, error_code=code)
+            if code in _NOT_LEADING_HERE:
+                self.request_refresh()
+            return None
         view = self.view
-        if lso > view.last_stable_offsets.get((topic, partition), -1):
+        if lso > view.last_stable_offsets.get(key, -1):
             self.view = dataclasses.replace(
-                view, last_stable_offsets={**view.last_stable_offsets, (topic, partition): lso}
+                view, last_stable_offsets={**view.last_stable_offsets, key: lso}
             )
         return lso
 

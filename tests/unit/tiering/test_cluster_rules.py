@@ -17,6 +17,7 @@ from sidecar.tiering.cluster import (
     TopicConfig,
     TopicSelector,
 )
+from tests.unit.tiering.test_cluster_lso import Brokers
 
 
 class TestTopicSelector:
@@ -155,17 +156,6 @@ class _Admin:
         return [_Response({"resources": [answer]})]
 
 
-class _Consumer:
-    """Answers ListOffsets: every partition's LSO is 42."""
-
-    def __init__(self) -> None:
-        self.asked: list[Any] = []
-
-    async def end_offsets(self, partitions: list[Any]) -> dict[Any, int]:
-        self.asked.extend(partitions)
-        return dict.fromkeys(partitions, 42)
-
-
 def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> ClusterWatcher:
     watcher = ClusterWatcher(
         bootstrap_servers=["127.0.0.1:1"],
@@ -175,7 +165,7 @@ def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> ClusterWatcher:
     )
 
     async def clients() -> tuple[Any, Any]:
-        return admin, _Consumer()
+        return admin, Brokers({("orders", 0): 42})
 
     monkeypatch.setattr(watcher, "_clients", clients)
     return watcher
@@ -299,28 +289,17 @@ class _TopicAdmin(_Admin):
         return [_Response({"resources": [answer]})]
 
 
-class _Ends:
-    """The consumer's ListOffsets: every partition asked ends at 100."""
-
-    def __init__(self) -> None:
-        self.asked: list[Any] = []
-
-    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
-        self.asked.extend(tps)
-        return dict.fromkeys(tps, 100)
-
-
 class TestRefusedTopicConfigs:
     """A topic whose configs an authorizer refuses (TOPIC_AUTHORIZATION_FAILED) may be
     compacted or broker-driven: one never read is not tiered by the sidecar, one read before
     keeps those configs, and each change is logged once."""
 
     @staticmethod
-    def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterWatcher, _Ends]:
+    def _watcher(admin: _Admin, monkeypatch: pytest.MonkeyPatch) -> tuple[ClusterWatcher, Brokers]:
         watcher = ClusterWatcher(
             bootstrap_servers=["127.0.0.1:1"], broker_id=1, selector=TopicSelector(include=[".*"])
         )
-        ends = _Ends()
+        ends = Brokers({("orders", 0): 100})
 
         async def clients() -> tuple[Any, Any]:
             return admin, ends
