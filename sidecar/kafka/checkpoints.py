@@ -495,6 +495,21 @@ class ProducerSnapshot:
     crc: int
     entries: tuple[ProducerSnapshotEntry, ...]
 
+    def open_transactions(self) -> dict[int, int]:
+        """Producer id -> first offset of its transaction still open at the snapshot's offset
+        (no COMMIT/ABORT marker below it yet)."""
+        return {
+            e.producer_id: e.current_txn_first_offset
+            for e in self.entries
+            if e.current_txn_first_offset >= 0
+        }
+
+    def last_stable_offset(self) -> int | None:
+        """The first offset of a transaction open at the snapshot's offset, None when none is:
+        of a log that ends at the snapshot's offset, a read_committed consumer reads nothing
+        from there on (Kafka's last stable offset; above it the outcome is not known yet)."""
+        return min(self.open_transactions().values(), default=None)
+
 
 def check_producer_snapshot(data: bytes, *, path: str | None = None) -> None:
     """The checks of :func:`parse_producer_snapshot` (version, CRC, size), without building

@@ -25,6 +25,9 @@ record batches, read through the disk chunk cache. Kafka's path is
   transaction indexes of the segments from the offset on and, when the remote ones do not
   settle it, the broker's local ones (Kafka's ``collectAbortedTransactions``); the response is
   cut below an upper bound estimated from the offset index, so the list covers every batch.
+  When neither settles it, the response also stops at the archive's last stable offset (a
+  transaction open at the end of the tiered data, from the last segment's producer snapshot):
+  its marker is not tiered, so whether it aborted is not known here.
 * **Planned responses**: a walk that continues a segment's verified prefix (from byte 0)
   records each CRC-checked batch (position, offsets) and the cached copy of each chunk it came
   from. Later responses over that prefix are computed from the map alone and sent from the
@@ -66,6 +69,7 @@ from sidecar.errors import CheckpointFormatError, FormatError, KeyNotFoundError
 from sidecar.kafka.checkpoints import (
     EpochEntry,
     encode_kafka_uuid,
+    parse_producer_snapshot,
     read_leader_epoch_checkpoint,
     read_partition_metadata,
 )
@@ -245,20 +249,24 @@ class ByteStream(Stream[memoryview]):
 
 
 class _Budget:
-    """Bytes a response may still take: whole batches, at least one (Kafka's minOneMessage);
-    with ``limit_offset``, only batches that end below it (the first one excepted)."""
+    """Bytes a response from ``offset`` may still take: whole batches, at least one (Kafka's
+    minOneMessage); with ``limit_offset``, only batches that end below it (the first one
+    excepted), and none when it is at or below ``offset`` (a read_committed read from the last
+    stable offset on)."""
 
-    __slots__ = ("limit_offset", "max_bytes", "sent", "stopped")
+    __slots__ = ("first", "limit_offset", "max_bytes", "sent", "stopped")
 
-    def __init__(self, max_bytes: int, limit_offset: int | None = None) -> None:
+    def __init__(self, max_bytes: int, limit_offset: int | None = None, offset: int = 0) -> None:
         self.max_bytes = max_bytes
         self.limit_offset = _NO_LIMIT if limit_offset is None else limit_offset
+        #: the first batch goes whatever its size and last offset
+        self.first = self.limit_offset > offset
         self.sent = 0
         #: the response is complete (budget spent, or the span ended where a gap follows)
         self.stopped = False
 
     def allows(self, size: int, last_offset: int) -> bool:
-        return self.sent == 0 or (
+        return (self.sent == 0 and self.first) or (
             self.sent + size <= self.max_bytes and last_offset < self.limit_offset
         )
 
@@ -1090,11 +1098,13 @@ class ReadService:
     ) -> BatchStream:
         """Record batches from the one that holds ``offset``, whole batches up to ``max_bytes``
         (at least one, as Kafka's ``minOneMessage``), across segments while they are contiguous;
-        with ``limit_offset``, only batches ending below it after the first.
+        with ``limit_offset``, only batches ending below it after the first, and none when it is
+        at or below ``offset``.
         :class:`OffsetOutOfRangeError` (with the tiered range) outside the tiered data."""
         lineage = await self._lineage(tp)
         at = self._start(tp, offset, lineage)
-        items = self._batches_from(lineage.spans, at, offset, _Budget(max_bytes, limit_offset))
+        budget = _Budget(max_bytes, limit_offset, offset)
+        items = self._batches_from(lineage.spans, at, offset, budget)
         return await BatchStream.prime(items, offset=offset)
 
     async def runs(
@@ -1104,7 +1114,8 @@ class ReadService:
         responses (a header parse and a CRC per batch, no per-batch objects)."""
         lineage = await self._lineage(tp)
         at = self._start(tp, offset, lineage)
-        items = self._runs_from(lineage.spans, at, offset, _Budget(max_bytes, limit_offset))
+        budget = _Budget(max_bytes, limit_offset, offset)
+        items = self._runs_from(lineage.spans, at, offset, budget)
         return await RunStream.prime(items, offset=offset)
 
     # -- planned responses ---------------------------------------------------------------
@@ -1115,10 +1126,11 @@ class ReadService:
         """The response :meth:`runs` would stream, when its batches were verified before and
         their chunks are still cached: no read, no CRC walk, the length known up front (it may
         end earlier than :meth:`runs`, where a verified prefix ends). None when the first batch
-        is not mapped. The same errors as :meth:`runs` for offsets outside the tiered range."""
+        is not mapped, or ``limit_offset`` leaves none. The same errors as :meth:`runs` for
+        offsets outside the tiered range."""
         lineage = await self._lineage(tp)
         at = self._start(tp, offset, lineage)
-        if not self._plan:
+        if not self._plan or (limit_offset is not None and limit_offset <= offset):
             return None
         spans = lineage.spans
         limit = _NO_LIMIT if limit_offset is None else limit_offset
@@ -1242,9 +1254,13 @@ class ReadService:
         remote offset index (``fetchUpperBoundOffset``), then the transaction indexes of this
         segment and the following ones, keeping entries with ``last >= offset`` and
         ``first < bound``, until one entry's last stable offset reaches the bound; if none
-        does, the broker's local transaction indexes (when this host has the partition). With
-        ``cap``, at most ``cap`` transactions that start after ``offset`` are kept and the
-        bound moves down to the first one left out.
+        does, the broker's local transaction indexes (when this host has the partition). If
+        that does not settle it either (no local copy, or the markers are not in it), a
+        transaction open at the end of the tiered data may still abort with its marker not
+        tiered: the bound moves down to the archive's last stable offset (:meth:`_stable_end`),
+        as a broker never returns data past its LSO to a read_committed fetch; a read from
+        there on gets no batches. With ``cap``, at most ``cap`` transactions that start after
+        ``offset`` are kept and the bound moves down to the first one left out.
         """
         lineage = await self._lineage(tp)
         at = self._start(tp, offset, lineage)
@@ -1263,7 +1279,12 @@ class ReadService:
                 break
         if not complete and self._log_dirs:
             local = await asyncio.to_thread(self._local_txn_entries, tp, offset)
-            _collect(local, offset, bound, found)
+            complete = _collect(local, offset, bound, found)
+        if not complete:
+            stable = await self._stable_end(spans, at)
+            if stable is not None and stable < bound:
+                bound = stable
+                found = {a for a in found if a.first_offset < bound}
         ordered = sorted(found, key=lambda a: (a.first_offset, a.producer_id))
         if cap is not None:
             later = [a for a in ordered if a.first_offset > offset]
@@ -1273,6 +1294,37 @@ class ReadService:
                 bound = later[cap].first_offset
                 ordered = [a for a in ordered if a.first_offset < bound]
         return ordered, bound
+
+    async def _stable_end(self, spans: list[SegmentSpan], at: int) -> int | None:
+        """The last stable offset of the tiered data a read from span ``at`` can reach (up to
+        a gap): the first offset of a transaction still open at the end of its last segment,
+        from that segment's producer snapshot; None when none is open. The Spark source stops
+        its read_committed ranges at the same offset."""
+        if at >= len(spans):
+            return None
+        last = at
+        while last + 1 < len(spans) and spans[last + 1].start_offset == spans[last].end_offset + 1:
+            last += 1
+        segment = spans[last].segment
+
+        async def load() -> list[int]:
+            data = await self.index_bytes(segment, IndexKind.PRODUCER_SNAPSHOT)
+            if data is None:
+                raise RemoteDataError(
+                    f"segment {segment.segment_id.id} has no producer snapshot: the"
+                    " transactions open at the end of the tiered data are unknown"
+                )
+            try:
+                snapshot = parse_producer_snapshot(data)
+            except FormatError as exc:
+                raise RemoteDataError(
+                    f"producer snapshot of segment {segment.segment_id.id}: {exc}"
+                ) from exc
+            stable = snapshot.last_stable_offset()
+            return [] if stable is None else [stable]
+
+        found = await self._indexes.get(("snapshot", segment.segment_id.id), load, _txn_weight)
+        return found[0] if isinstance(found, list) and found else None
 
     async def _upper_bound(
         self, spans: list[SegmentSpan], at: int, offset: int, max_bytes: int

@@ -198,12 +198,7 @@ class SegmentFiles:
         data = self.index_bytes(IndexKind.PRODUCER_SNAPSHOT)
         if not data:
             return {}
-        snapshot = parse_producer_snapshot(data, path=self.ref.log_key)
-        return {
-            e.producer_id: e.current_txn_first_offset
-            for e in snapshot.entries
-            if e.current_txn_first_offset >= 0
-        }
+        return parse_producer_snapshot(data, path=self.ref.log_key).open_transactions()
 
     # -- the log ---------------------------------------------------------------------------
 

@@ -347,6 +347,24 @@ class TestProducerSnapshot:
         assert len(data) == 10
         assert parse_producer_snapshot(data).entries == ()
 
+    def test_open_transactions_and_last_stable_offset(self) -> None:
+        """Producers with a current transaction give their first offsets; the last stable
+        offset is the lowest of them, None when no transaction is open."""
+        snapshot = parse_producer_snapshot(
+            format_producer_snapshot(
+                [
+                    ENTRY,
+                    ENTRY._replace(producer_id=7, current_txn_first_offset=880),
+                    ENTRY._replace(producer_id=8, current_txn_first_offset=870),
+                ]
+            )
+        )
+        assert snapshot.open_transactions() == {7: 880, 8: 870}
+        assert snapshot.last_stable_offset() == 870
+        assert (
+            parse_producer_snapshot(format_producer_snapshot([ENTRY])).last_stable_offset() is None
+        )
+
     @pytest.mark.parametrize(
         ("mutate", "error", "fragment", "position"),
         [

@@ -9,10 +9,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.kafka.checkpoints import EpochEntry, format_leader_epoch_checkpoint
+from sidecar.kafka.checkpoints import (
+    EpochEntry,
+    ProducerSnapshotEntry,
+    format_leader_epoch_checkpoint,
+    format_producer_snapshot,
+)
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.logdir import FileKind, segment_file_name
 from sidecar.kafka.records import (
+    BatchHeader,
     Compression,
     ControlRecordType,
     Record,
@@ -69,9 +75,12 @@ class Remote:
         manifest: bool = True,
         segment_id: uuid.UUID | None = None,
         keep_offsets: bool = False,
+        snapshot: bytes | None = None,
     ) -> SegmentMetadata:
         """Tier one segment of ``batches`` (re-based to consecutive offsets from
-        ``base_offset`` unless ``keep_offsets``) and return its metadata."""
+        ``base_offset`` unless ``keep_offsets``) and return its metadata. Its producer
+        snapshot is the state after the batches of ``tp``'s segments tiered below it and its
+        own (:func:`producer_snapshot`), unless ``snapshot`` gives the bytes."""
         sid = segment_id or uuid.uuid4()
         directory = self.files / f"{sid}"
         if keep_offsets:
@@ -99,7 +108,9 @@ class Remote:
                 directory / segment_file_name(base_offset, FileKind.TIMEINDEX)
             ).read_bytes(),
             IndexKind.TXN_INDEX: txn.read_bytes() if txn.exists() else None,
-            IndexKind.PRODUCER_SNAPSHOT: b"snapshot",
+            IndexKind.PRODUCER_SNAPSHOT: (
+                self._snapshot(tp, base_offset, rebased) if snapshot is None else snapshot
+            ),
             IndexKind.LEADER_EPOCH_CHECKPOINT: format_leader_epoch_checkpoint(
                 EpochEntry(e, o) for e, o in epochs
             ),
@@ -163,6 +174,18 @@ class Remote:
         self.logs[sid] = log
         return metadata
 
+    def _snapshot(self, tp: TopicIdPartition, base_offset: int, batches: Sequence[bytes]) -> bytes:
+        below = sorted(
+            (
+                s
+                for s in self.segments
+                if s.segment_id.topic_id_partition == tp and s.end_offset < base_offset
+            ),
+            key=lambda s: s.start_offset,
+        )
+        headers = [h for s in below for h in iter_batches(self.logs[s.segment_id.id])]
+        return producer_snapshot([*headers, *map(parse_batch_header, batches)])
+
     def delete(self, metadata: SegmentMetadata) -> None:
         """Delete a tiered segment as Kafka's retention does: DELETE_SEGMENT_STARTED, then
         FINISHED (its objects are left: the store no longer names them)."""
@@ -181,6 +204,37 @@ class Remote:
             ]
         )
         assert not result.rejected, result.rejected
+
+
+def producer_snapshot(headers: Sequence[BatchHeader]) -> bytes:
+    """The producer snapshot a broker writes after ``headers``' batches: one entry per
+    producer, with the first offset of its transaction still open (no marker yet), or -1."""
+    last: dict[int, BatchHeader] = {}
+    open_at: dict[int, int] = {}
+    for header in headers:
+        pid = header.producer_id
+        if pid < 0:
+            continue
+        last[pid] = header
+        if header.is_control:
+            open_at.pop(pid, None)
+        elif header.is_transactional:
+            open_at.setdefault(pid, header.base_offset)
+    return format_producer_snapshot(
+        [
+            ProducerSnapshotEntry(
+                producer_id=pid,
+                epoch=h.producer_epoch,
+                last_sequence=h.base_sequence + h.last_offset_delta,
+                last_offset=h.last_offset,
+                offset_delta=h.last_offset_delta,
+                timestamp=h.max_timestamp,
+                coordinator_epoch=0,
+                current_txn_first_offset=open_at.get(pid, -1),
+            )
+            for pid, h in sorted(last.items())
+        ]
+    )
 
 
 def records_of(log: bytes) -> list[Record]:

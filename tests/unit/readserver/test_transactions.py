@@ -25,6 +25,7 @@ from sidecar.readserver import (
     ReadClient,
     ReadServer,
     ReadService,
+    RemoteDataError,
 )
 from sidecar.readserver._cli import read_command
 from sidecar.readserver._txn import format_aborted, parse_aborted
@@ -174,7 +175,9 @@ class TestServiceReadCommitted:
         assert max([r.next_offset async for r in stream]) <= 18
 
     async def test_local_txn_indexes_complete_the_list(self, remote, chunks, tmp_path):
-        """A marker not tiered yet: the broker's local .txnindex (same topic id) supplies it."""
+        """A marker not tiered yet: the broker's local .txnindex (same topic id) supplies it;
+        without a local copy the list cannot be known, so the response stops at the archive's
+        last stable offset (the aborted transaction's first offset)."""
         await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
         partition = tmp_path / "logs" / f"{TP.topic}-{TP.partition}"
         partition.mkdir(parents=True)
@@ -184,16 +187,57 @@ class TestServiceReadCommitted:
         (partition / f"{7:020d}.txnindex").write_bytes(
             b"".join(f.to_bytes(8 if i else 2, "big") for i, f in enumerate(entry))[:34] + b"\0"
         )  # a whole entry and a partial one being appended
-        for log_dirs, expected in (((), []), ((tmp_path / "logs",), [AbortedTransaction(4, 5)])):
+        for log_dirs, expected in (
+            ((), ([], 5)),
+            ((tmp_path / "logs",), ([AbortedTransaction(4, 5)], 7)),
+        ):
             service = ReadService(
                 store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
                 log_dirs=log_dirs, lineage_ttl_s=0,
             )  # fmt: skip
             try:
-                aborted, _ = await service.aborted_transactions(TP, 0, 1 << 20)
-                assert aborted == expected
+                assert await service.aborted_transactions(TP, 0, 1 << 20) == expected
             finally:
                 await service.aclose()
+
+    @pytest.mark.parametrize(
+        "outcome", [ControlRecordType.ABORT, ControlRecordType.COMMIT], ids=["abort", "commit"]
+    )
+    async def test_a_transaction_without_its_marker_tiered_is_held_back(
+        self, remote, service, outcome
+    ):
+        """No local copy and the marker still on the broker: a read_committed response stops
+        at the transaction's first offset whether it aborts or commits (it is past the last
+        stable offset of what is tiered); a read from there gets nothing, as a fetch at the
+        LSO does; once the marker is tiered, the read goes on with the right outcome."""
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
+        assert await _committed_offsets(service, 0, 1 << 20) == [0, 1, 2, 3, 4]
+        for offset in (5, 6, 7):
+            assert await _committed_offsets(service, offset, 1 << 20) == []
+            _, limit = await service.aborted_transactions(TP, offset, 1 << 20)
+            assert [b async for b in await service.runs(TP, offset, 1, limit_offset=limit)] == []
+            assert await service.plan_records(TP, offset, 1, limit_offset=limit) is None
+        with pytest.raises(OffsetOutOfRangeError):
+            await service.aborted_transactions(TP, 8, 1 << 20)
+        aborted = [AbortedTxn(0, 4, 5, 7, 8)] if outcome is ControlRecordType.ABORT else []
+        await remote.upload(7, [_marker(outcome, 4), _plain(8, 2)], aborted=aborted)
+        kept = [5, 6] if outcome is ControlRecordType.COMMIT else []
+        assert await _committed_offsets(service, 0, 1 << 20) == [0, 1, 2, 3, 4, *kept, 8, 9]
+
+    async def test_a_transaction_open_at_an_earlier_segment_end_is_not_held_back(
+        self, remote, service
+    ):
+        """Only a transaction open at the end of the tiered data holds a response back: one
+        whose marker is tiered in a later segment is settled by the transaction indexes."""
+        committed, _ = await _interleaved(remote)
+        assert await _committed_offsets(service, 0, 1 << 20) == sorted(committed)
+
+    async def test_an_unusable_producer_snapshot_is_an_error(self, remote, service):
+        """The snapshot that says which transactions are open at the tiered end does not parse:
+        a read_committed read that needs it fails with a clear error, never guesses."""
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)], snapshot=b"not a snapshot")
+        with pytest.raises(RemoteDataError, match="producer snapshot"):
+            await service.aborted_transactions(TP, 0, 1 << 20)
 
 
 class TestListOffsets:
@@ -335,6 +379,26 @@ class TestHttp:
             assert (fetched.data, fetched.aborted) == (b"", [])
             with pytest.raises(OffsetOutOfRangeError):
                 await client.records("orders", 0, last + 2)
+
+    async def test_read_committed_stops_at_the_archive_last_stable_offset(
+        self, remote, socket_path
+    ):
+        """An aborted transaction whose marker is not tiered: raw and JSON read_committed
+        responses end before it, and a read from it gets an empty page that points at the same
+        offset (nothing yet); read_uncommitted still returns it."""
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
+        async with ReadClient(socket_path=socket_path) as client:
+            got = [r.offset async for r in client.iter_records(
+                "orders", 0, 0, isolation="read_committed")]  # fmt: skip
+            assert got == [0, 1, 2, 3, 4]
+            fetched = await client.fetch("orders", 0, 0, isolation="read_committed")
+            assert [h.next_offset for h, _ in decode_batches(fetched.data)] == [5]
+            fetched = await client.fetch("orders", 0, 5, isolation="read_committed")
+            assert (fetched.data, fetched.aborted) == (b"", [])
+            page = await client.records_json("orders", 0, 5, isolation="read_committed")
+            assert (page.records, page.next_offset) == ([], 5)
+            page = await client.records_json("orders", 0, 5)
+            assert [r.offset for r in page.records] == [5, 6]
 
     async def test_many_aborts_are_capped_in_the_header(self, remote, socket_path):
         """More aborted transactions than a header lists: the response stops before the first
