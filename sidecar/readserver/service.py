@@ -1278,8 +1278,14 @@ class ReadService:
             if complete:
                 break
         if not complete and self._log_dirs:
-            local = await asyncio.to_thread(self._local_txn_entries, tp, offset)
+            local, local_start = await asyncio.to_thread(self._local_txn_entries, tp, offset)
             complete = _collect(local, offset, bound, found)
+            # a segment is tiered only once it ends below the LSO, so a transaction the tiered
+            # data leaves open has its marker past the tiered end, in the log then: a local log
+            # with no gap after the tiered data holds it, and its indexes settle the list
+            last = _contiguous_end(spans, at)
+            if local_start is not None and last is not None:
+                complete = complete or local_start <= spans[last].end_offset + 1
         if not complete:
             stable = await self._stable_end(spans, at)
             if stable is not None and stable < bound:
@@ -1300,11 +1306,9 @@ class ReadService:
         a gap): the first offset of a transaction still open at the end of its last segment,
         from that segment's producer snapshot; None when none is open. The Spark source stops
         its read_committed ranges at the same offset."""
-        if at >= len(spans):
+        last = _contiguous_end(spans, at)
+        if last is None:
             return None
-        last = at
-        while last + 1 < len(spans) and spans[last + 1].start_offset == spans[last].end_offset + 1:
-            last += 1
         segment = spans[last].segment
 
         async def load() -> list[int]:
@@ -1363,10 +1367,13 @@ class ReadService:
         found = await self._indexes.get(("txn", segment.segment_id.id), load, _txn_weight)
         return found if isinstance(found, list) else []
 
-    def _local_txn_entries(self, tp: TopicIdPartition, offset: int) -> list[AbortedTxn]:
+    def _local_txn_entries(
+        self, tp: TopicIdPartition, offset: int
+    ) -> tuple[list[AbortedTxn], int | None]:
         """(thread) The aborted transactions of the broker's local segments of ``tp`` (this
-        incarnation) that can hold markers at or after ``offset``, in offset order; read only,
-        a file being appended to is read up to its last whole entry."""
+        incarnation) that can hold markers at or after ``offset``, in offset order, and the
+        base offset of its first local segment (None without a local copy); read only, a file
+        being appended to is read up to its last whole entry."""
         for log_dir in self._log_dirs:
             directory = log_dir / f"{tp.topic}-{tp.partition}"
             try:
@@ -1397,8 +1404,8 @@ class ReadService:
                     log.warning("local_txn_index_unusable", topic=tp.topic, error=str(exc))
                     continue
                 entries.extend(index)
-            return entries
-        return []
+            return entries, (bases[0] if bases else None)
+        return [], None
 
     def _walk(
         self, spans: list[SegmentSpan], at: int, offset: int
@@ -1665,6 +1672,17 @@ def _epoch_at(segment: SegmentMetadata, offset: int) -> int:
             break
         found = epoch
     return found
+
+
+def _contiguous_end(spans: Sequence[SegmentSpan], at: int) -> int | None:
+    """The index of the last span of the contiguous run from span ``at`` (up to a gap), or
+    None when ``at`` is past the spans."""
+    if at >= len(spans):
+        return None
+    last = at
+    while last + 1 < len(spans) and spans[last + 1].start_offset == spans[last].end_offset + 1:
+        last += 1
+    return last
 
 
 def _collect(

@@ -200,6 +200,28 @@ class TestServiceReadCommitted:
             finally:
                 await service.aclose()
 
+    async def test_a_local_log_after_the_tiered_data_settles_a_commit(
+        self, remote, chunks, tmp_path
+    ):
+        """The transaction open at the tiered end committed: its marker left no .txnindex
+        entry. A local log that goes on right after the tiered data holds every marker of
+        what the tiered data leaves open (a segment is tiered only below the LSO), so nothing
+        is held back; a local log that starts past a gap settles nothing."""
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
+        for base, expected in ((7, ([], 7)), (20, ([], 5))):
+            partition = tmp_path / str(base) / f"{TP.topic}-{TP.partition}"
+            partition.mkdir(parents=True)
+            (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
+            (partition / f"{base:020d}.log").write_bytes(b"")
+            service = ReadService(
+                store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
+                log_dirs=(tmp_path / str(base),), lineage_ttl_s=0,
+            )  # fmt: skip
+            try:
+                assert await service.aborted_transactions(TP, 0, 1 << 20) == expected, base
+            finally:
+                await service.aclose()
+
     @pytest.mark.parametrize(
         "outcome", [ControlRecordType.ABORT, ControlRecordType.COMMIT], ids=["abort", "commit"]
     )
