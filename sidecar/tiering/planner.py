@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from sidecar.kafka.checkpoints import EpochEntry
+from sidecar.kafka.checkpoints import EpochEntry, epoch_entries_in_range
 from sidecar.kafka.logdir import PartitionScan, Segment
 
 __all__ = [
@@ -149,7 +149,9 @@ def plan_partition(
     # The log end offset bounds the latest epoch. Files do not tell it without reading the active
     # segment, but it is at least the active segment's base and at least the LSO.
     log_end = max(active.base_offset if active is not None else 0, lso or 0)
-    highest = find_highest_remote_offset(scan.leader_epochs, log_end, highest_for_epoch)
+    # the broker's epoch cache (non-monotonic checkpoint entries dropped, as at its load)
+    epochs = epoch_entries_in_range(scan.leader_epochs, -1, -1)
+    highest = find_highest_remote_offset(epochs, log_end, highest_for_epoch)
     if lso is None:
         return Plan((), highest, "last stable offset unknown")
     uploads: list[Segment] = []

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from sidecar._aio import wait_any
 from sidecar.errors import SidecarError, UnreadableFileError
-from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.kafka.checkpoints import decode_kafka_uuid, epoch_entries_in_range
 from sidecar.kafka.logdir import PartitionScan, Segment
 from sidecar.metadata.errors import MetadataTailError
 from sidecar.metadata.events import SegmentMetadata, TopicIdPartition
@@ -129,13 +129,17 @@ class MetadataSync:
 def remote_coverage(
     store: RemoteSegmentStore, scan: PartitionScan, tip: TopicIdPartition, lso: int | None
 ) -> RemoteCoverage:
-    """What of the partition's lineage is remote (store queries: call it off the event loop)."""
-    lineage = [(e.epoch, e.start_offset) for e in scan.leader_epochs]
+    """What of the partition's lineage is remote (store queries: call it off the event loop).
+
+    The lineage is the broker's epoch cache, not the raw checkpoint: the broker drops
+    non-monotonic entries when it loads the file, and the store refuses them."""
+    epochs = epoch_entries_in_range(scan.leader_epochs, -1, -1)
+    lineage = [(e.epoch, e.start_offset) for e in epochs]
     spans = store.finished_lineage(tip, lineage or None)
     active = scan.active_segment
     log_end = max(active.base_offset if active is not None else 0, lso or 0)
     highest = find_highest_remote_offset(
-        scan.leader_epochs, log_end, functools.partial(store.highest_offset_for_epoch, tip)
+        epochs, log_end, functools.partial(store.highest_offset_for_epoch, tip)
     )
     coverage = RemoteCoverage.of(
         [(span.start_offset, span.end_offset) for span in spans],

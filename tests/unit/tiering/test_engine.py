@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.errors import StorageError
-from sidecar.kafka.checkpoints import decode_kafka_uuid
-from sidecar.kafka.logdir import PartitionScan, scan_partition_dir
+from sidecar.kafka.checkpoints import (
+    EpochEntry,
+    decode_kafka_uuid,
+    format_leader_epoch_checkpoint,
+)
+from sidecar.kafka.logdir import LEADER_EPOCH_CHECKPOINT, PartitionScan, scan_partition_dir
 from sidecar.metadata.events import (
     RemoteLogMetadata,
     RemoteLogSegmentId,
@@ -615,6 +619,25 @@ class TestEngineFailures:
         await r.stop()
         assert r.metrics.upload_errors.labels("SegmentCopyPreemptedError")._value.get() == 1
         assert set(r.objects.objects) == r.expected_objects()
+
+    async def test_a_non_monotonic_epoch_checkpoint_tiers_as_the_broker_loads_it(self, rig):
+        """A leader-epoch-checkpoint whose entries do not ascend neither stops the engine nor
+        the partition: its lineage is the broker's epoch cache (the non-monotonic entry
+        dropped, as at the broker's load), and every rolled segment tiers."""
+        r = rig()
+        entries = [EpochEntry(0, 0), EpochEntry(2, 5), EpochEntry(1, 10)]
+        (r.scan.path / LEADER_EPOCH_CHECKPOINT).write_bytes(format_leader_epoch_checkpoint(entries))
+        scan = scan_partition_dir(r.scan.path)
+        assert scan is not None
+        assert scan.leader_epochs == tuple(entries)
+        r.scan = scan
+        r.start()
+        assert r.task is not None
+        await r.until(lambda: r.task.done() or r.all_tiered())
+        assert not r.task.done()
+        await r.stop()
+        first = min(r.store.segments(r.tip, states={FINISHED}), key=lambda m: m.start_offset)
+        assert first.segment_leader_epochs == ((0, 0), (1, 10))
 
 
 class TestEngineIdle:
