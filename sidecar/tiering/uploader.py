@@ -81,6 +81,7 @@ __all__ = [
     "SegmentChangedError",
     "SegmentCopyPreemptedError",
     "SegmentUploader",
+    "UploadIOError",
     "UploadOutcome",
     "segment_keys",
     "write_segment_objects",
@@ -112,6 +113,14 @@ class CopyNotStartedError(LeadershipLostError):
 
 class SegmentCopyPreemptedError(SidecarError):
     """Another broker deleted our copy before it was FINISHED (it took it for dangling)."""
+
+    retriable = True
+
+
+class UploadIOError(SidecarError):
+    """A timeout or connection error without an errno reached the upload untranslated: not a
+    file call (those carry an errno), so not a read error of the segment; retried like any
+    failed dependency."""
 
     retriable = True
 

@@ -5,10 +5,11 @@ upload) and at least once a second: for each partition in the log dirs that is s
 tiering and led by this broker on a fresh cluster view, it makes sure the partition's metadata is
 tailed and caught up, then starts a worker if none runs. Errors back off per partition with
 jitter (``retry_now`` cuts the wait short when a dependency is back). A segment file that cannot
-be read (EIO, permissions) is retried that way and never quarantined; a segment whose bytes are
-corrupt is quarantined by topic id (:mod:`sidecar.tiering.quarantine`) and planning goes on past
-it. The quarantine file is re-read about once a second, so a ``sidecar quarantine clear`` is
-seen at once: the partition is planned again and the cleared segment is read and checked anew.
+be read (EIO, permissions, a network file system's ETIMEDOUT) is retried that way and never
+quarantined; a segment whose bytes are corrupt is quarantined by topic id
+(:mod:`sidecar.tiering.quarantine`) and planning goes on past it. The quarantine file is re-read
+about once a second, so a ``sidecar quarantine clear`` is seen at once: the partition is planned
+again and the cleared segment is read and checked anew.
 
 A pass looks at the partitions something happened to since the last one: a changed log dir (the
 detector's journal), an LSO looked up for one partition, a worker that ended, a due timer (a
@@ -85,6 +86,7 @@ from sidecar.tiering.uploader import (
     CopyNotStartedError,
     CorruptSegmentError,
     SegmentUploader,
+    UploadIOError,
     UploadOutcome,
 )
 
@@ -834,9 +836,15 @@ class TieringEngine:
                         raise  # not proof of corrupt bytes: retried with backoff
                     await self._quarantine(tip, segment, exc)
                     continue  # plan on: the segments after it still tier
-                except (TimeoutError, ConnectionError):
-                    raise
-                except OSError as exc:  # a read of the .log during the upload itself failed
+                except OSError as exc:
+                    if exc.errno is None and isinstance(exc, TimeoutError | ConnectionError):
+                        # a deadline or a connection that a layer below did not translate
+                        raise UploadIOError(
+                            f"upload of segment {segment.base_offset} failed:"
+                            f" {type(exc).__name__}: {exc}"
+                        ) from exc
+                    # a file call failed while the segment was opened or its .log uploaded:
+                    # EIO, EACCES, or ETIMEDOUT and ECONNRESET from a network file system
                     raise UnreadableFileError(
                         f"cannot read file: {exc.strerror or type(exc).__name__}",
                         path=str(segment.log_path),

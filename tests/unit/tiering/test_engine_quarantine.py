@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import sidecar.kafka.records as records
 from sidecar.tiering.quarantine import Quarantine, QuarantineEntry
 from tests.read_faults import failing_opener
@@ -78,6 +80,62 @@ class TestReadErrors:
         assert _metric(r, "segment_read_retries_total", reason="eio") == 1
         assert len(r.engine.quarantine) == 0
         assert set(r.objects.objects) == r.expected_objects()
+
+    @pytest.mark.parametrize(
+        "failure",
+        [
+            pytest.param(
+                TimeoutError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT)), id="etimedout"
+            ),
+            pytest.param(
+                ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET)),
+                id="econnreset",
+            ),
+        ],
+    )
+    async def test_network_file_system_errors_are_read_errors(self, rig, monkeypatch, failure):
+        """ETIMEDOUT or ECONNRESET from a file call (a log dir on NFS or EFS) while the .log is
+        uploaded is a read error like EIO: retried, counted by its errno, and the engine keeps
+        running until every segment is FINISHED."""
+        r = rig()
+        self._fail_put_file_once(r, monkeypatch, failure)
+        r.start()
+        assert r.task is not None
+        await r.until(lambda: r.task.done() or r.all_tiered())
+        assert not r.task.done()
+        await r.stop()
+        reason = errno.errorcode[failure.errno].lower()
+        assert _metric(r, "segment_read_retries_total", reason=reason) == 1
+        assert _metric(r, "upload_errors_total", kind="UnreadableFileError") == 1
+        assert len(r.engine.quarantine) == 0
+        assert set(r.objects.objects) == r.expected_objects()
+
+    async def test_an_untranslated_timeout_is_retried_not_fatal(self, rig, monkeypatch):
+        """A TimeoutError without an errno (a deadline, not a file call) that reaches the
+        engine untranslated is a retriable upload failure, not a read error of the segment."""
+        r = rig()
+        self._fail_put_file_once(r, monkeypatch, TimeoutError())
+        r.start()
+        assert r.task is not None
+        await r.until(lambda: r.task.done() or r.all_tiered())
+        assert not r.task.done()
+        await r.stop()
+        assert _metric(r, "upload_errors_total", kind="UploadIOError") == 1
+        assert _metric(r, "segment_read_retries_total", reason="unknown") == 0
+        assert set(r.objects.objects) == r.expected_objects()
+
+    @staticmethod
+    def _fail_put_file_once(r: Rig, monkeypatch: Any, failure: BaseException) -> None:
+        real = r.objects.put_file
+        failures = iter([failure])
+
+        async def put_file(key: str, path: Any, **kwargs: Any) -> Any:
+            raised = next(failures, None)
+            if raised is not None:
+                raise raised
+            return await real(key, path, **kwargs)
+
+        monkeypatch.setattr(r.objects, "put_file", put_file)
 
 
 class TestCorruptSegments:
