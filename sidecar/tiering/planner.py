@@ -19,7 +19,9 @@ Kafka's own rules, which the monotone variant (no coverage given) follows exactl
 * candidates are the local segments that end after that offset, in base-offset order;
 * a segment is copied only when it is not active and its end offset (next base - 1) is below the
   last stable offset; here it must also be *ready* (indexes trimmed, ``<nextBase>.snapshot``
-  valid) and not quarantined.
+  valid) and not quarantined. A quarantine entry names one segment by its base offset, end
+  offset and size: a segment rebuilt at the same base offset (a replica fetched again from the
+  leader) is another segment, checked anew.
 
 Segments are uploaded in order: planning stops at the first candidate that cannot go yet (not
 ready, not below the LSO). A quarantined segment (corrupt bytes) is skipped with coverage, since
@@ -139,12 +141,14 @@ def plan_partition(
     *,
     lso: int | None,
     highest_for_epoch: Callable[[int], int | None],
-    quarantined: Collection[int] = (),
+    quarantined: Collection[tuple[int, int | None, int]] = (),
     limit: int = 1,
     coverage: RemoteCoverage | None = None,
 ) -> Plan:
     """Plan the next uploads (at most ``limit``) of one partition this broker leads: with
-    ``coverage``, every segment with an uncovered offset; without, Kafka's monotone rule."""
+    ``coverage``, every segment with an uncovered offset; without, Kafka's monotone rule.
+    ``quarantined`` holds the ``(base offset, end offset, size)`` of each quarantined segment
+    (a rolled segment never changes them)."""
     active = scan.active_segment
     # The log end offset bounds the latest epoch. Files do not tell it without reading the active
     # segment, but it is at least the active segment's base and at least the LSO.
@@ -166,7 +170,7 @@ def plan_partition(
                 continue  # already remote in this lineage
         elif not coverage.uncovered(segment.base_offset, end):
             continue  # its offsets are remote (or below the floor)
-        if segment.base_offset in quarantined:
+        if (segment.base_offset, end, segment.size) in quarantined:
             waiting = f"segment {segment.base_offset} is quarantined"
             if coverage is not None:
                 continue  # the gap stays visible to the next plan

@@ -207,6 +207,17 @@ class Quarantine:
         with self._mutex:
             return frozenset(self._entries.get((topic_id, partition), {}))
 
+    def segments(
+        self, topic_id: uuid.UUID, partition: int
+    ) -> frozenset[tuple[int, int | None, int]]:
+        """``(base offset, end offset, size)`` of the quarantined segments of one partition:
+        what names a segment (another at the same base offset is not quarantined)."""
+        with self._mutex:
+            by_offset = self._entries.get((topic_id, partition), {})
+            return frozenset(
+                (e.base_offset, e.end_offset, e.size_bytes) for e in by_offset.values()
+            )
+
     def entries(
         self, topic_id: uuid.UUID | None = None, partition: int | None = None
     ) -> list[QuarantineEntry]:

@@ -851,6 +851,8 @@ class TieringEngine:
                         errno=exc.errno,
                     ) from exc
             self._tiered(topic, segment, outcome)
+            if segment.base_offset in self.quarantine.offsets(tip.topic_id, partition):
+                await self._supersede_quarantine(tip, segment)
         return False
 
     def _tiered(
@@ -878,7 +880,7 @@ class TieringEngine:
             scan,
             lso=lso,
             highest_for_epoch=functools.partial(self._store.highest_offset_for_epoch, tip),
-            quarantined=self.quarantine.offsets(tip.topic_id, tip.partition),
+            quarantined=self.quarantine.segments(tip.topic_id, tip.partition),
             coverage=remote_coverage(self._store, scan, tip, lso),
         )
 
@@ -909,6 +911,32 @@ class TieringEngine:
             at_risk="not tiered: its only copy is local until local retention deletes it;"
             " clear with `sidecar quarantine clear`",
         )
+
+    async def _supersede_quarantine(self, tip: TopicIdPartition, segment: Segment) -> None:
+        """A segment was tiered at the base offset of a quarantined one (with another end
+        offset or size: rebuilt since, a replica fetched again from the leader): the entry names
+        data that no longer exists locally, so it goes, and the gauges with it."""
+        try:
+            removed = await asyncio.to_thread(
+                self.quarantine.clear,
+                topic=tip.topic,
+                partition=tip.partition,
+                base_offset=segment.base_offset,
+                topic_id=tip.topic_id,
+            )
+        except OSError as exc:
+            log.warning("quarantine_save_failed", path=str(self.quarantine.path), error=str(exc))
+            return
+        self._publish_quarantine()
+        for entry in removed:
+            log.info(
+                "quarantine_entry_superseded",
+                base_offset=entry.base_offset,
+                quarantined_end_offset=entry.end_offset,
+                quarantined_bytes=entry.size_bytes,
+                end_offset=segment.end_offset,
+                bytes=segment.size,
+            )
 
     async def _catch_up(self, tip: TopicIdPartition) -> None:
         """Read the partition's metadata up to its current end (the previous leader's last

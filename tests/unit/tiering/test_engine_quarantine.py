@@ -178,6 +178,32 @@ class TestCorruptSegments:
         await r.until(r.all_tiered)
         await r.stop()
 
+    async def test_an_entry_of_another_segment_at_the_same_offset_is_superseded(self, rig):
+        """An entry names its segment (base offset, end offset, size): a segment rebuilt at
+        the same base offset with good bytes (a replica fetched again from the leader) tiers
+        with the rest, and the entry, which names data no longer local, is dropped."""
+        r = rig()
+        first = r.rolled[0]
+        assert (first.end_offset, first.size) != (999, 5_000_000)
+        r.engine.quarantine.add(
+            QuarantineEntry(
+                topic_id=r.tip.topic_id,
+                topic="orders",
+                partition=0,
+                base_offset=first.base_offset,
+                end_offset=999,
+                size_bytes=5_000_000,
+                reason="corrupt",
+                since_ms=0,
+            )
+        )
+        r.start()
+        await r.until(lambda: r.all_tiered() and len(r.engine.quarantine) == 0)
+        await r.stop()
+        assert len(_cli_quarantine(r)) == 0
+        assert _metric(r, "quarantined_segments") == 0
+        assert _metric(r, "quarantined_bytes") == 0
+
     async def test_a_clear_read_while_the_worker_runs_is_acted_on_when_it_ends(
         self, rig, monkeypatch
     ):

@@ -27,6 +27,12 @@ def _scan(tmp_path: Path, count: int = 4, **kwargs):
     return scan
 
 
+def _named(scan, index: int = 0) -> set[tuple[int, int | None, int]]:
+    """The quarantine's name of one segment: base offset, end offset, size."""
+    segment = scan.segments[index]
+    return {(segment.base_offset, segment.end_offset, segment.size)}
+
+
 class TestFindHighestRemoteOffset:
     EPOCHS = (EpochEntry(0, 0), EpochEntry(1, 100), EpochEntry(3, 250))
 
@@ -91,11 +97,24 @@ class TestPlanPartition:
         """A quarantined (corrupt) segment is never planned, nor anything after it."""
         scan = _scan(tmp_path)
         plan = plan_partition(
-            scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined={0}, limit=10
+            scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined=_named(scan), limit=10
         )
         assert plan.uploads == ()
         assert plan.waiting is not None
         assert "quarantined" in plan.waiting
+
+    def test_quarantine_entry_of_another_segment_at_the_same_offset_holds_nothing_back(
+        self, tmp_path
+    ):
+        """An entry names its segment by base offset, end offset and size: a segment rebuilt
+        at the same base offset (another end, another size) is planned."""
+        scan = _scan(tmp_path)
+        first = scan.segments[0]
+        for other in [(0, 999, first.size), (0, first.end_offset, first.size + 1)]:
+            plan = plan_partition(
+                scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined={other}, limit=10
+            )
+            assert [s.base_offset for s in plan.uploads] == [0, 10, 20]
 
 
 class TestWaitingForLso:
@@ -151,10 +170,12 @@ class TestRemoteCoverage:
             scan,
             lso=10_000,
             highest_for_epoch=lambda e: None,
-            quarantined={0},
+            quarantined=_named(scan),
             coverage=coverage,
             limit=10,
         )
         assert [s.base_offset for s in plan.uploads] == [10, 20]
-        plan = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined={0})
+        plan = plan_partition(
+            scan, lso=10_000, highest_for_epoch=lambda e: None, quarantined=_named(scan)
+        )
         assert plan.uploads == ()
