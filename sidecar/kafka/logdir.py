@@ -235,7 +235,8 @@ class Segment:
     """``None`` when the file does not exist."""
     timeindex_trimmed: bool | None
     snapshot_path: Path | None
-    """``<nextBase>.snapshot`` when it parsed with a valid CRC."""
+    """``<nextBase>.snapshot`` when it parsed with a valid CRC, or when it is an older snapshot
+    that did not (``SNAPSHOT_CORRUPT``): that never heals, and Kafka's RLM uploads it as it is."""
     not_ready: NotReadyReason | None
     """``None`` when the segment is ready to tier."""
     size: int = field(compare=False)
@@ -588,6 +589,9 @@ def _check_snapshot(
             # written in place right after the roll, without fsync: wait for a valid CRC
             facts.fail(NotReadyReason.SNAPSHOT_INCOMPLETE)
         else:
+            # the broker re-reads only its newest snapshots at load, so an older one stays bad;
+            # its path is kept: the tiering engine uploads it as it is, as Kafka's RLM does
             facts.fail(NotReadyReason.SNAPSHOT_CORRUPT, exc)
+            facts.snapshot_path = snapshot_path
         return
     facts.snapshot_path = snapshot_path

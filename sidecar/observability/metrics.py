@@ -242,6 +242,24 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.corrupt_snapshots_tiered = Counter(
+            "corrupt_snapshots_tiered",
+            "Segments tiered with an older producer snapshot that fails its CRC, uploaded as it"
+            " is (as Kafka's RLM does: it never heals, and the segment would otherwise never"
+            " tier), by topic.",
+            ["topic"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.stalled_partitions = Gauge(
+            "stalled_partitions",
+            "Partitions whose tiering has waited longer than 5 minutes for a rolled segment that"
+            " is not ready (a missing producer snapshot, a file that cannot be read), by reason:"
+            " nothing from that segment on is tiered.",
+            ["reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.segment_read_retries = Counter(
             "segment_read_retries",
             "Uploads retried (with backoff) because a local segment file could not be read, by"

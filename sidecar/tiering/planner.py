@@ -24,9 +24,13 @@ Kafka's own rules, which the monotone variant (no coverage given) follows exactl
   leader) is another segment, checked anew.
 
 Segments are uploaded in order: planning stops at the first candidate that cannot go yet (not
-ready, not below the LSO). A quarantined segment (corrupt bytes) is skipped with coverage, since
-the gap stays visible to the next plan; without coverage it stops the plan, since a later upload
-would move the monotone highest offset past it and hide it.
+ready, not below the LSO). One exception: a segment whose ``<nextBase>.snapshot`` is an older
+snapshot that fails its CRC (``SNAPSHOT_CORRUPT``) is uploaded with that file as it is, as
+Kafka's RLM uploads it unchecked: it never heals, and waiting for it would stop the partition
+until local retention deletes the segment's records untiered. A quarantined segment (corrupt
+bytes) is skipped with coverage, since the gap stays visible to the next plan; without coverage
+it stops the plan, since a later upload would move the monotone highest offset past it and
+hide it.
 
 No I/O, no clock, no awaits.
 """
@@ -37,7 +41,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from sidecar.kafka.checkpoints import EpochEntry, epoch_entries_in_range
-from sidecar.kafka.logdir import PartitionScan, Segment
+from sidecar.kafka.logdir import NotReadyReason, PartitionScan, Segment
 
 __all__ = [
     "Plan",
@@ -134,6 +138,9 @@ class Plan:
     waiting_for_lso: bool = False
     """The next candidate is rolled and ready but not below ``lso`` (a fresher LSO may free it)."""
     lso: int | None = None
+    stalled_on: Segment | None = None
+    """The rolled segment that is not ready and holds the plan up: for a moment after a roll,
+    or for good (a missing snapshot, a file that cannot be read)."""
 
 
 def plan_partition(
@@ -160,6 +167,7 @@ def plan_partition(
         return Plan((), highest, "last stable offset unknown")
     uploads: list[Segment] = []
     waiting: str | None = None
+    stalled_on: Segment | None = None
     for segment in scan.segments:
         end = segment.end_offset
         if end is None:  # the active segment is never a candidate
@@ -175,8 +183,9 @@ def plan_partition(
             if coverage is not None:
                 continue  # the gap stays visible to the next plan
             break
-        if not segment.ready:
+        if not segment.ready and segment.not_ready is not NotReadyReason.SNAPSHOT_CORRUPT:
             waiting = f"segment {segment.base_offset} not ready: {segment.not_ready}"
+            stalled_on = segment
             break
         if end >= lso:
             waiting = f"segment {segment.base_offset} ends at {end}, not below the LSO {lso}"
@@ -186,7 +195,9 @@ def plan_partition(
         uploads.append(segment)
         if len(uploads) >= limit:
             break
-    return Plan(tuple(uploads), highest, waiting if not uploads else None)
+    if uploads:
+        return Plan(tuple(uploads), highest, None)
+    return Plan((), highest, waiting, stalled_on=stalled_on)
 
 
 def segments_behind(

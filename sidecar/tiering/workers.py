@@ -9,7 +9,9 @@ be read (EIO, permissions, a network file system's ETIMEDOUT) is retried that wa
 quarantined; a segment whose bytes are corrupt is quarantined by topic id
 (:mod:`sidecar.tiering.quarantine`) and planning goes on past it. The quarantine file is re-read
 about once a second, so a ``sidecar quarantine clear`` is seen at once: the partition is planned
-again and the cleared segment is read and checked anew.
+again and the cleared segment is read and checked anew. A partition whose plan waits longer than
+``stall_report_s`` for a rolled segment that is not ready (a missing producer snapshot, an index
+that cannot be read) is reported: a log line, its ``last_errors`` entry and a gauge.
 
 A pass looks at the partitions something happened to since the last one: a changed log dir (the
 detector's journal), an LSO looked up for one partition, a worker that ended, a due timer (a
@@ -57,7 +59,7 @@ from pathlib import Path
 from sidecar._aio import wait_any
 from sidecar.errors import SidecarError, UnreadableFileError
 from sidecar.kafka.checkpoints import decode_kafka_uuid, epoch_entries_in_range
-from sidecar.kafka.logdir import PartitionScan, Segment
+from sidecar.kafka.logdir import NotReadyReason, PartitionScan, Segment
 from sidecar.metadata.errors import MetadataTailError
 from sidecar.metadata.events import SegmentMetadata, TopicIdPartition
 from sidecar.metadata.partitioner import metadata_partition
@@ -180,6 +182,23 @@ class _Worker:
 
 
 @dataclass
+class _Stall:
+    """A partition whose plan waits for a rolled segment that is not ready."""
+
+    base_offset: int
+    reason: NotReadyReason
+    problem: str | None
+    since: float  # monotonic
+    reported: bool = False
+
+
+#: the reasons a rolled segment can stay not ready (the gauge's label values)
+_STALL_REASONS = tuple(
+    r for r in NotReadyReason if r not in (NotReadyReason.ACTIVE, NotReadyReason.SNAPSHOT_CORRUPT)
+)
+
+
+@dataclass
 class _Lag:
     segments: int = 0
     bytes: int = 0
@@ -212,6 +231,11 @@ class EngineSettings:
     view's ``stale_after_s``: past it, the owner can no longer believe it leads)."""
     catch_up_timeout_s: float = 120.0
     """How long a new leader waits to read the partition's metadata up to its end."""
+    stall_report_s: float = 300.0
+    """How long a partition may wait for a rolled segment that is not ready before the wait is
+    reported (log, ``last_errors``, the ``stalled_partitions`` gauge): a freshly rolled segment
+    is ready within moments; one that is not by then (a missing producer snapshot, a file that
+    cannot be read) may never be, and nothing after it is tiered meanwhile."""
     full_pass_interval_s: float = 60.0
     """A pass visits the partitions something happened to (a rescan, an LSO move, a timer, a
     worker's end); a pass over every partition comes after a leadership or config change, for
@@ -288,9 +312,13 @@ class TieringEngine:
         #: passes completed on a fresh cluster view (each such pass has asked the tailer for
         #: the metadata of every partition it looked at: on a stale view no topic is selected)
         self.passes = 0
-        #: (topic, partition) → (unix time, message) of the last failure; cleared on success
+        #: (topic, partition) → (unix time, message) of the last failure, or of a stall past
+        #: ``stall_report_s``; cleared on success
         self.last_errors: dict[_PartitionKey, tuple[float, str]] = {}
+        #: partitions whose plan waits for a rolled segment that is not ready
+        self._stalls: dict[_PartitionKey, _Stall] = {}
         self._publish_quarantine()  # what the state dir holds, before the first scrape
+        self._publish_stalls()
 
     def poke(self) -> None:
         """A hint that something changed (log dir, cluster, metadata): reconcile soon."""
@@ -556,6 +584,7 @@ class TieringEngine:
                 self._repaired.discard(key)
             self.last_errors.pop(key, None)
             self._led_since.pop(key, None)
+        self._drop_stalls(keys)
         self._waiting_for = {i: k for i, k in self._waiting_for.items() if k not in keys}
 
     async def _reload_quarantine(self) -> None:
@@ -615,6 +644,7 @@ class TieringEngine:
             del self._workers[key]
         for key in [k for k in self.last_errors if k not in kept]:
             del self.last_errors[key]
+        self._drop_stalls([k for k in self._stalls if k not in kept])
         running = self._workers.keys()
         self._repaired = {k for k in self._repaired if k in kept or k in running}
         self._led_since = {k: t for k, t in self._led_since.items() if k in kept}
@@ -628,6 +658,7 @@ class TieringEngine:
         if self._led_since.pop(key, None) is None:
             return  # never tiered here since this process started: nothing to hand over
         self._repaired.discard(key)
+        self._drop_stalls([key])
         worker = self._workers.get(key)
         running = worker is not None and not worker.task.done() and not worker.preempted
         if worker is not None and running:
@@ -646,6 +677,7 @@ class TieringEngine:
         """This broker does not (or cannot tell that it does) lead the partition any more."""
         self._repaired.discard(key)  # catch up and repair again when leadership comes back
         self._led_since.pop(key, None)
+        self._drop_stalls([key])  # another broker's sidecar tiers (and reports) it now
         if worker is None or worker.task.done() or worker.preempted:
             return
         worker.preempted = True
@@ -716,14 +748,23 @@ class TieringEngine:
         with bind_context(topic=topic, partition=partition):
             try:
                 waiting = await self._work_partition(key)
-                quiet = not waiting and self.uploaded == uploaded
+                stall = self._stalls.get(key)
+                quiet = not waiting and self.uploaded == uploaded and stall is None
                 worker = self._workers[key]
                 worker.quiet = quiet
                 worker.failures = 0
-                worker.idle_until = self._settings.monotonic() + (
+                now = self._settings.monotonic()
+                worker.idle_until = now + (
                     self._settings.wake_interval_s if waiting else self._settings.idle_recheck_s
                 )
-                self.last_errors.pop(key, None)
+                stalled = self._report_stall(key, stall, now)
+                if stalled is not None:
+                    self.last_errors[key] = (time.time(), stalled)
+                else:
+                    self.last_errors.pop(key, None)
+                    if stall is not None:  # looked at again when the wait is due to be reported
+                        due = stall.since + self._settings.stall_report_s
+                        worker.idle_until = min(worker.idle_until, due)
             except SidecarError as exc:
                 self._repaired.discard(key)  # catch up and repair what the failure left
                 worker = self._workers[key]
@@ -811,6 +852,7 @@ class TieringEngine:
                 lso = await self._cluster.fetch_lso(topic, partition)
                 if lso is not None and lso != plan.lso:
                     plan = await asyncio.to_thread(self._plan, scan, tip, lso)
+            self._track_stall(key, plan.stalled_on)
             if not plan.uploads:
                 return False
             segment = plan.uploads[0]
@@ -862,6 +904,16 @@ class TieringEngine:
         cancelled (leadership lost, shutdown) while FINISHED was on its way, and it landed."""
         self.uploaded += 1
         self._metrics.segments_copied.labels(topic).inc()
+        if segment.not_ready is NotReadyReason.SNAPSHOT_CORRUPT:
+            self._metrics.corrupt_snapshots_tiered.labels(topic).inc()
+            log.warning(
+                "segment_tiered_with_corrupt_snapshot",
+                base_offset=segment.base_offset,
+                snapshot=None if segment.snapshot_path is None else str(segment.snapshot_path),
+                error=None if segment.problem is None else str(segment.problem),
+                detail="uploaded as it is, as Kafka's RLM does: an older snapshot never heals,"
+                " and the segment's records would otherwise never be tiered",
+            )
         self._metrics.bytes_copied.labels(topic).inc(outcome.log_bytes + outcome.index_bytes)
         self._metrics.upload_seconds.observe(outcome.seconds)
         log.info(
@@ -873,6 +925,75 @@ class TieringEngine:
             seconds=round(outcome.seconds, 3),
             **({"after_cancel": True} if after_cancel else {}),
         )
+
+    def _track_stall(self, key: _PartitionKey, segment: Segment | None) -> None:
+        """Note since when the partition's plan waits for the same not-ready segment."""
+        stall = self._stalls.get(key)
+        if segment is None or segment.not_ready is None:
+            if stall is not None:
+                self._end_stall(key, stall)
+            return
+        problem = None if segment.problem is None else str(segment.problem)
+        if stall is not None and stall.base_offset == segment.base_offset:
+            if stall.reason is not segment.not_ready:  # the same wait, for another reason now
+                stall.reason, stall.problem = segment.not_ready, problem
+                self._publish_stalls()
+            return
+        if stall is not None:
+            self._end_stall(key, stall)
+        self._stalls[key] = _Stall(
+            segment.base_offset, segment.not_ready, problem, self._settings.monotonic()
+        )
+
+    def _report_stall(self, key: _PartitionKey, stall: _Stall | None, now: float) -> str | None:
+        """The partition's stall, once it has lasted ``stall_report_s``: logged (once), counted
+        in the gauge, and returned as the partition's error."""
+        if stall is None or now < stall.since + self._settings.stall_report_s:
+            return None
+        waited = now - stall.since
+        if not stall.reported:
+            stall.reported = True
+            self._publish_stalls()
+            log.warning(
+                "partition_tiering_stalled",
+                base_offset=stall.base_offset,
+                reason=stall.reason.name.lower(),
+                detail=str(stall.reason),
+                error=stall.problem,
+                waited_s=round(waited, 1),
+                at_risk="no segment from this one on is tiered; their records are lost if"
+                " the broker's local retention deletes them first",
+            )
+        return (
+            f"stalled for {round(waited)} s: segment {stall.base_offset} is not ready:"
+            f" {stall.reason}" + (f" ({stall.problem})" if stall.problem else "")
+        )
+
+    def _end_stall(self, key: _PartitionKey, stall: _Stall) -> None:
+        del self._stalls[key]
+        if stall.reported:
+            self._publish_stalls()
+            topic, partition = key
+            log.info(
+                "partition_tiering_stall_ended",
+                topic=topic,
+                partition=partition,
+                base_offset=stall.base_offset,
+            )
+
+    def _drop_stalls(self, keys: Iterable[_PartitionKey]) -> None:
+        """Forget the stalls of partitions this engine no longer tiers (not reported as ended)."""
+        dropped = [self._stalls.pop(key) for key in keys if key in self._stalls]
+        if any(stall.reported for stall in dropped):
+            self._publish_stalls()
+
+    def _publish_stalls(self) -> None:
+        counts: dict[NotReadyReason, int] = dict.fromkeys(_STALL_REASONS, 0)
+        for stall in self._stalls.values():
+            if stall.reported:
+                counts[stall.reason] = counts.get(stall.reason, 0) + 1
+        for reason, count in counts.items():
+            self._metrics.stalled_partitions.labels(reason.name.lower()).set(count)
 
     def _plan(self, scan: PartitionScan, tip: TopicIdPartition, lso: int | None) -> Plan:
         """The partition's next upload, from the FINISHED coverage of its lineage (a thread)."""

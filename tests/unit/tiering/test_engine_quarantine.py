@@ -17,9 +17,19 @@ from typing import Any
 import pytest
 
 import sidecar.kafka.records as records
+from sidecar.kafka.logdir import (
+    FileKind,
+    NotReadyReason,
+    scan_partition_dir,
+    segment_file_name,
+)
+from sidecar.metadata.events import RemoteLogSegmentState
+from sidecar.storage.keys import ObjectSuffix
 from sidecar.tiering.quarantine import Quarantine, QuarantineEntry
 from tests.read_faults import failing_opener
 from tests.unit.tiering.test_engine import Rig
+
+FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 
 
 def _metric(r: Rig, name: str, **labels: str) -> float:
@@ -264,3 +274,99 @@ class TestCorruptSegments:
         await r.until(lambda: _metric(r, "quarantined_segments") == 0)
         await r.stop()
         assert len(r.engine.quarantine) == 0
+
+
+class TestSegmentsThatStayNotReady:
+    """A rolled segment that never becomes ready neither stops its partition silently nor, if
+    it can be tiered as Kafka tiers it, stops it at all."""
+
+    async def test_a_corrupt_older_producer_snapshot_is_uploaded_as_it_is(self, rig):
+        """An older <nextBase>.snapshot that fails its CRC never heals: the segment is tiered
+        with that file as it is (Kafka's RLM uploads it unchecked), with a warning metric, and
+        the segments after it tier too; nothing is reported stalled."""
+        r = rig()
+        second = r.rolled[1]
+        assert second.next_base_offset is not None
+        snap = r.scan.path / segment_file_name(second.next_base_offset, FileKind.SNAPSHOT)
+        data = bytearray(snap.read_bytes())
+        data[-1] ^= 0xFF
+        snap.write_bytes(bytes(data))
+        scan = scan_partition_dir(r.scan.path)
+        assert scan is not None
+        assert scan.segments[1].not_ready is NotReadyReason.SNAPSHOT_CORRUPT
+        r.scan = scan
+        r.start()
+        assert r.task is not None
+        await r.until(lambda: r.task.done() or r.all_tiered())
+        assert not r.task.done()
+        await r.stop()
+        assert _metric(r, "corrupt_snapshots_tiered_total", topic="orders") == 1
+        [copy] = [
+            m
+            for m in r.store.segments(r.tip, states={FINISHED})
+            if m.start_offset == second.base_offset
+        ]
+        indexes = next(k for k in r.keys_of(copy) if k.endswith(ObjectSuffix.INDEXES))
+        assert bytes(data) in r.objects.objects[indexes]
+        assert r.engine.last_errors == {}
+        assert _metric(r, "stalled_partitions", reason="snapshot_corrupt") == 0
+
+    async def test_a_missing_older_snapshot_stalls_and_is_reported_after_the_bound(self, rig):
+        """An older segment without its <nextBase>.snapshot cannot be tiered (Kafka needs the
+        file): the partition waits, and once the wait has lasted ``stall_report_s`` it is
+        reported (last_errors, the gauge); when the file is back the segment tiers and the
+        report ends."""
+        clock = [0.0]
+        r = rig(stall_report_s=300.0, idle_recheck_s=30.0, monotonic=lambda: clock[0])
+        first = r.rolled[0]
+        assert first.next_base_offset is not None
+        snap = r.scan.path / segment_file_name(first.next_base_offset, FileKind.SNAPSHOT)
+        saved = snap.read_bytes()
+        snap.unlink()
+        scan = scan_partition_dir(r.scan.path)
+        assert scan is not None
+        assert scan.segments[0].not_ready is NotReadyReason.SNAPSHOT_MISSING
+        r.scan = scan
+        key = ("orders", 0)
+        r.start()
+        await r.until(lambda: key in r.engine._stalls and r.engine.busy_partitions == [])
+        assert r.finished() == []
+        assert key not in r.engine.last_errors
+        assert _metric(r, "stalled_partitions", reason="snapshot_missing") == 0
+
+        clock[0] = 300.0  # the bound: the partition is looked at again and reported
+        await r.until(lambda: key in r.engine.last_errors)
+        assert "not ready" in r.engine.last_errors[key][1]
+        assert _metric(r, "stalled_partitions", reason="snapshot_missing") == 1
+
+        snap.write_bytes(saved)
+        fixed = scan_partition_dir(r.scan.path)
+        assert fixed is not None
+        r.scan = fixed
+        r.engine.poke()
+        await r.until(r.all_tiered)
+        await r.until(lambda: key not in r.engine.last_errors)
+        await r.stop()
+        assert _metric(r, "stalled_partitions", reason="snapshot_missing") == 0
+
+    async def test_an_unreadable_index_stalls_and_is_reported(self, rig):
+        """A .timeindex that cannot be read (here a directory in its place, which root cannot
+        read either) keeps the segment waiting, never uploaded or quarantined, and the stall
+        is reported with its reason."""
+        r = rig(stall_report_s=0.0)
+        first = r.rolled[0]
+        assert first.timeindex_path is not None
+        first.timeindex_path.unlink()
+        first.timeindex_path.mkdir()
+        scan = scan_partition_dir(r.scan.path)
+        assert scan is not None
+        assert scan.segments[0].not_ready is NotReadyReason.UNREADABLE
+        r.scan = scan
+        key = ("orders", 0)
+        r.start()
+        await r.until(lambda: key in r.engine.last_errors)
+        await r.stop()
+        assert r.finished() == []
+        assert len(r.engine.quarantine) == 0
+        assert "cannot be read" in r.engine.last_errors[key][1]
+        assert _metric(r, "stalled_partitions", reason="unreadable") == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.kafka.checkpoints import EpochEntry
-from sidecar.kafka.logdir import scan_partition_dir
+from sidecar.kafka.logdir import NotReadyReason, scan_partition_dir
 from sidecar.testing import TestRecord, build_batch, write_partition
 from sidecar.tiering.planner import RemoteCoverage, find_highest_remote_offset, plan_partition
 
@@ -92,6 +92,23 @@ class TestPlanPartition:
         assert plan.uploads == ()
         assert plan.waiting is not None
         assert "10 not ready" in plan.waiting
+        assert plan.stalled_on is not None
+        assert plan.stalled_on.base_offset == 10
+
+    def test_a_corrupt_older_snapshot_does_not_block(self, tmp_path):
+        """An older <nextBase>.snapshot that fails its CRC never heals: its segment is planned
+        with the file as it is, as Kafka's RLM uploads it."""
+        scan = _scan(tmp_path)
+        snapshot = scan.path / "00000000000000000020.snapshot"
+        data = bytearray(snapshot.read_bytes())
+        data[-1] ^= 0xFF
+        snapshot.write_bytes(bytes(data))
+        scan = scan_partition_dir(scan.path)
+        assert scan is not None
+        assert scan.segments[1].not_ready is NotReadyReason.SNAPSHOT_CORRUPT
+        assert scan.segments[1].snapshot_path == snapshot
+        plan = plan_partition(scan, lso=10_000, highest_for_epoch=lambda e: None, limit=10)
+        assert [s.base_offset for s in plan.uploads] == [0, 10, 20]
 
     def test_quarantined_segment_blocks(self, tmp_path):
         """A quarantined (corrupt) segment is never planned, nor anything after it."""
