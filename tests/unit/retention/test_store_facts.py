@@ -12,8 +12,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+import sidecar.retention.manager as manager_module
 from sidecar.config import RetentionConfig
-from sidecar.kafka.checkpoints import decode_kafka_uuid
+from sidecar.kafka.checkpoints import (
+    EpochEntry,
+    decode_kafka_uuid,
+    format_leader_epoch_checkpoint,
+)
+from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.metadata.events import (
     RemoteLogSegmentId,
     RemoteLogSegmentState,
@@ -32,10 +40,28 @@ from tests.unit.retention.test_topic_deletion import _keys
 RETENTION_MS = 10_000
 
 
-async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoint", ["written", "non-monotonic"])
+async def test_unchanged_partitions_are_not_read_again_and_still_expire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint: str
+) -> None:
     """The facts are read once; a pass before anything can expire reads nothing; one after
-    lists the segments and deletes the expired ones; the deletions make the next pass read."""
+    lists the segments and deletes the expired ones; the deletions make the next pass read.
+    A leader-epoch-checkpoint whose entries do not ascend is walked as the broker loads it."""
     scan = _scan(tmp_path)  # 4 segments of 5 records, max timestamps 1000 .. 4000
+    if checkpoint == "non-monotonic":
+        # the broker drops (2, 5) at load: its epoch cache is (0, 0), (1, 17)
+        entries = [EpochEntry(0, 0), EpochEntry(2, 5), EpochEntry(1, 17)]
+        (scan.path / "leader-epoch-checkpoint").write_bytes(format_leader_epoch_checkpoint(entries))
+        scan = scan_partition_dir(scan.path)
+        assert scan is not None
+    lineages: list[list[tuple[int, int]]] = []
+    planned = manager_module.plan_expiry
+
+    def plan_expiry(segments: Any, facts: Any) -> Any:
+        lineages.append(list(facts.lineage))
+        return planned(segments, facts)
+
+    monkeypatch.setattr(manager_module, "plan_expiry", plan_expiry)
     assert scan.topic_id is not None
     tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), "orders", 0)
     store = RemoteSegmentStore(tmp_path / "state")
@@ -138,5 +164,8 @@ async def test_unchanged_partitions_are_not_read_again_and_still_expire(tmp_path
         assert [s.start_offset for s in store.segments(tp)] == [s.base_offset for s in rolled[2:]]
         await one_pass()
         assert reads == 2  # the deletions moved the store's version: read again
+        expected = [(0, 0)] if checkpoint == "written" else [(0, 0), (1, 17)]
+        assert lineages
+        assert all(lineage == expected for lineage in lineages)
     finally:
         store.close()
