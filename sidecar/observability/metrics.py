@@ -446,7 +446,8 @@ class Metrics:
         # --- the read path: socket requests, the chunk cache, S3 fetches
         self.read_requests = Counter(
             "read_requests",
-            "Requests to the read socket, by endpoint and HTTP status.",
+            "Requests to the read socket, by endpoint and HTTP status (499: the client closed"
+            " the connection before the whole response was sent).",
             ["endpoint", "status"],
             namespace=NAMESPACE,
             registry=r,

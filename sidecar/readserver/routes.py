@@ -14,9 +14,11 @@ Responses stream: a handler writes batches or byte ranges as they come from the 
 with backpressure from the socket, so a response holds one cache window (1 MiB) at a time. The
 first piece is read before the status line goes out, so early failures are proper errors; a
 failure after that closes the connection without finishing the body (the client sees a
-truncated response, never a wrong one). Warm responses (raw records over verified batches, raw
-segment ranges, all in cached chunks) are planned instead: their length is known, and file
-pieces go out with ``os.sendfile`` in worker threads, never read into this process.
+truncated response, never a wrong one). A client that closes the connection mid-body is not a
+server error: the request is counted under status 499 (``CLIENT_CLOSED_STATUS``). Warm
+responses (raw records over verified batches, raw segment ranges, all in cached chunks) are
+planned instead: their length is known, and file pieces go out with ``os.sendfile`` in worker
+threads, never read into this process.
 """
 
 from __future__ import annotations
@@ -171,6 +173,10 @@ _PROTOCOLS_LOGGED_KEY: Final = web.AppKey("rsm_protocols_logged", _ProtocolsLogg
 PLUGIN_ACTIVITY_KEY: Final = web.AppKey("rsm_plugin_activity", PluginActivity)
 #: where a response keeps its error code (StreamResponse is a mapping for such state)
 _CODE: Final = web.ResponseKey("sidecar_error_code", str)
+#: set on a response whose client closed the connection before the whole body was sent
+_CLIENT_GONE: Final = web.ResponseKey("sidecar_client_gone", bool)
+#: the status such a response is counted under (nginx's "client closed request")
+CLIENT_CLOSED_STATUS: Final = 499
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +266,8 @@ async def limits_middleware(
             if metrics is not None:
                 metrics.read_requests_in_flight.dec()
     if metrics is not None:
-        metrics.read_requests.labels(endpoint, str(response.status)).inc()
+        status = CLIENT_CLOSED_STATUS if response.get(_CLIENT_GONE) else response.status
+        metrics.read_requests.labels(endpoint, str(status)).inc()
         metrics.read_request_seconds.labels(endpoint).observe(time.monotonic() - started)
         code = _error_code(response)
         if code is not None:
@@ -839,24 +846,24 @@ async def _send(
     sent = 0
     _large_send_buffer(request)
     writer = await response.prepare(request)
-    if request.method == "HEAD" or writer is None:
-        # headers only: a body written after a HEAD response would corrupt the next response
-        # on a kept-alive connection
-        await pieces.aclose()
-        await response.write_eof()
-        return response
     chunked = response.headers.get(hdrs.TRANSFER_ENCODING, "").lower() == "chunked"
     pending: list[memoryview] = []
     pending_bytes = 0
 
     async def flush() -> None:
         transport = request.transport
-        if chunked and transport is not None:
-            await _write_chunk(transport, writer, pending, pending_bytes)
+        if chunked and transport is not None and writer is not None:
+            await _to_client(_write_chunk(transport, writer, pending, pending_bytes))
         else:
-            await response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            await _to_client(response.write(pending[0] if len(pending) == 1 else b"".join(pending)))
 
     try:
+        if request.method == "HEAD" or writer is None:
+            # headers only: a body written after a HEAD response would corrupt the next
+            # response on a kept-alive connection
+            await pieces.aclose()
+            await _to_client(response.write_eof())
+            return response
         async for piece in pieces:
             pending.append(piece)
             pending_bytes += len(piece)
@@ -867,9 +874,11 @@ async def _send(
         if pending:
             await flush()
             sent += pending_bytes
-        await response.write_eof()
-    except (ConnectionError, asyncio.CancelledError):
-        raise  # the client went away, or the server is stopping
+        await _to_client(response.write_eof())
+    except _ClientGoneError as exc:
+        _client_gone(request, response, exc, endpoint=endpoint, sent=sent)
+    except asyncio.CancelledError:
+        raise  # the server is stopping
     except Exception as exc:  # noqa: BLE001 - any failure mid-body ends the connection
         _abort_mid_body(request, exc, endpoint=endpoint, sent=sent)
     finally:
@@ -877,6 +886,37 @@ async def _send(
         if metrics is not None:
             metrics.read_bytes.labels(endpoint).inc(sent)
     return response
+
+
+class _ClientGoneError(Exception):
+    """A write of a response body failed: the client closed its connection."""
+
+
+async def _to_client(write: Awaitable[None]) -> None:
+    """One write of a response body to the client; a closed connection (aiohttp's
+    ``ClientConnectionResetError``, a broken pipe under ``sendfile``) is
+    :class:`_ClientGoneError`, told apart from failures of the data being sent."""
+    try:
+        await write
+    except ConnectionError as exc:
+        raise _ClientGoneError(str(exc) or type(exc).__name__) from exc
+
+
+def _client_gone(
+    request: web.Request,
+    response: web.StreamResponse,
+    exc: _ClientGoneError,
+    *,
+    endpoint: str,
+    sent: int,
+) -> None:
+    """The client closed its connection before the whole body was sent (the broker plugin
+    closes the reads it stops early): not a server error, and nothing more can be written.
+    Counted under status ``CLIENT_CLOSED_STATUS``, logged at debug."""
+    response[_CLIENT_GONE] = True
+    log.debug("read_client_gone", endpoint=endpoint, sent=sent, error=str(exc))
+    if request.transport is not None:
+        request.transport.close()
 
 
 def _abort_mid_body(request: web.Request, exc: Exception, *, endpoint: str, sent: int) -> None:
@@ -909,19 +949,21 @@ async def _send_plan(
     try:
         writer = await response.prepare(request)
         if request.method == "HEAD" or writer is None:
-            await response.write_eof()
+            await _to_client(response.write_eof())
             return response
         for piece in plan.pieces:
             if not isinstance(piece, FileRange):
-                await response.write(piece)
+                await _to_client(response.write(piece))
             elif piece.length < _SENDFILE_MIN_BYTES:
-                await response.write(await asyncio.to_thread(_pread_exact, piece))
+                data = await asyncio.to_thread(_pread_exact, piece)
+                await _to_client(response.write(data))
             else:
-                writer.send_headers()
-                await _sendfile(request, writer, piece)
+                await _to_client(_sendfile(request, writer, piece))
             sent += piece.length if isinstance(piece, FileRange) else len(piece)
-        await response.write_eof()
-    except (ConnectionError, asyncio.CancelledError):
+        await _to_client(response.write_eof())
+    except _ClientGoneError as exc:
+        _client_gone(request, response, exc, endpoint=endpoint, sent=sent)
+    except asyncio.CancelledError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure mid-body ends the connection
         _abort_mid_body(request, exc, endpoint=endpoint, sent=sent)
@@ -979,6 +1021,7 @@ async def _sendfile(
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client went away")
+    writer.send_headers()  # aiohttp holds them back to go with the first body write
     await flushed(transport, writer.drain)
     sock = plain_socket(transport)
     if sock is None:

@@ -8,15 +8,19 @@ import asyncio
 import base64
 import io
 import json
+import socket
 import stat
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 
 from sidecar.errors import ConfigError
 from sidecar.kafka.checkpoints import encode_kafka_uuid
@@ -32,6 +36,7 @@ from sidecar.readserver import (
     ReadService,
     TruncatedResponseError,
     UnknownTopicError,
+    routes,
 )
 from sidecar.readserver._cli import read_command
 from sidecar.readserver.routes import OPENAPI_PATH
@@ -66,12 +71,14 @@ async def _start(
     *,
     limits: ReadLimits | None = None,
     socket_path: Path | None = None,
+    cache_bytes: int = 1 << 20,
+    chunk_size: int = 16 * 1024,
 ) -> AsyncIterator[Running]:
     chunks = ChunkCache(
         objects=remote.objects,
         directory=tmp_path / "cache",
-        max_bytes=1 << 20,
-        chunk_size=16 * 1024,
+        max_bytes=cache_bytes,
+        chunk_size=chunk_size,
         readahead_chunks=2,
         fetch_timeout_s=5.0,
     )
@@ -258,6 +265,69 @@ class TestRecords:
             with pytest.raises(TruncatedResponseError):
                 await client.record_batches("orders", 0, 0, max_bytes=10**8)
         assert running.metrics.read_errors.labels("remote_data_invalid")._value.get() == 1
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (checked on every turn of the event loop it yields)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        await asyncio.sleep(0.01)
+
+
+def _value(metric: Any, *labels: str) -> float:
+    return float((metric.labels(*labels) if labels else metric)._value.get())
+
+
+async def _until_idle(metrics: Metrics) -> None:
+    """Wait until no request is in flight (every response finished or ended)."""
+    await _until(lambda: _value(metrics.read_requests_in_flight) == 0, "idle")
+
+
+async def _read_a_little_and_close(run: Running, path: str) -> None:
+    """Send a GET for ``path``, read the status line and a little of the body, close."""
+    reader, writer = await asyncio.open_unix_connection(str(run.socket))
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    await writer.drain()
+    got = await reader.readexactly(1000)
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    writer.close()
+    await writer.wait_closed()
+
+
+def _small_send_buffer(request: web.Request) -> None:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+
+
+class TestClientGone:
+    """A client that closes its connection mid-body (the broker plugin closes reads it stops
+    early): not a server error, counted as status 499, nothing written after it."""
+
+    @pytest.mark.parametrize("warm", [False, True], ids=["streamed", "planned"])
+    async def test_a_client_closing_mid_body_is_not_an_internal_error(
+        self, remote, tmp_path, monkeypatch, warm
+    ):
+        """Reading 1000 bytes of a 3 MiB segment and closing ends the request as 499, with no
+        500 and no internal_error counted."""
+        # a small socket send buffer: the kernel can never take the whole body at once
+        monkeypatch.setattr(routes, "_large_send_buffer", _small_send_buffer)
+        segment = await remote.upload(0, data_batches(0, 110, per_batch=10, value_size=3000))
+        assert segment.segment_size_in_bytes > 3 * 1024 * 1024
+        sid = encode_kafka_uuid(segment.segment_id.id)
+        path = f"{P}/segments/{sid}/log"
+        async for run in _start(remote, tmp_path, cache_bytes=8 << 20, chunk_size=256 * 1024):
+            if warm:
+                status, body, _ = await run.get(path)
+                assert (status, body) == (200, remote.logs[segment.segment_id.id])
+            await _read_a_little_and_close(run, path)
+            await _until_idle(run.metrics)
+            assert _value(run.metrics.read_requests, "segment_log", "499") == 1
+            assert _value(run.metrics.read_requests, "segment_log", "500") == 0
+            assert _value(run.metrics.read_errors, "internal_error") == 0
+            # the server goes on serving
+            assert (await run.get("/v1/version"))[0] == 200
 
 
 class TestOtherEndpoints:
