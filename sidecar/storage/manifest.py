@@ -142,7 +142,8 @@ class SegmentManifest:
 
     @classmethod
     def from_json(cls, data: bytes, *, key: str | None = None) -> SegmentManifest:
-        """Parse a manifest; raises :class:`ManifestFormatError` naming the key and the field."""
+        """Parse a manifest; raises :class:`ManifestFormatError` naming the key and the field
+        (also for a byte range that does not lie inside its object)."""
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -157,12 +158,15 @@ class SegmentManifest:
             seg = doc["segment"]
             objects = doc["objects"]
 
-            def entry(raw: Mapping[str, Any]) -> ObjectEntry:
+            def entry(name: str) -> ObjectEntry:
+                raw = objects[name]
                 ranges = {
                     IndexKind(k): Range(int(r["start"]), int(r["length"]), int(r["crc32c"]))
                     for k, r in raw.get("ranges", {}).items()
                 }
-                return ObjectEntry(str(raw["key"]), int(raw["size"]), int(raw["crc32c"]), ranges)
+                found = ObjectEntry(str(raw["key"]), int(raw["size"]), int(raw["crc32c"]), ranges)
+                _check_ranges(name, found, key)
+                return found
 
             return cls(
                 topic=str(seg["topic"]),
@@ -177,14 +181,28 @@ class SegmentManifest:
                 txn_index_empty=bool(seg["txn_index_empty"]),
                 broker_id=int(seg["broker_id"]),
                 event_timestamp_ms=int(seg["event_timestamp_ms"]),
-                log=entry(objects["log"]),
-                indexes=entry(objects["indexes"]),
+                log=entry("log"),
+                indexes=entry("indexes"),
                 created_by=str(doc.get("created_by", "")),
             )
         except KeyError as exc:
             raise ManifestFormatError(f"manifest misses field {exc.args[0]!r}", path=key) from None
         except (TypeError, ValueError, AttributeError) as exc:
             raise ManifestFormatError(f"manifest has a malformed field: {exc}", path=key) from None
+
+
+def _check_ranges(name: str, entry: ObjectEntry, key: str | None) -> None:
+    """An object's size is not negative and each of its ranges lies inside it: a range past
+    the end would be read as bytes the object does not have."""
+    if entry.size < 0:
+        raise ManifestFormatError(f"object {name!r} has a negative size {entry.size}", path=key)
+    for kind, found in entry.ranges.items():
+        if found.start < 0 or found.length < 0 or found.start + found.length > entry.size:
+            raise ManifestFormatError(
+                f"range of {kind.value} in object {name!r} ({found.start}+{found.length})"
+                f" is outside the object ({entry.size} bytes)",
+                path=key,
+            )
 
 
 def _check_header(doc: Any, key: str | None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -665,6 +666,18 @@ class TestSegmentsAndIndexes:
             await service.index(TP, segment.segment_id.id, IndexKind.LEADER_EPOCH_CHECKPOINT)
         with pytest.raises(RemoteDataError, match="shorter"):
             await service.index(TP, segment.segment_id.id, IndexKind.LEADER_EPOCH_CHECKPOINT)
+
+    async def test_an_index_range_outside_its_object_is_remote_data_error(self, remote, service):
+        """A manifest whose index range lies past the end of the indexes object is corrupt:
+        RemoteDataError (502), never an internal error."""
+        segment = await remote.upload(0, data_batches(0, 10))
+        key = f"{_stem(remote, segment)}.manifest.json"
+        doc = json.loads(remote.objects.objects[key])
+        size = doc["objects"]["indexes"]["size"]
+        doc["objects"]["indexes"]["ranges"]["offset_index"]["start"] = size + 10
+        await remote.objects.put(key, json.dumps(doc).encode())
+        with pytest.raises(RemoteDataError, match="offset_index"):
+            await service.index(TP, segment.segment_id.id, IndexKind.OFFSET_INDEX)
 
 
 class TestResolve:

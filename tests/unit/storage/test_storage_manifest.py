@@ -76,6 +76,22 @@ class TestSegmentManifest:
             pytest.param(lambda d: d["segment"].pop("end_offset"), "end_offset", id="missing"),
             pytest.param(lambda d: d["segment"].update(partition="x"), "malformed", id="type"),
             pytest.param(lambda d: d["segment"].update(topic_id="nope"), "malformed", id="uuid"),
+            pytest.param(
+                lambda d: d["objects"]["indexes"]["ranges"]["time_index"].update(start=10**6),
+                "time_index .* outside the object",
+                id="range-past-end",
+            ),
+            pytest.param(
+                lambda d: d["objects"]["indexes"]["ranges"]["offset_index"].update(length=-1),
+                "offset_index .* outside the object",
+                id="negative-length",
+            ),
+            pytest.param(
+                lambda d: d["objects"]["indexes"]["ranges"]["offset_index"].update(start=-4),
+                "offset_index .* outside the object",
+                id="negative-start",
+            ),
+            pytest.param(lambda d: d["objects"]["log"].update(size=-1), "negative size", id="size"),
         ],
     )
     def test_bad_documents_raise_typed_errors(self, mutate, message):
