@@ -528,7 +528,10 @@ class ReadService:
         self._timeout_s = fetch_timeout_s
         self._lineage_ttl_s = lineage_ttl_s
         self._lineages: dict[TopicIdPartition, _Lineage] = {}
-        self._partitions: tuple[int, float, list[TopicIdPartition]] | None = None
+        #: (applied, when, the store's partitions, those with a partition-delete event)
+        self._partitions: (
+            tuple[int, float, list[TopicIdPartition], frozenset[TopicIdPartition]] | None
+        ) = None
         #: asked when a topic or partition is not in the store: starts reading its metadata
         #: (a sidecar reads only its broker's partitions'), True once that is done
         self.discover: Callable[[str, int], Awaitable[bool]] | None = None
@@ -552,17 +555,28 @@ class ReadService:
         return self._store.counters().applied
 
     async def _all_partitions(self) -> list[TopicIdPartition]:
+        return (await self._known_partitions())[0]
+
+    async def _known_partitions(
+        self,
+    ) -> tuple[list[TopicIdPartition], frozenset[TopicIdPartition]]:
+        """The store's partitions, and those of them being deleted (with a partition-delete
+        event), cached until the store applies more events."""
         applied = self._applied()
         cached = self._partitions
         now = time.monotonic()
         if cached is not None and cached[0] == applied and now - cached[1] < self._lineage_ttl_s:
-            return cached[2]
-        found = await asyncio.to_thread(self._store.partitions)
-        self._partitions = (applied, now, found)
+            return cached[2], cached[3]
+        found, deleting = await asyncio.to_thread(self._load_partitions)
+        self._partitions = (applied, now, found, deleting)
         known = set(found)
         for tp in [tp for tp in self._lineages if tp not in known]:
             del self._lineages[tp]  # dropped from the store (its topic deleted and forgotten)
-        return found
+        return found, deleting
+
+    def _load_partitions(self) -> tuple[list[TopicIdPartition], frozenset[TopicIdPartition]]:
+        """(thread) The store's partitions and its partitions with a partition-delete event."""
+        return self._store.partitions(), frozenset(self._store.partition_deletes())
 
     async def topics(self) -> list[TopicSummary]:
         """Every topic the store has tiered partitions of, by name then topic id."""
@@ -579,7 +593,10 @@ class ReadService:
     ) -> TopicIdPartition:
         """The partition's topic id from the store. A name with several topic ids (deleted and
         re-created) resolves to the one whose data is not deleted, else needs ``topic_id``. A
-        partition the store does not know is looked for once through ``discover``, if set."""
+        partition being deleted (a partition-delete event) is not found by name, even under the
+        name's only topic id: its topic was deleted, and may be re-created with nothing tiered
+        yet; ``topic_id`` still reads it. A partition the store does not know is looked for
+        once through ``discover``, if set."""
         try:
             return await self._resolve(topic, partition, topic_id)
         except (UnknownTopicError, UnknownPartitionError):
@@ -591,9 +608,10 @@ class ReadService:
     async def _resolve(
         self, topic: str, partition: int, topic_id: uuid.UUID | None
     ) -> TopicIdPartition:
+        found, deleting = await self._known_partitions()
         named = [
             tp
-            for tp in await self._all_partitions()
+            for tp in found
             if tp.topic == topic and (topic_id is None or tp.topic_id == topic_id)
         ]
         if not named:
@@ -608,6 +626,14 @@ class ReadService:
                     topic_ids=[encode_kafka_uuid(i) for i in ids],
                 )
             named = [tp for tp in named if tp.topic_id == live[0]]
+        if topic_id is None and deleting:
+            kept = [tp for tp in named if tp not in deleting]
+            if not kept:
+                raise UnknownTopicError(
+                    f"no tiered data for topic {topic!r}: its topic id"
+                    f" {encode_kafka_uuid(named[0].topic_id)} is being deleted"
+                )
+            named = kept
         for tp in named:
             if tp.partition == partition:
                 return tp

@@ -23,7 +23,11 @@ from sidecar.kafka.checkpoints import (
 )
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.records import Compression, Record, decode_records
-from sidecar.metadata.events import TopicIdPartition
+from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
 from sidecar.readserver.cache import ChunkCache, MemoryCache
 from sidecar.readserver.errors import (
     AmbiguousTopicError,
@@ -741,8 +745,6 @@ class TestResolve:
         """The old id being deleted (a partition-delete event) and the new one with no segment
         left (all expired): the new one, as the partition-delete event says; segments only
         break a tie between ids that have none."""
-        from sidecar.metadata.events import PartitionDeleteMetadata, RemotePartitionDeleteState
-
         new = TopicIdPartition(uuid.UUID(int=99), "orders", 0)
         await remote.upload(0, data_batches(0, 2))
         expired = await remote.upload(0, data_batches(0, 2), tp=new)
@@ -758,6 +760,67 @@ class TestResolve:
             ]
         )
         assert await service.resolve("orders", 0) == new
+
+    @pytest.mark.parametrize(
+        "state",
+        [
+            pytest.param(s, id=s.name)
+            for s in (
+                RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                RemotePartitionDeleteState.DELETE_PARTITION_STARTED,
+                RemotePartitionDeleteState.DELETE_PARTITION_FINISHED,
+            )
+        ],
+    )
+    async def test_a_name_whose_only_topic_id_is_being_deleted_is_unknown(
+        self, remote, service, state
+    ):
+        """A topic deleted (a partition-delete event on its id) and re-created with nothing
+        tiered yet: its name no longer reads the deleted incarnation, though it is the only id
+        the store has for it; the old id can still be read when given explicitly, until the
+        deletion finishes."""
+        await remote.upload(0, data_batches(0, 2))
+        assert await service.resolve("orders", 0) == TP
+        states = [RemotePartitionDeleteState.DELETE_PARTITION_MARKED]
+        if state is not states[0]:
+            states.append(RemotePartitionDeleteState.DELETE_PARTITION_STARTED)
+        if state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+            states.append(state)
+        result = remote.store.apply(
+            [
+                PartitionDeleteMetadata(
+                    topic_id_partition=TP, broker_id=1, event_timestamp_ms=2, state=s
+                )
+                for s in states
+            ]
+        )
+        assert not result.rejected
+        with pytest.raises(UnknownTopicError):
+            await service.resolve("orders", 0)
+        if state is not RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+            # (a finished deletion leaves nothing of the partition in the store)
+            assert await service.resolve("orders", 0, TP.topic_id) == TP
+
+    async def test_a_partition_being_deleted_is_unknown_beside_live_ones(self, remote, service):
+        """``sidecar delete-partition`` on one partition: that partition is unknown by name,
+        the topic's other partitions are read as before."""
+        other = TopicIdPartition(TP.topic_id, "orders", 1)
+        await remote.upload(0, data_batches(0, 2))
+        await remote.upload(0, data_batches(0, 2), tp=other)
+        remote.store.apply(
+            [
+                PartitionDeleteMetadata(
+                    topic_id_partition=TP,
+                    broker_id=1,
+                    event_timestamp_ms=2,
+                    state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                )
+            ]
+        )
+        with pytest.raises(UnknownPartitionError) as caught:
+            await service.resolve("orders", 0)
+        assert caught.value.details == {"partitions": [1]}
+        assert await service.resolve("orders", 1) == other
 
 
 class TestDecode:
