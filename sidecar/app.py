@@ -653,7 +653,7 @@ class Daemon:
             # a read of a partition this broker does not host starts reading its metadata
             read_server.service.discover = _ReadDiscovery(
                 tailer=tailer,
-                topic_ids=retention_kafka.topic_ids,
+                topics=retention_kafka.topic_partitions,
                 num_partitions=meta.num_partitions,
                 timeout_s=config.read_server.fetch_timeout_s,
             )
@@ -926,7 +926,10 @@ class _ReadDiscovery:
     """Selective tailing reads only the metadata of this broker's partitions; a socket read of
     another partition starts reading its metadata partition and waits until it is caught up
     (then the read finds it in the store). A topic the cluster does not know is not asked for
-    again for ``_NEGATIVE_TTL_S``, so unknown names cost no Metadata request each."""
+    again for ``_NEGATIVE_TTL_S``, so unknown names cost no Metadata request each. A partition
+    number the topic does not have is unknown at once: each partition wanted stays in the
+    tailer's scope for good, and its metadata partition is read again from its start, so
+    numbers a client makes up must not reach the tailer."""
 
     _NEGATIVE_TTL_S = 5.0
     #: unknown names remembered at most (clients choose them: a scan of made-up names)
@@ -936,12 +939,13 @@ class _ReadDiscovery:
         self,
         *,
         tailer: MetadataTailer,
-        topic_ids: Callable[[], Awaitable[dict[str, uuid.UUID]]],
+        topics: Callable[[], Awaitable[dict[str, tuple[uuid.UUID, int]]]],
         num_partitions: int,
         timeout_s: float,
     ) -> None:
+        """``topics``: every topic of the cluster, name → (topic id, partition count)."""
         self._tailer = tailer
-        self._topic_ids = topic_ids
+        self._topics = topics
         self._num_partitions = num_partitions
         self._timeout_s = timeout_s
         self._unknown: dict[str, float] = {}  # topic → until when it is not asked for again
@@ -950,17 +954,20 @@ class _ReadDiscovery:
         if time.monotonic() < self._unknown.get(topic, 0.0):
             return False
         try:
-            topic_id = (await self._topic_ids()).get(topic)
+            found = (await self._topics()).get(topic)
         except SidecarError as exc:
             log.warning("read_discovery_failed", topic=topic, error=str(exc))
             return False
-        if topic_id is None:
+        if found is None:
             now = time.monotonic()
             if len(self._unknown) >= self._MAX_UNKNOWN:  # names from clients: keep it bounded
                 self._unknown = {t: u for t, u in self._unknown.items() if u > now}
                 if len(self._unknown) >= self._MAX_UNKNOWN:
                     self._unknown.clear()
             self._unknown[topic] = now + self._NEGATIVE_TTL_S
+            return False
+        topic_id, partitions = found
+        if not 0 <= partition < partitions:
             return False
         tp = TopicIdPartition(topic_id, topic, partition)
         mp = metadata_partition(tp, self._num_partitions)
