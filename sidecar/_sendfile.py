@@ -5,7 +5,8 @@ writes it. Here the bytes go from the page cache to the socket in the kernel, in
 (:data:`SENDFILE_THREADS`): after the transport has written everything it buffered, on
 duplicated descriptors the thread closes itself, so a caller that is cancelled never leaves a
 thread writing into a descriptor number that was reused. A socket that stays full is waited on
-with the event loop (no thread held), up to a stall deadline.
+with the event loop (no thread held), up to a stall deadline; the waits for the transport's
+own buffer (:func:`flushed`, :func:`progressing`) have the same deadline.
 
 Only for plain sockets: bytes sent around a TLS transport would skip the encryption. The read
 server sends cached chunk files this way; the S3 backend sends upload bodies this way on
@@ -20,9 +21,18 @@ import os
 import select
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, TypeVar
 
-__all__ = ["SENDFILE_THREADS", "ShortFileError", "flushed", "plain_socket", "send_file_range"]
+__all__ = [
+    "SENDFILE_THREADS",
+    "ShortFileError",
+    "flushed",
+    "plain_socket",
+    "progressing",
+    "send_file_range",
+]
+
+T = TypeVar("T")
 
 #: how long a thread waits for room on a full socket before it hands back to the loop
 POLL_MS: Final = 50
@@ -57,10 +67,42 @@ def plain_socket(transport: asyncio.BaseTransport | None) -> int | None:
     return fileno if isinstance(fileno, int) and fileno >= 0 else None
 
 
-async def flushed(transport: asyncio.WriteTransport, drain: Callable[[], Awaitable[None]]) -> None:
+async def progressing(transport: asyncio.WriteTransport, wait: Awaitable[T], stall_s: float) -> T:
+    """Await ``wait`` (a write and its backpressure) while the peer takes bytes: when the
+    transport's buffer has not shrunk for ``stall_s`` (checked every quarter of it), ``wait``
+    is cancelled and this is a TimeoutError. A peer that reads slowly but steadily is waited
+    for however long it takes."""
+    loop = asyncio.get_running_loop()
+    tick = stall_s / 4
+    size = transport.get_write_buffer_size()
+    async with asyncio.timeout(stall_s) as deadline:
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            nonlocal size, handle
+            now = transport.get_write_buffer_size()
+            if now < size:
+                deadline.reschedule(loop.time() + stall_s)
+            size = now
+            handle = loop.call_later(tick, check)
+
+        handle = loop.call_later(tick, check)
+        try:
+            return await wait
+        finally:
+            handle.cancel()
+
+
+async def flushed(
+    transport: asyncio.WriteTransport,
+    drain: Callable[[], Awaitable[None]],
+    *,
+    stall_s: float | None = None,
+) -> None:
     """Wait until the transport has written everything it buffered (so bytes sent around it
     come after): with a high-water mark of 0 the protocol is paused until its buffer is empty;
-    ``drain`` is the protocol's wait for that (a stream writer's ``drain``)."""
+    ``drain`` is the protocol's wait for that (a stream writer's ``drain``). With ``stall_s``,
+    a peer that takes nothing for that long is a TimeoutError (:func:`progressing`)."""
     if not transport.get_write_buffer_size():
         return
     low, high = transport.get_write_buffer_limits()
@@ -69,7 +111,10 @@ async def flushed(transport: asyncio.WriteTransport, drain: Callable[[], Awaitab
         while transport.get_write_buffer_size():
             if transport.is_closing():
                 raise ConnectionResetError("the peer went away")
-            await drain()
+            if stall_s is None:
+                await drain()
+            else:
+                await progressing(transport, drain(), stall_s)
     finally:
         if not transport.is_closing():
             transport.set_write_buffer_limits(high=high, low=low)

@@ -9,6 +9,8 @@ below. Nothing else becomes a 5xx but ``internal_error``, which is logged with i
 Limits, checked before a handler runs (:func:`limits_middleware`): requests served at once (429),
 request target length (414), header bytes (431), a request body (413: the API has none). Record
 responses are bounded by ``max_bytes`` (clamped to the server's maximum) and ``max_records``.
+Every write of a body has a stall deadline (``send_stall_s``): a client that takes no bytes for
+that long has its connection aborted, which frees its slot and the chunk files its response holds.
 
 Responses stream: a handler writes batches or byte ranges as they come from the chunk cache,
 with backpressure from the socket, so a response holds one cache window (1 MiB) at a time. The
@@ -42,7 +44,13 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 
 from sidecar import __version__
-from sidecar._sendfile import ShortFileError, flushed, plain_socket, send_file_range
+from sidecar._sendfile import (
+    ShortFileError,
+    flushed,
+    plain_socket,
+    progressing,
+    send_file_range,
+)
 from sidecar.errors import (
     ChecksumMismatchError,
     FormatError,
@@ -140,6 +148,9 @@ class ReadLimits:
     max_url_bytes: int = 4096
     max_header_bytes: int = 8192
     max_concurrent_requests: int = 256
+    #: a client that takes no bytes of its response for this long has its connection aborted
+    #: (the request's slot and the chunk files it holds are released)
+    send_stall_s: float = 60.0
 
 
 class _InFlight:
@@ -843,6 +854,7 @@ async def _send(
     around the pieces (aiohttp's writer would join each frame into a new buffer on Python
     < 3.12.9), so the bytes are copied only into the socket."""
     metrics = request.app.get(METRICS_KEY)
+    stall_s = request.app[LIMITS_KEY].send_stall_s
     sent = 0
     _large_send_buffer(request)
     writer = await response.prepare(request)
@@ -853,16 +865,17 @@ async def _send(
     async def flush() -> None:
         transport = request.transport
         if chunked and transport is not None and writer is not None:
-            await _to_client(_write_chunk(transport, writer, pending, pending_bytes))
+            write = _write_chunk(transport, writer, pending, pending_bytes)
         else:
-            await _to_client(response.write(pending[0] if len(pending) == 1 else b"".join(pending)))
+            write = response.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        await _to_client(write, request, stall_s)
 
     try:
         if request.method == "HEAD" or writer is None:
             # headers only: a body written after a HEAD response would corrupt the next
             # response on a kept-alive connection
             await pieces.aclose()
-            await _to_client(response.write_eof())
+            await _to_client(response.write_eof(), request, stall_s)
             return response
         async for piece in pieces:
             pending.append(piece)
@@ -874,7 +887,7 @@ async def _send(
         if pending:
             await flush()
             sent += pending_bytes
-        await _to_client(response.write_eof())
+        await _to_client(response.write_eof(), request, stall_s)
     except _ClientGoneError as exc:
         _client_gone(request, response, exc, endpoint=endpoint, sent=sent)
     except asyncio.CancelledError:
@@ -892,14 +905,30 @@ class _ClientGoneError(Exception):
     """A write of a response body failed: the client closed its connection."""
 
 
-async def _to_client(write: Awaitable[None]) -> None:
-    """One write of a response body to the client; a closed connection (aiohttp's
-    ``ClientConnectionResetError``, a broken pipe under ``sendfile``) is
-    :class:`_ClientGoneError`, told apart from failures of the data being sent."""
+class _ClientStalledError(TimeoutError):
+    """The client took no bytes of its response for ``ReadLimits.send_stall_s``: counted as
+    the deadline it is (``storage_timeout``), and its connection is aborted."""
+
+
+async def _to_client(
+    write: Awaitable[None], request: web.Request | None = None, stall_s: float | None = None
+) -> None:
+    """One write of a response body to the client. With ``request`` and ``stall_s``, a client
+    that takes none of the transport's buffered bytes for ``stall_s`` fails it (a write that
+    sends around the transport, ``sendfile``, has its own deadline). A closed connection
+    (aiohttp's ``ClientConnectionResetError``, a broken pipe under ``sendfile``) is
+    :class:`_ClientGoneError`, a stalled one :class:`_ClientStalledError`: both told apart
+    from failures of the data being sent."""
+    transport = request.transport if request is not None else None
     try:
-        await write
+        if transport is not None and stall_s is not None:
+            await progressing(transport, write, stall_s)
+        else:
+            await write
     except ConnectionError as exc:
         raise _ClientGoneError(str(exc) or type(exc).__name__) from exc
+    except TimeoutError as exc:
+        raise _ClientStalledError(str(exc) or "the client took no bytes of the response") from exc
 
 
 def _client_gone(
@@ -934,7 +963,10 @@ def _abort_mid_body(request: web.Request, exc: Exception, *, endpoint: str, sent
     if metrics is not None:
         metrics.read_errors.labels(_error_code(code) or "internal_error").inc()
     if request.transport is not None:
-        request.transport.close()
+        if isinstance(exc, _ClientStalledError):
+            request.transport.abort()  # close() would wait for the client to take the buffer
+        else:
+            request.transport.close()
 
 
 async def _send_plan(
@@ -944,23 +976,24 @@ async def _send_plan(
     ranges go with ``sendfile`` (small ones are read and written); a failure after the status
     line closes the connection mid-body, as in :func:`_send`."""
     metrics = request.app.get(METRICS_KEY)
+    stall_s = request.app[LIMITS_KEY].send_stall_s
     sent = 0
     _large_send_buffer(request)
     try:
         writer = await response.prepare(request)
         if request.method == "HEAD" or writer is None:
-            await _to_client(response.write_eof())
+            await _to_client(response.write_eof(), request, stall_s)
             return response
         for piece in plan.pieces:
             if not isinstance(piece, FileRange):
-                await _to_client(response.write(piece))
+                await _to_client(response.write(piece), request, stall_s)
             elif piece.length < _SENDFILE_MIN_BYTES:
                 data = await asyncio.to_thread(_pread_exact, piece)
-                await _to_client(response.write(data))
+                await _to_client(response.write(data), request, stall_s)
             else:
-                await _to_client(_sendfile(request, writer, piece))
+                await _to_client(_sendfile(request, writer, piece, stall_s=stall_s))
             sent += piece.length if isinstance(piece, FileRange) else len(piece)
-        await _to_client(response.write_eof())
+        await _to_client(response.write_eof(), request, stall_s)
     except _ClientGoneError as exc:
         _client_gone(request, response, exc, endpoint=endpoint, sent=sent)
     except asyncio.CancelledError:
@@ -1017,12 +1050,12 @@ async def _sendfile(
 ) -> None:
     """Send a file range on the request's socket with ``sendfile`` (``sidecar._sendfile``),
     after the transport's buffer is flushed. A client that reads nothing for ``stall_s`` is a
-    TimeoutError."""
+    TimeoutError, while the buffer is flushed as while the file is sent."""
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client went away")
     writer.send_headers()  # aiohttp holds them back to go with the first body write
-    await flushed(transport, writer.drain)
+    await flushed(transport, writer.drain, stall_s=stall_s)
     sock = plain_socket(transport)
     if sock is None:
         raise ConnectionResetError("the client went away")

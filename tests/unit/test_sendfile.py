@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from sidecar._sendfile import ShortFileError, plain_socket, send_file_range
+from sidecar._sendfile import ShortFileError, plain_socket, progressing, send_file_range
 
 #: a self-signed P-256 certificate for 127.0.0.1 (valid for a century) and its key, for the TLS
 #: test only
@@ -179,3 +179,49 @@ class TestSendFileRange:
         data = os.urandom(8 * 1024 * 1024)
         with _link(tmp_path, data) as (fd, left, _right), pytest.raises(TimeoutError):
             await send_file_range(left.fileno(), fd, 0, len(data), stall_s=0.2)
+
+
+class _Buffered:
+    """A transport whose write buffer shrinks by ``step`` bytes each time it is looked at
+    (``step`` 0: a peer that reads nothing), until it is empty."""
+
+    def __init__(self, size: int, step: int) -> None:
+        self.size = size
+        self.step = step
+        self.looks = 0
+
+    def get_write_buffer_size(self) -> int:
+        self.looks += 1
+        size = self.size
+        self.size = max(0, self.size - self.step)
+        return size
+
+
+class TestProgressing:
+    async def test_a_peer_that_keeps_taking_bytes_is_waited_for(self) -> None:
+        """A write that lasts many stall periods returns, since the buffer shrinks at every
+        look (each look comes before the deadline it would push)."""
+        transport: Any = _Buffered(size=10**9, step=1)
+
+        async def wait() -> str:
+            while transport.looks < 25:  # six stall periods of looks
+                await asyncio.sleep(0.01)
+            return "written"
+
+        assert await progressing(transport, wait(), 0.1) == "written"
+
+    async def test_a_peer_that_takes_nothing_is_a_timeout(self) -> None:
+        """No byte taken for the stall period: TimeoutError, and the write is cancelled."""
+        transport: Any = _Buffered(size=1000, step=0)
+        cancelled = asyncio.Event()
+
+        async def wait() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        with pytest.raises(TimeoutError):
+            await progressing(transport, wait(), 0.1)
+        assert cancelled.is_set()

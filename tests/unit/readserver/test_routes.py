@@ -40,6 +40,7 @@ from sidecar.readserver import (
 )
 from sidecar.readserver._cli import read_command
 from sidecar.readserver.routes import OPENAPI_PATH
+from sidecar.readserver.service import Plan
 from sidecar.storage.keys import ObjectSuffix
 from tests.unit.readserver._tiered import LAYOUT, TP, Remote, data_batches, three_segments
 
@@ -279,9 +280,9 @@ def _value(metric: Any, *labels: str) -> float:
     return float((metric.labels(*labels) if labels else metric)._value.get())
 
 
-async def _until_idle(metrics: Metrics) -> None:
+async def _until_idle(metrics: Metrics, timeout: float = 30.0) -> None:
     """Wait until no request is in flight (every response finished or ended)."""
-    await _until(lambda: _value(metrics.read_requests_in_flight) == 0, "idle")
+    await _until(lambda: _value(metrics.read_requests_in_flight) == 0, "idle", timeout)
 
 
 async def _read_a_little_and_close(run: Running, path: str) -> None:
@@ -327,6 +328,76 @@ class TestClientGone:
             assert _value(run.metrics.read_requests, "segment_log", "500") == 0
             assert _value(run.metrics.read_errors, "internal_error") == 0
             # the server goes on serving
+            assert (await run.get("/v1/version"))[0] == 200
+
+
+def _deleted_open_files(directory: Path) -> list[str]:
+    """Files under ``directory`` this process holds open although they were unlinked."""
+    found = []
+    for link in Path("/proc/self/fd").iterdir():
+        try:
+            target = str(link.readlink())
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        if target.startswith(str(directory)) and target.endswith(" (deleted)"):
+            found.append(target)
+    return found
+
+
+async def _read_all(service: ReadService, segment_id: uuid.UUID) -> None:
+    """Read a whole segment through the chunk cache (a plan, if already cached, is closed)."""
+    stream = await service.segment_range(TP, segment_id, 0, None)
+    if isinstance(stream, Plan):
+        stream.close()
+        return
+    async for _ in stream:
+        pass
+
+
+class TestStalledClient:
+    """A client that stops reading without closing: after ``send_stall_s`` without progress
+    its connection is aborted, the request ends, and the chunk files it held are closed."""
+
+    @pytest.mark.parametrize(
+        "chunk_size",
+        [pytest.param(16 * 1024, id="written"), pytest.param(256 * 1024, id="sendfile")],
+    )
+    async def test_a_stalled_client_releases_its_slot_and_the_evicted_chunks(
+        self, remote, tmp_path, monkeypatch, chunk_size
+    ):
+        """A warm segment asked for and never read: the request ends after the stall deadline
+        (counted as the sendfile stall always was), and chunks evicted meanwhile by other
+        reads leave no deleted-but-open files behind."""
+        monkeypatch.setattr(routes, "_large_send_buffer", _small_send_buffer)
+        first = await remote.upload(0, data_batches(0, 110, per_batch=10, value_size=3000))
+        second = await remote.upload(
+            first.end_offset + 1, data_batches(0, 110, per_batch=10, value_size=3000)
+        )
+        limits = ReadLimits(send_stall_s=1.0)
+        async for run in _start(
+            remote, tmp_path, limits=limits, cache_bytes=4 << 20, chunk_size=chunk_size
+        ):
+            service = run.server.service
+            await _read_all(service, first.segment_id.id)
+            plan = await service.segment_range(TP, first.segment_id.id, 0, None)
+            assert isinstance(plan, Plan)  # warm: the socket read is sent from the chunk files
+            plan.close()
+            sid = encode_kafka_uuid(first.segment_id.id)
+            reader, writer = await asyncio.open_unix_connection(str(run.socket))
+            try:
+                writer.write(
+                    f"GET {P}/segments/{sid}/log HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
+                )
+                status = await reader.readuntil(b"\r\n")
+                assert status.startswith(b"HTTP/1.1 200"), status
+                # ... and nothing more is read; the other segment evicts the first's chunks
+                await _read_all(service, second.segment_id.id)
+                await _until_idle(run.metrics, timeout=15)
+                assert _deleted_open_files(tmp_path / "cache") == []
+                assert _value(run.metrics.read_errors, "storage_timeout") == 1
+                assert _value(run.metrics.read_errors, "internal_error") == 0
+            finally:
+                writer.close()
             assert (await run.get("/v1/version"))[0] == 200
 
 
