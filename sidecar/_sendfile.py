@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import os
 import select
+import sys
+import termios
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
@@ -30,6 +33,7 @@ __all__ = [
     "plain_socket",
     "progressing",
     "send_file_range",
+    "unsent",
 ]
 
 T = TypeVar("T")
@@ -67,21 +71,37 @@ def plain_socket(transport: asyncio.BaseTransport | None) -> int | None:
     return fileno if isinstance(fileno, int) and fileno >= 0 else None
 
 
+def unsent(transport: asyncio.WriteTransport) -> int:
+    """Bytes written to ``transport`` that its peer has not taken yet: those in its own buffer
+    and those in its socket's send queue (``SIOCOUTQ``: unsent and unacknowledged on TCP, not
+    yet read by the peer on a Unix socket). The socket's queue is what moves while a peer
+    reads slowly: the transport's buffer only shrinks once the kernel takes more."""
+    pending = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket") if hasattr(transport, "get_extra_info") else None
+    if sock is not None:
+        try:
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return pending  # closed, or not a socket
+        pending += int.from_bytes(queued, sys.byteorder, signed=True)
+    return pending
+
+
 async def progressing(transport: asyncio.WriteTransport, wait: Awaitable[T], stall_s: float) -> T:
-    """Await ``wait`` (a write and its backpressure) while the peer takes bytes: when the
-    transport's buffer has not shrunk for ``stall_s`` (checked every quarter of it), ``wait``
-    is cancelled and this is a TimeoutError. A peer that reads slowly but steadily is waited
-    for however long it takes."""
+    """Await ``wait`` (a write and its backpressure) while the peer takes bytes: when the bytes
+    not taken yet (:func:`unsent`) have not gone down for ``stall_s`` (looked at every quarter
+    of it), ``wait`` is cancelled and this is a TimeoutError. A peer that reads slowly but
+    steadily is waited for however long it takes."""
     loop = asyncio.get_running_loop()
     tick = stall_s / 4
-    size = transport.get_write_buffer_size()
+    size: int | None = None  # first looked at once ``wait`` has written
     async with asyncio.timeout(stall_s) as deadline:
         handle: asyncio.TimerHandle | None = None
 
         def check() -> None:
             nonlocal size, handle
-            now = transport.get_write_buffer_size()
-            if now < size:
+            now = unsent(transport)
+            if size is not None and now < size:
                 deadline.reschedule(loop.time() + stall_s)
             size = now
             handle = loop.call_later(tick, check)

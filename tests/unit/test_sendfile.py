@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import ssl
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,13 @@ from typing import Any
 import pytest
 import uvloop
 
-from sidecar._sendfile import ShortFileError, plain_socket, progressing, send_file_range
+from sidecar._sendfile import (
+    ShortFileError,
+    plain_socket,
+    progressing,
+    send_file_range,
+    unsent,
+)
 
 #: a self-signed P-256 certificate for 127.0.0.1 (valid for a century) and its key, for the TLS
 #: test only
@@ -225,3 +232,47 @@ class TestProgressing:
         with pytest.raises(TimeoutError):
             await progressing(transport, wait(), 0.1)
         assert cancelled.is_set()
+
+    async def test_a_slow_steady_reader_of_a_socket_is_waited_for(self) -> None:
+        """The peer reads a few KiB at a time, far less than the socket's send buffer: the
+        transport's own buffer does not shrink until the kernel has room for more, but the
+        socket's queue goes down at every look, and that is progress."""
+        writer_sock, reader_sock = socket.socketpair()
+        writer_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 512 << 10)
+        reader_sock.settimeout(10)
+        stop = threading.Event()
+        taken = 0
+
+        def read_slowly() -> None:
+            nonlocal taken
+            while not stop.is_set():
+                try:
+                    data = reader_sock.recv(8192)
+                except OSError:
+                    return
+                if not data:
+                    return
+                taken += len(data)
+                stop.wait(0.005)  # well under 1 MB/s: the 1 MiB socket buffer takes seconds
+
+        reader = threading.Thread(target=read_slowly, daemon=True)
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_unix_connection(asyncio.Protocol, sock=writer_sock)
+        drained = asyncio.Event()
+
+        async def written() -> None:
+            while unsent(transport) > 0:  # the peer took everything
+                await asyncio.sleep(0.05)
+            drained.set()
+
+        try:
+            transport.write(b"x" * (3 << 19))
+            reader.start()
+            await progressing(transport, written(), 0.5)
+            assert drained.is_set()
+            assert taken == 3 << 19
+        finally:
+            stop.set()
+            transport.close()
+            reader_sock.close()
+            reader.join(5)
