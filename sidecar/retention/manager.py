@@ -932,7 +932,9 @@ class RetentionManager:
         ):
             self._metrics.scrub_runs.labels("skipped").inc()
             return
-        behind = await self._metadata_behind()
+        behind = await self._metadata_behind(stop)
+        if stop.is_set():
+            return
         if behind is not None:
             # the objects of copies this store never read about would look like orphans
             self._metrics.scrub_runs.labels("skipped").inc()
@@ -961,22 +963,41 @@ class RetentionManager:
             self._metrics.scrub_deleted_objects.inc(len(report.orphans))
             self._metrics.scrub_aborted_uploads.inc(len(report.aborted_uploads))
 
-    async def _metadata_behind(self) -> str | None:
+    async def _metadata_behind(self, stop: asyncio.Event) -> str | None:
         """Why the store may lack events published before now, or None once every metadata
         partition is read up to its end offset asked now. Being caught up once is not enough:
-        a tailer that stopped reading since (a revoked ACL, an unreachable leader) keeps that."""
+        a tailer that stopped reading since (a revoked ACL, an unreachable leader) keeps that.
+        ``stop`` set meanwhile ends the wait (the tailer stops reading at shutdown)."""
         tailer = self._tailer
         if not tailer.healthy:
             return f"the metadata tailer is failing: {tailer.last_error}"
         if tailer.stalled:
             return f"metadata partitions {sorted(tailer.stalled)} are not being read"
+
+        async def synced() -> None:
+            for p in range(self._num_mp):
+                await tailer.sync(p)
+
+        syncing = asyncio.ensure_future(synced())
+        stopping = asyncio.ensure_future(stop.wait())
         try:
-            async with asyncio.timeout(_SCRUB_SYNC_S):
-                for p in range(self._num_mp):
-                    await tailer.sync(p)
-        except (TimeoutError, SidecarError) as exc:
+            await asyncio.wait(
+                (syncing, stopping), timeout=_SCRUB_SYNC_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopping.cancel()
+            if not syncing.done():
+                syncing.cancel()
+        if stop.is_set():
+            return "stopping"
+        if not syncing.done() or syncing.cancelled():
+            return f"the store did not read the metadata topic to its end in {_SCRUB_SYNC_S:g} s"
+        exc = syncing.exception()
+        if exc is None:
+            return None
+        if isinstance(exc, SidecarError):
             return f"the store did not read the metadata topic to its end: {exc!r}"
-        return None
+        raise exc
 
 
 def _epoch_cache(scan: PartitionScan) -> tuple[EpochEntry, ...]:

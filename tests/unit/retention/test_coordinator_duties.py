@@ -319,3 +319,26 @@ class TestScrubOnCurrentMetadata:
         manager = _manager([True], tailer, scrubber, {})
         await manager.run_once()
         assert scrubber.runs == 0
+
+    async def test_a_stop_ends_the_wait_for_the_metadata(self):
+        """SIGTERM while the scrub waits for the store to read the metadata topic (the tailer
+        stops reading at shutdown): the pass ends at once, with no scrub."""
+        tailer = _Tailer()
+        tailer.track(range(8))
+        stop = asyncio.Event()
+        asked = asyncio.Event()
+
+        async def sync(partition: int) -> None:
+            asked.set()
+            await asyncio.Event().wait()  # never read to its end any more
+
+        tailer.sync = sync  # type: ignore[method-assign]
+        scrubber = _Scrubber()
+        manager = _manager([True], tailer, scrubber, {})
+        running = asyncio.create_task(manager.run_once(stop))
+        await asked.wait()
+        stop.set()
+        async with asyncio.timeout(5):  # not the 60 s the wait is allowed
+            await running
+        assert scrubber.runs == 0
+        assert manager._metrics.scrub_runs.labels("skipped")._value.get() == 0
