@@ -1304,14 +1304,11 @@ class ReadService:
             if complete:
                 break
         if not complete and self._log_dirs:
-            local, local_start = await asyncio.to_thread(self._local_txn_entries, tp, offset)
+            # settled only by an abort whose last stable offset reaches the bound: that a
+            # transaction committed leaves no entry, and a local replica that is behind may
+            # not have its marker yet
+            local = await asyncio.to_thread(self._local_txn_entries, tp, offset)
             complete = _collect(local, offset, bound, found)
-            # a segment is tiered only once it ends below the LSO, so a transaction the tiered
-            # data leaves open has its marker past the tiered end, in the log then: a local log
-            # with no gap after the tiered data holds it, and its indexes settle the list
-            last = _contiguous_end(spans, at)
-            if local_start is not None and last is not None:
-                complete = complete or local_start <= spans[last].end_offset + 1
         if not complete:
             stable = await self._stable_end(spans, at)
             if stable is not None and stable < bound:
@@ -1331,30 +1328,53 @@ class ReadService:
         """The last stable offset of the tiered data a read from span ``at`` can reach (up to
         a gap): the first offset of a transaction still open at the end of its last segment,
         from that segment's producer snapshot; None when none is open. The Spark source stops
-        its read_committed ranges at the same offset."""
+        its read_committed ranges at the same offset.
+
+        A snapshot that is missing or does not parse (Kafka uploads an older snapshot that
+        fails its CRC as it is) says nothing: the one of the segment before it does, and the
+        spans after that one are then past the last stable offset too. With no usable snapshot
+        back to span ``at``, nothing from there on is settled."""
         last = _contiguous_end(spans, at)
         if last is None:
             return None
-        segment = spans[last].segment
+        for i in range(last, at - 1, -1):
+            found = await self._snapshot_stable(spans[i].segment)
+            if found == [_UNUSABLE]:
+                continue
+            stable = found[0] if found else None
+            if i == last:
+                return stable
+            cut = spans[i + 1].start_offset  # what follows span i is not settled
+            return cut if stable is None else min(stable, cut)
+        return spans[at].start_offset
+
+    async def _snapshot_stable(self, segment: SegmentMetadata) -> list[int]:
+        """[the first offset of a transaction open at the end of ``segment``] from its producer
+        snapshot, [] when none is, [_UNUSABLE] when the snapshot is missing or does not parse
+        (logged once: the answer is cached like a transaction index)."""
 
         async def load() -> list[int]:
             data = await self.index_bytes(segment, IndexKind.PRODUCER_SNAPSHOT)
-            if data is None:
-                raise RemoteDataError(
-                    f"segment {segment.segment_id.id} has no producer snapshot: the"
-                    " transactions open at the end of the tiered data are unknown"
-                )
-            try:
-                snapshot = parse_producer_snapshot(data)
-            except FormatError as exc:
-                raise RemoteDataError(
-                    f"producer snapshot of segment {segment.segment_id.id}: {exc}"
-                ) from exc
-            stable = snapshot.last_stable_offset()
-            return [] if stable is None else [stable]
+            problem: str | None = "no producer snapshot" if data is None else None
+            if data is not None:
+                try:
+                    stable = parse_producer_snapshot(data).last_stable_offset()
+                except FormatError as exc:
+                    problem = str(exc)
+                else:
+                    return [] if stable is None else [stable]
+            log.warning(
+                "producer_snapshot_unusable",
+                segment_id=str(segment.segment_id.id),
+                start_offset=segment.start_offset,
+                error=problem,
+                detail="read_committed reads take the transactions open at this segment's end"
+                " from an earlier segment's snapshot, and stop before this segment",
+            )
+            return [_UNUSABLE]
 
         found = await self._indexes.get(("snapshot", segment.segment_id.id), load, _txn_weight)
-        return found[0] if isinstance(found, list) and found else None
+        return found if isinstance(found, list) else [_UNUSABLE]
 
     async def _upper_bound(
         self, spans: list[SegmentSpan], at: int, offset: int, max_bytes: int
@@ -1393,13 +1413,10 @@ class ReadService:
         found = await self._indexes.get(("txn", segment.segment_id.id), load, _txn_weight)
         return found if isinstance(found, list) else []
 
-    def _local_txn_entries(
-        self, tp: TopicIdPartition, offset: int
-    ) -> tuple[list[AbortedTxn], int | None]:
+    def _local_txn_entries(self, tp: TopicIdPartition, offset: int) -> list[AbortedTxn]:
         """(thread) The aborted transactions of the broker's local segments of ``tp`` (this
-        incarnation) that can hold markers at or after ``offset``, in offset order, and the
-        base offset of its first local segment (None without a local copy); read only, a file
-        being appended to is read up to its last whole entry."""
+        incarnation) that can hold markers at or after ``offset``, in offset order; read only,
+        a file being appended to is read up to its last whole entry."""
         for log_dir in self._log_dirs:
             directory = log_dir / f"{tp.topic}-{tp.partition}"
             try:
@@ -1430,8 +1447,8 @@ class ReadService:
                     log.warning("local_txn_index_unusable", topic=tp.topic, error=str(exc))
                     continue
                 entries.extend(index)
-            return entries, (bases[0] if bases else None)
-        return [], None
+            return entries
+        return []
 
     def _walk(
         self, spans: list[SegmentSpan], at: int, offset: int
@@ -1698,6 +1715,10 @@ def _epoch_at(segment: SegmentMetadata, offset: int) -> int:
             break
         found = epoch
     return found
+
+
+#: a producer snapshot that is missing or does not parse (:meth:`ReadService._snapshot_stable`)
+_UNUSABLE: Final = -1
 
 
 def _contiguous_end(spans: Sequence[SegmentSpan], at: int) -> int | None:

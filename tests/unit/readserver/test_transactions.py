@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.kafka.checkpoints import format_partition_metadata
 from sidecar.kafka.indexes import AbortedTxn
@@ -25,7 +26,6 @@ from sidecar.readserver import (
     ReadClient,
     ReadServer,
     ReadService,
-    RemoteDataError,
 )
 from sidecar.readserver._cli import read_command
 from sidecar.readserver._txn import format_aborted, parse_aborted
@@ -200,15 +200,13 @@ class TestServiceReadCommitted:
             finally:
                 await service.aclose()
 
-    async def test_a_local_log_after_the_tiered_data_settles_a_commit(
-        self, remote, chunks, tmp_path
-    ):
-        """The transaction open at the tiered end committed: its marker left no .txnindex
-        entry. A local log that goes on right after the tiered data holds every marker of
-        what the tiered data leaves open (a segment is tiered only below the LSO), so nothing
-        is held back; a local log that starts past a gap settles nothing."""
+    async def test_a_local_log_without_the_abort_settles_nothing(self, remote, chunks, tmp_path):
+        """The transaction open at the tiered end: a local log without an abort entry whose
+        last stable offset reaches the bound does not settle it. It may have committed (no
+        entry), or this replica may be behind and not have the marker yet (its log starts
+        before the tiered end or right after it)."""
         await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
-        for base, expected in ((7, ([], 7)), (20, ([], 5))):
+        for base in (0, 7):
             partition = tmp_path / str(base) / f"{TP.topic}-{TP.partition}"
             partition.mkdir(parents=True)
             (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
@@ -218,7 +216,7 @@ class TestServiceReadCommitted:
                 log_dirs=(tmp_path / str(base),), lineage_ttl_s=0,
             )  # fmt: skip
             try:
-                assert await service.aborted_transactions(TP, 0, 1 << 20) == expected, base
+                assert await service.aborted_transactions(TP, 0, 1 << 20) == ([], 5), base
             finally:
                 await service.aclose()
 
@@ -254,12 +252,31 @@ class TestServiceReadCommitted:
         committed, _ = await _interleaved(remote)
         assert await _committed_offsets(service, 0, 1 << 20) == sorted(committed)
 
-    async def test_an_unusable_producer_snapshot_is_an_error(self, remote, service):
-        """The snapshot that says which transactions are open at the tiered end does not parse:
-        a read_committed read that needs it fails with a clear error, never guesses."""
-        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)], snapshot=b"not a snapshot")
-        with pytest.raises(RemoteDataError, match="producer snapshot"):
-            await service.aborted_transactions(TP, 0, 1 << 20)
+    async def test_an_unusable_producer_snapshot_is_read_from_the_segment_before(
+        self, remote, service
+    ):
+        """The last segment's snapshot does not parse (Kafka uploads an older snapshot that
+        fails its CRC as it is): the one of the segment before it says which transactions are
+        open there, and the last segment, past it, is not settled. With no usable snapshot at
+        all, nothing is. Never an error, never a guess; each snapshot is fetched once."""
+        await remote.upload(0, [_plain(0, 5)])
+        await remote.upload(5, [_plain(5, 5), _txn(4, 10, 2)], snapshot=b"not a snapshot")
+        with capture_logs() as logs:
+            for _ in range(2):
+                assert await service.aborted_transactions(TP, 0, 1 << 20) == ([], 5)
+                assert await _committed_offsets(service, 0, 1 << 20) == [0, 1, 2, 3, 4]
+        assert [e["start_offset"] for e in logs if e["event"] == "producer_snapshot_unusable"] == [
+            5
+        ]
+        assert await service.aborted_transactions(TP, 5, 1 << 20) == ([], 5)
+        assert await _committed_offsets(service, 5, 1 << 20) == []
+
+    async def test_with_no_usable_snapshot_nothing_is_settled(self, remote, service):
+        await remote.upload(0, [_plain(0, 5)], snapshot=b"not a snapshot")
+        assert await service.aborted_transactions(TP, 0, 1 << 20) == ([], 0)
+        assert await _committed_offsets(service, 0, 1 << 20) == []
+        stream = await service.batches(TP, 0, 1 << 20)  # read_uncommitted: no limit
+        assert [b.header.base_offset async for b in stream] == [0]
 
 
 class TestListOffsets:
