@@ -171,11 +171,22 @@ def _offset_for(spec: OffsetSpec, topic: str, partition: int, key: str) -> int:
 
 
 def _archive_lso(options: ReadOptions, refs: Sequence[SegmentRef], reader: S3Reader) -> int | None:
-    """Under read_committed: the first offset of a transaction open at the archive's end."""
+    """Under read_committed: the first offset of a transaction open at the archive's end. A
+    segment whose producer snapshot is missing or does not parse (Kafka uploads an older
+    snapshot that fails its CRC as it is) says nothing: the snapshot of the segment before it
+    does, and what follows that segment is past the last stable offset too."""
     if not options.read_committed or not refs:
         return None
-    ongoing = SegmentFiles(reader, refs[-1]).ongoing_transactions()
-    return min(ongoing.values()) if ongoing else None
+    for i in range(len(refs) - 1, -1, -1):
+        ongoing = SegmentFiles(reader, refs[i]).ongoing_transactions()
+        if ongoing is None:
+            continue
+        stable = min(ongoing.values()) if ongoing else None
+        if i == len(refs) - 1:
+            return stable
+        cut = refs[i + 1].start_offset
+        return cut if stable is None else min(stable, cut)
+    return refs[0].start_offset
 
 
 def _loss(options: ReadOptions, message: str) -> None:

@@ -192,13 +192,17 @@ class SegmentFiles:
             return []
         return list(TxnIndex.parse(data, base_offset=self.ref.start_offset))
 
-    def ongoing_transactions(self) -> dict[int, int]:
+    def ongoing_transactions(self) -> dict[int, int] | None:
         """Producer id -> first offset of its transaction still open at the segment's end (from
-        the producer snapshot uploaded with the segment)."""
+        the producer snapshot uploaded with the segment); None when the snapshot is missing or
+        does not parse."""
         data = self.index_bytes(IndexKind.PRODUCER_SNAPSHOT)
         if not data:
-            return {}
-        return parse_producer_snapshot(data, path=self.ref.log_key).open_transactions()
+            return None
+        try:
+            return parse_producer_snapshot(data, path=self.ref.log_key).open_transactions()
+        except FormatError:
+            return None
 
     # -- the log ---------------------------------------------------------------------------
 

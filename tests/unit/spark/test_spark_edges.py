@@ -260,3 +260,49 @@ def test_a_recreated_topic_is_read_once_the_old_ones_segments_are_deleted():
         catalog_from_events(options, old_events + new_events)  # both hold data: ambiguous
     catalog = catalog_from_events(options, old_events + deleted + new_events)
     assert [p.tp for p in catalog.partitions] == [new]
+
+
+class TestArchiveLastStableOffset:
+    """read_committed ends at the first transaction open at the archive's end; a producer
+    snapshot that is missing or does not parse says nothing, so the one before it does."""
+
+    def test_an_unusable_snapshot_falls_back_to_the_segment_before(self, monkeypatch):
+        from types import SimpleNamespace
+
+        import sidecar.spark._plan as plan
+
+        answers: dict[str, dict[int, int] | None] = {}
+
+        class Files:
+            def __init__(self, reader: object, ref: SimpleNamespace) -> None:
+                self.ref = ref
+
+            def ongoing_transactions(self) -> dict[int, int] | None:
+                return answers[self.ref.name]
+
+        monkeypatch.setattr(plan, "SegmentFiles", Files)
+        refs = [
+            SimpleNamespace(name=n, start_offset=o) for n, o in (("a", 0), ("b", 10), ("c", 20))
+        ]
+        options: Any = SimpleNamespace(read_committed=True)
+        for a, b, c, expected in (
+            ({}, {}, {}, None),
+            ({}, {}, {5: 22}, 22),
+            ({}, {}, None, 20),  # c's open transactions are unknown: it is not settled
+            ({}, {9: 12}, None, 12),
+            ({7: 3}, None, None, 3),
+            (None, None, None, 0),
+        ):
+            answers.update(a=a, b=b, c=c)
+            assert plan._archive_lso(options, refs, reader=None) == expected, (a, b, c)  # type: ignore[arg-type]
+
+    def test_a_snapshot_that_does_not_parse_is_unusable(self, monkeypatch):
+        from types import SimpleNamespace
+
+        from sidecar.spark._segments import SegmentFiles
+
+        files = SegmentFiles(None, SimpleNamespace(log_key="k", indexes=None))  # type: ignore[arg-type]
+        monkeypatch.setattr(files, "index_bytes", lambda kind: b"not a snapshot")
+        assert files.ongoing_transactions() is None
+        monkeypatch.setattr(files, "index_bytes", lambda kind: None)
+        assert files.ongoing_transactions() is None
