@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import fcntl
+import functools
 import os
 import select
 import sys
@@ -71,19 +72,31 @@ def plain_socket(transport: asyncio.BaseTransport | None) -> int | None:
     return fileno if isinstance(fileno, int) and fileno >= 0 else None
 
 
+def _queued(fd: int) -> int:
+    """Bytes in the send queue of socket ``fd`` that its peer has not taken (``SIOCOUTQ``:
+    unsent and unacknowledged on TCP, not yet read by the peer on a Unix socket); 0 when it
+    cannot be asked (closed, not a socket)."""
+    try:
+        queued = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int.from_bytes(queued, sys.byteorder, signed=True)
+
+
 def unsent(transport: asyncio.WriteTransport) -> int:
     """Bytes written to ``transport`` that its peer has not taken yet: those in its own buffer
-    and those in its socket's send queue (``SIOCOUTQ``: unsent and unacknowledged on TCP, not
-    yet read by the peer on a Unix socket). The socket's queue is what moves while a peer
-    reads slowly: the transport's buffer only shrinks once the kernel takes more."""
+    and those in its socket's send queue. The socket's queue is what moves while a peer reads
+    slowly: the transport's buffer only shrinks once the kernel takes more (a socket turns
+    writable again only when most of its queue is gone)."""
     pending = transport.get_write_buffer_size()
     sock = transport.get_extra_info("socket") if hasattr(transport, "get_extra_info") else None
     if sock is not None:
         try:
-            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+            fd = sock.fileno()
         except (OSError, ValueError):
-            return pending  # closed, or not a socket
-        pending += int.from_bytes(queued, sys.byteorder, signed=True)
+            return pending
+        if fd >= 0:
+            pending += _queued(fd)
     return pending
 
 
@@ -92,6 +105,12 @@ async def progressing(transport: asyncio.WriteTransport, wait: Awaitable[T], sta
     not taken yet (:func:`unsent`) have not gone down for ``stall_s`` (looked at every quarter
     of it), ``wait`` is cancelled and this is a TimeoutError. A peer that reads slowly but
     steadily is waited for however long it takes."""
+    return await _while_taken(lambda: unsent(transport), wait, stall_s)
+
+
+async def _while_taken(pending: Callable[[], int], wait: Awaitable[T], stall_s: float) -> T:
+    """Await ``wait`` while ``pending()`` (bytes the peer has not taken) goes down at least
+    once every ``stall_s``; else cancel it and raise TimeoutError."""
     loop = asyncio.get_running_loop()
     tick = stall_s / 4
     size: int | None = None  # first looked at once ``wait`` has written
@@ -100,7 +119,7 @@ async def progressing(transport: asyncio.WriteTransport, wait: Awaitable[T], sta
 
         def check() -> None:
             nonlocal size, handle
-            now = unsent(transport)
+            now = pending()
             if size is not None and now < size:
                 deadline.reschedule(loop.time() + stall_s)
             size = now
@@ -184,11 +203,12 @@ async def send_file_range(
             busy = None
             done += n
             if done < length and not n:  # the peer is slow: wait for room without a thread
+                # room comes back only once most of the socket's queue is gone: a peer that
+                # reads slowly shows its progress in the queue meanwhile
                 ready = loop.create_future()
                 loop.add_writer(sock_fd, ready.set_result, None)
                 try:
-                    async with asyncio.timeout(stall_s):
-                        await ready
+                    await _while_taken(functools.partial(_queued, sock_fd), ready, stall_s)
                 finally:
                     loop.remove_writer(sock_fd)
     finally:

@@ -237,42 +237,73 @@ class TestProgressing:
         """The peer reads a few KiB at a time, far less than the socket's send buffer: the
         transport's own buffer does not shrink until the kernel has room for more, but the
         socket's queue goes down at every look, and that is progress."""
-        writer_sock, reader_sock = socket.socketpair()
-        writer_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 512 << 10)
-        reader_sock.settimeout(10)
-        stop = threading.Event()
-        taken = 0
+        with _SlowReader() as (writer_sock, reader):
+            loop = asyncio.get_running_loop()
+            transport, _ = await loop.create_unix_connection(asyncio.Protocol, sock=writer_sock)
+            try:
 
-        def read_slowly() -> None:
-            nonlocal taken
-            while not stop.is_set():
-                try:
-                    data = reader_sock.recv(8192)
-                except OSError:
-                    return
-                if not data:
-                    return
-                taken += len(data)
-                stop.wait(0.005)  # well under 1 MB/s: the 1 MiB socket buffer takes seconds
+                async def written() -> None:
+                    while unsent(transport) > 0:  # the peer took everything
+                        await asyncio.sleep(0.05)
 
-        reader = threading.Thread(target=read_slowly, daemon=True)
-        loop = asyncio.get_running_loop()
-        transport, _ = await loop.create_unix_connection(asyncio.Protocol, sock=writer_sock)
-        drained = asyncio.Event()
+                transport.write(b"x" * _SLOW_BYTES)
+                reader.start()
+                await progressing(transport, written(), 0.5)
+            finally:
+                transport.close()
+        assert reader.taken == _SLOW_BYTES
 
-        async def written() -> None:
-            while unsent(transport) > 0:  # the peer took everything
-                await asyncio.sleep(0.05)
-            drained.set()
-
+    async def test_a_slow_steady_reader_of_a_sent_file_is_waited_for(self, tmp_path) -> None:
+        """The same reader of a file range sent with sendfile: the socket turns writable again
+        only once most of its queue is gone, but the queue going down is progress."""
+        path = tmp_path / "chunk"
+        path.write_bytes(b"x" * _SLOW_BYTES)
+        fd = os.open(path, os.O_RDONLY)
         try:
-            transport.write(b"x" * (3 << 19))
-            reader.start()
-            await progressing(transport, written(), 0.5)
-            assert drained.is_set()
-            assert taken == 3 << 19
+            with _SlowReader() as (writer_sock, reader):
+                writer_sock.setblocking(False)
+                reader.start()
+                await send_file_range(writer_sock.fileno(), fd, 0, _SLOW_BYTES, stall_s=0.5)
         finally:
-            stop.set()
-            transport.close()
-            reader_sock.close()
-            reader.join(5)
+            os.close(fd)
+        assert reader.taken == _SLOW_BYTES
+
+
+#: what the slow reader is sent: more than its socket buffers hold
+_SLOW_BYTES = 3 << 19
+
+
+class _SlowReader(threading.Thread):
+    """A peer reading 8 KiB every 10 ms or so (well under 1 MB/s: its sender's 1 MiB socket
+    buffer takes seconds to empty) in a thread, until the sender closes; as a context, the
+    socket pair (sender, this reader), both closed and the thread joined at the end."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.writer_sock, self.reader_sock = socket.socketpair()
+        self.writer_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 512 << 10)
+        self.reader_sock.settimeout(10)
+        self.stop = threading.Event()
+        self.taken = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                data = self.reader_sock.recv(8192)
+            except OSError:
+                return
+            if not data:
+                return
+            self.taken += len(data)
+            self.stop.wait(0.01)
+
+    def __enter__(self) -> tuple[socket.socket, _SlowReader]:
+        return self.writer_sock, self
+
+    def __exit__(self, *exc: object) -> None:
+        # the sender closes first: the reader sees the end after taking what was sent
+        self.writer_sock.close()
+        if self.is_alive():
+            self.join(10)
+        self.stop.set()
+        self.reader_sock.close()
