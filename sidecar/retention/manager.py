@@ -980,24 +980,29 @@ class RetentionManager:
 
         syncing = asyncio.ensure_future(synced())
         stopping = asyncio.ensure_future(stop.wait())
+        failure: Exception | None = None
         try:
             await asyncio.wait(
                 (syncing, stopping), timeout=_SCRUB_SYNC_S, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             stopping.cancel()
-            if not syncing.done():
-                syncing.cancel()
+            finished = syncing.done()
+            syncing.cancel()  # a no-op once it is done; then its outcome is taken here
+            try:
+                await syncing
+            except asyncio.CancelledError:
+                if not syncing.cancelled():
+                    raise  # this task is being cancelled
+            except Exception as exc:  # noqa: BLE001 - any failure of the reading is a reason
+                failure = exc
+        if failure is not None:
+            return f"the store did not read the metadata topic to its end: {failure!r}"
         if stop.is_set():
             return "stopping"
-        if not syncing.done() or syncing.cancelled():
+        if not finished:
             return f"the store did not read the metadata topic to its end in {_SCRUB_SYNC_S:g} s"
-        exc = syncing.exception()
-        if exc is None:
-            return None
-        if isinstance(exc, SidecarError):
-            return f"the store did not read the metadata topic to its end: {exc!r}"
-        raise exc
+        return None
 
 
 def _epoch_cache(scan: PartitionScan) -> tuple[EpochEntry, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import time
 import uuid
 from pathlib import Path
@@ -342,3 +343,35 @@ class TestScrubOnCurrentMetadata:
             await running
         assert scrubber.runs == 0
         assert manager._metrics.scrub_runs.labels("skipped")._value.get() == 0
+
+    async def test_a_reading_that_fails_as_the_stop_comes_is_retrieved(self):
+        """The metadata reading fails just as the daemon stops: its error is taken (no
+        "exception never retrieved" left for the loop), and no scrub runs."""
+        tailer = _Tailer()
+        tailer.track(range(8))
+        stop = asyncio.Event()
+        asked = asyncio.Event()
+
+        async def sync(partition: int) -> None:
+            asked.set()
+            await stop.wait()  # the consumer fails as the daemon stops
+            raise MetadataTailError("the broker went away")
+
+        tailer.sync = sync  # type: ignore[method-assign]
+        scrubber = _Scrubber()
+        manager = _manager([True], tailer, scrubber, {})
+        loop = asyncio.get_running_loop()
+        unretrieved: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
+        try:
+            running = asyncio.create_task(manager.run_once(stop))
+            await asked.wait()
+            stop.set()
+            await running
+            for _ in range(3):
+                await asyncio.sleep(0)
+            gc.collect()
+        finally:
+            loop.set_exception_handler(None)
+        assert not unretrieved, [c.get("message") for c in unretrieved]
+        assert scrubber.runs == 0
