@@ -25,9 +25,10 @@ record batches, read through the disk chunk cache. Kafka's path is
   transaction indexes of the segments from the offset on and, when the remote ones do not
   settle it, the broker's local ones (Kafka's ``collectAbortedTransactions``); the response is
   cut below an upper bound estimated from the offset index, so the list covers every batch.
-  When neither settles it, the response also stops at the archive's last stable offset (a
-  transaction open at the end of the tiered data, from the last segment's producer snapshot):
-  its marker is not tiered, so whether it aborted is not known here.
+  Only indexes that follow the data without a gap settle it. When none does, the response
+  also stops at the archive's last stable offset (a transaction open at the end of the tiered
+  data, from the last segment's producer snapshot, or the one before it when that snapshot is
+  unusable): its marker is not tiered, so whether it aborted is not known here.
 * **Planned responses**: a walk that continues a segment's verified prefix (from byte 0)
   records each CRC-checked batch (position, offsets) and the cached copy of each chunk it came
   from. Later responses over that prefix are computed from the map alone and sent from the
@@ -1295,7 +1296,11 @@ class ReadService:
         found: set[AbortedTransaction] = set()
         complete = False
         seen: set[uuid.UUID] = set()
-        for span in spans[at:]:
+        # only indexes that follow the data without a gap can settle it: a marker may be in
+        # the gap, and an abort past it says nothing of the transactions before
+        last = _contiguous_end(spans, at)
+        run = spans[at : last + 1] if last is not None else []
+        for span in run:
             segment = span.segment
             if segment.txn_index_empty or segment.segment_id.id in seen:
                 continue
@@ -1303,12 +1308,14 @@ class ReadService:
             complete = _collect(await self._txn_entries(segment), offset, bound, found)
             if complete:
                 break
-        if not complete and self._log_dirs:
-            # settled only by an abort whose last stable offset reaches the bound: that a
+        if not complete and self._log_dirs and last is not None:
+            # settled only by an abort whose last stable offset reaches the bound (that a
             # transaction committed leaves no entry, and a local replica that is behind may
-            # not have its marker yet
-            local = await asyncio.to_thread(self._local_txn_entries, tp, offset)
-            complete = _collect(local, offset, bound, found)
+            # not have its marker yet), in a local log that goes on from the tiered data
+            local, local_start = await asyncio.to_thread(self._local_txn_entries, tp, offset)
+            settles = _collect(local, offset, bound, found)
+            follows = local_start is not None and local_start <= spans[last].end_offset + 1
+            complete = settles and follows
         if not complete:
             stable = await self._stable_end(spans, at)
             if stable is not None and stable < bound:
@@ -1413,10 +1420,13 @@ class ReadService:
         found = await self._indexes.get(("txn", segment.segment_id.id), load, _txn_weight)
         return found if isinstance(found, list) else []
 
-    def _local_txn_entries(self, tp: TopicIdPartition, offset: int) -> list[AbortedTxn]:
+    def _local_txn_entries(
+        self, tp: TopicIdPartition, offset: int
+    ) -> tuple[list[AbortedTxn], int | None]:
         """(thread) The aborted transactions of the broker's local segments of ``tp`` (this
-        incarnation) that can hold markers at or after ``offset``, in offset order; read only,
-        a file being appended to is read up to its last whole entry."""
+        incarnation) that can hold markers at or after ``offset``, in offset order, and the
+        base offset of the first local segment (None without a local copy); read only, a file
+        being appended to is read up to its last whole entry."""
         for log_dir in self._log_dirs:
             directory = log_dir / f"{tp.topic}-{tp.partition}"
             try:
@@ -1447,8 +1457,8 @@ class ReadService:
                     log.warning("local_txn_index_unusable", topic=tp.topic, error=str(exc))
                     continue
                 entries.extend(index)
-            return entries
-        return []
+            return entries, (bases[0] if bases else None)
+        return [], None
 
     def _walk(
         self, spans: list[SegmentSpan], at: int, offset: int

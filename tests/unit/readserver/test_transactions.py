@@ -200,6 +200,50 @@ class TestServiceReadCommitted:
             finally:
                 await service.aclose()
 
+    async def test_an_abort_tiered_past_a_gap_does_not_settle_the_data_before_it(
+        self, remote, service
+    ):
+        """Producer 4's transaction is open at the end of the tiered run, and its marker was
+        in offsets that were never tiered: an abort tiered past the gap says nothing of it."""
+        # 0-4 plain, 5-6 producer 4's transaction, open at the segment's end (its ABORT at 7 is in
+        # offsets 7..19, never tiered: lost at local retention while tiering was stalled)
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
+        # 20 producer 5, 21 its ABORT (LSO 22 then): the only entry of the tiered txn indexes
+        await remote.upload(
+            20,
+            [_txn(5, 20, 1), _marker(ControlRecordType.ABORT, 5), _plain(22, 2)],
+            aborted=[AbortedTxn(0, 5, 20, 21, 22)],
+        )
+        aborted, limit = await service.aborted_transactions(TP, 0, 1 << 20)
+        # whether producer 4's transaction aborted is unknown here: it must not go out
+        assert limit <= 5, (aborted, limit)
+        assert 5 not in await _committed_offsets(service, 0, 1 << 20)
+
+    async def test_a_local_abort_past_a_gap_does_not_settle_the_tiered_end(
+        self, remote, chunks, tmp_path
+    ):
+        """The same with a local log that starts past the gap."""
+        await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])  # producer 4 open at the tiered end
+        # the local log starts at 20 (7..19 deleted by local retention before they were tiered)
+        # and holds an unrelated abort whose LSO is past the bound
+        partition = tmp_path / "logs" / f"{TP.topic}-{TP.partition}"
+        partition.mkdir(parents=True)
+        (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
+        (partition / f"{20:020d}.log").write_bytes(b"")
+        entry = AbortedTxn(0, 5, 20, 21, 22)
+        (partition / f"{20:020d}.txnindex").write_bytes(
+            b"".join(f.to_bytes(8 if i else 2, "big") for i, f in enumerate(entry))[:34]
+        )
+        service = ReadService(
+            store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
+            log_dirs=(tmp_path / "logs",), lineage_ttl_s=0,
+        )  # fmt: skip
+        try:
+            aborted, limit = await service.aborted_transactions(TP, 0, 1 << 20)
+            assert limit <= 5, (aborted, limit)
+        finally:
+            await service.aclose()
+
     async def test_a_local_log_without_the_abort_settles_nothing(self, remote, chunks, tmp_path):
         """The transaction open at the tiered end: a local log without an abort entry whose
         last stable offset reaches the bound does not settle it. It may have committed (no
