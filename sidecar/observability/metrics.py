@@ -254,8 +254,8 @@ class Metrics:
         self.stalled_partitions = Gauge(
             "stalled_partitions",
             "Partitions whose tiering has waited longer than 5 minutes for a rolled segment that"
-            " is not ready (a missing producer snapshot, a file that cannot be read), by reason:"
-            " nothing from that segment on is tiered.",
+            " is not ready (its producer snapshot or an index missing, unfinished or unreadable),"
+            " by reason: nothing from that segment on is tiered.",
             ["reason"],
             namespace=NAMESPACE,
             registry=r,
