@@ -99,6 +99,30 @@ async def _committed_offsets(service: ReadService, offset: int, max_bytes: int) 
     return found
 
 
+def _local_log(logs: Path, base: int, aborted: AbortedTxn | None = None, tail: bytes = b"") -> None:
+    """The broker's local copy of TP under ``logs``: one (empty) segment at ``base``, with a
+    .txnindex holding ``aborted`` (and ``tail``, e.g. a partial entry being appended)."""
+    partition = logs / f"{TP.topic}-{TP.partition}"
+    partition.mkdir(parents=True)
+    (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
+    (partition / f"{base:020d}.log").write_bytes(b"")
+    if aborted is not None:
+        entry = b"".join(f.to_bytes(8 if i else 2, "big") for i, f in enumerate(aborted))[:34]
+        (partition / f"{base:020d}.txnindex").write_bytes(entry + tail)
+
+
+async def _aborted_with_local(remote, chunks, logs: tuple[Path, ...], offset: int = 0):
+    """``aborted_transactions(TP, offset)`` of a read service over ``logs``."""
+    service = ReadService(
+        store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
+        log_dirs=logs, lineage_ttl_s=0,
+    )  # fmt: skip
+    try:
+        return await service.aborted_transactions(TP, offset, 1 << 20)
+    finally:
+        await service.aclose()
+
+
 class TestCommittedFilter:
     """Kafka's consumer loop over batches and an aborted-transaction list."""
 
@@ -179,26 +203,11 @@ class TestServiceReadCommitted:
         without a local copy the list cannot be known, so the response stops at the archive's
         last stable offset (the aborted transaction's first offset)."""
         await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
-        partition = tmp_path / "logs" / f"{TP.topic}-{TP.partition}"
-        partition.mkdir(parents=True)
-        (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
-        (partition / f"{7:020d}.log").write_bytes(b"")
-        entry = AbortedTxn(0, 4, 5, 7, 8)
-        (partition / f"{7:020d}.txnindex").write_bytes(
-            b"".join(f.to_bytes(8 if i else 2, "big") for i, f in enumerate(entry))[:34] + b"\0"
-        )  # a whole entry and a partial one being appended
-        for log_dirs, expected in (
-            ((), ([], 5)),
-            ((tmp_path / "logs",), ([AbortedTransaction(4, 5)], 7)),
-        ):
-            service = ReadService(
-                store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
-                log_dirs=log_dirs, lineage_ttl_s=0,
-            )  # fmt: skip
-            try:
-                assert await service.aborted_transactions(TP, 0, 1 << 20) == expected
-            finally:
-                await service.aclose()
+        # a whole entry and a partial one being appended
+        _local_log(tmp_path / "logs", 7, AbortedTxn(0, 4, 5, 7, 8), tail=b"\0")
+        assert await _aborted_with_local(remote, chunks, ()) == ([], 5)
+        expected = ([AbortedTransaction(4, 5)], 7)
+        assert await _aborted_with_local(remote, chunks, (tmp_path / "logs",)) == expected
 
     async def test_an_abort_tiered_past_a_gap_does_not_settle_the_data_before_it(
         self, remote, service
@@ -226,23 +235,9 @@ class TestServiceReadCommitted:
         await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])  # producer 4 open at the tiered end
         # the local log starts at 20 (7..19 deleted by local retention before they were tiered)
         # and holds an unrelated abort whose LSO is past the bound
-        partition = tmp_path / "logs" / f"{TP.topic}-{TP.partition}"
-        partition.mkdir(parents=True)
-        (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
-        (partition / f"{20:020d}.log").write_bytes(b"")
-        entry = AbortedTxn(0, 5, 20, 21, 22)
-        (partition / f"{20:020d}.txnindex").write_bytes(
-            b"".join(f.to_bytes(8 if i else 2, "big") for i, f in enumerate(entry))[:34]
-        )
-        service = ReadService(
-            store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
-            log_dirs=(tmp_path / "logs",), lineage_ttl_s=0,
-        )  # fmt: skip
-        try:
-            aborted, limit = await service.aborted_transactions(TP, 0, 1 << 20)
-            assert limit <= 5, (aborted, limit)
-        finally:
-            await service.aclose()
+        _local_log(tmp_path / "logs", 20, AbortedTxn(0, 5, 20, 21, 22))
+        aborted, limit = await _aborted_with_local(remote, chunks, (tmp_path / "logs",))
+        assert limit <= 5, (aborted, limit)
 
     async def test_a_local_log_without_the_abort_settles_nothing(self, remote, chunks, tmp_path):
         """The transaction open at the tiered end: a local log without an abort entry whose
@@ -251,18 +246,9 @@ class TestServiceReadCommitted:
         before the tiered end or right after it)."""
         await remote.upload(0, [_plain(0, 5), _txn(4, 5, 2)])
         for base in (0, 7):
-            partition = tmp_path / str(base) / f"{TP.topic}-{TP.partition}"
-            partition.mkdir(parents=True)
-            (partition / "partition.metadata").write_bytes(format_partition_metadata(TP.topic_id))
-            (partition / f"{base:020d}.log").write_bytes(b"")
-            service = ReadService(
-                store=remote.store, objects=remote.objects, layout=LAYOUT, chunks=chunks,
-                log_dirs=(tmp_path / str(base),), lineage_ttl_s=0,
-            )  # fmt: skip
-            try:
-                assert await service.aborted_transactions(TP, 0, 1 << 20) == ([], 5), base
-            finally:
-                await service.aclose()
+            _local_log(tmp_path / str(base), base)
+            found = await _aborted_with_local(remote, chunks, (tmp_path / str(base),))
+            assert found == ([], 5), base
 
     @pytest.mark.parametrize(
         "outcome", [ControlRecordType.ABORT, ControlRecordType.COMMIT], ids=["abort", "commit"]
