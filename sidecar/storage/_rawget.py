@@ -203,6 +203,9 @@ class _Connection(asyncio.BufferedProtocol):
             return
         self._body = None
         self._hook = self._filling = None
+        # the head buffer is free again: the loop reads the end of an idle connection, or bytes
+        # nobody asked for (buffer_updated drops the connection), into it
+        self._head_len = 0
         if self._done is not None and not self._done.done():
             self._done.set_result(RawResponse(self._status, self._headers, body.toreadonly()))
 

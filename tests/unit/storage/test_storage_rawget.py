@@ -407,3 +407,40 @@ async def test_bodies_come_from_the_pool_and_go_back_to_it(
     assert await get(getter, server, 0, len(body) - 1) == body
     assert pool.pooled_bytes == len(body)  # the first buffer was free again: reused
     getter.close()
+
+
+async def test_a_response_that_filled_the_head_buffer_leaves_room_for_the_next_read() -> None:
+    """The first read of a large response fills the whole head buffer (its headers and the
+    start of its body). Once the response is whole, the loop may ask for a buffer again, for
+    the end of the stream of an idle connection the store closes, or for bytes nobody asked
+    for: it gets room to read them into, not an error (which the loop logs as a fatal error
+    on the transport)."""
+    from sidecar.storage._rawget import HEAD_BYTES, _Connection
+
+    class Transport:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def abort(self) -> None:
+            self.aborted = True
+
+    connection = _Connection(BufferPool())
+    transport = Transport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    done = connection.request(b"GET / HTTP/1.1\r\n\r\n")
+    length = 3 * HEAD_BYTES
+    stream = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % length + b"x" * length
+    at = 0
+    while not done.done():
+        room = connection.get_buffer(-1)
+        n = min(len(room), len(stream) - at)
+        assert n > 0
+        room[:n] = stream[at : at + n]
+        connection.buffer_updated(n)
+        at += n
+    assert at == len(stream)
+    assert bytes(done.result().body) == b"x" * length
+    room = connection.get_buffer(-1)  # the store closes the idle connection: its end is read
+    assert len(room) > 0
+    connection.eof_received()
+    assert connection.closed
