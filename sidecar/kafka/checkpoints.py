@@ -48,6 +48,7 @@ __all__ = [
     "format_partition_metadata",
     "format_producer_snapshot",
     "leader_epoch_checkpoint_for_segment",
+    "load_epoch_cache",
     "parse_leader_epoch_checkpoint",
     "parse_meta_properties",
     "parse_partition_metadata",
@@ -194,7 +195,7 @@ def epoch_entries_in_range(
     after ``end_offset`` are dropped (``truncateFromEnd``). For a segment, RLM passes its base
     offset and the next segment's base offset, so the result begins at the base offset.
     """
-    epochs = _load_epoch_cache(entries)
+    epochs = load_epoch_cache(entries)
     if start_offset >= 0:
         removed = [e for e in epochs if e.start_offset <= start_offset]
         # removeFromStart stops at the first entry that does not match; offsets are increasing
@@ -216,8 +217,9 @@ def leader_epoch_checkpoint_for_segment(
     )
 
 
-def _load_epoch_cache(entries: Iterable[EpochEntry]) -> list[EpochEntry]:
-    """The broker's epoch cache after ``assign`` of each checkpoint entry in order."""
+def load_epoch_cache(entries: Iterable[EpochEntry]) -> list[EpochEntry]:
+    """The broker's epoch cache after ``assign`` of each checkpoint entry in order
+    (non-monotonic entries dropped, as the broker does when it loads the checkpoint)."""
     epochs: list[EpochEntry] = []
     for entry in entries:
         if epochs:

@@ -1316,8 +1316,8 @@ class ReadService:
             settles = _collect(local, offset, bound, found)
             follows = local_start is not None and local_start <= spans[last].end_offset + 1
             complete = settles and follows
-        if not complete:
-            stable = await self._stable_end(spans, at)
+        if not complete and last is not None:
+            stable = await self._stable_end(spans, at, last)
             if stable is not None and stable < bound:
                 bound = stable
                 found = {a for a in found if a.first_offset < bound}
@@ -1331,9 +1331,9 @@ class ReadService:
                 ordered = [a for a in ordered if a.first_offset < bound]
         return ordered, bound
 
-    async def _stable_end(self, spans: list[SegmentSpan], at: int) -> int | None:
-        """The last stable offset of the tiered data a read from span ``at`` can reach (up to
-        a gap): the first offset of a transaction still open at the end of its last segment,
+    async def _stable_end(self, spans: list[SegmentSpan], at: int, last: int) -> int | None:
+        """The last stable offset of the tiered run ``spans[at : last + 1]`` (a read's data up
+        to a gap): the first offset of a transaction still open at the end of its last segment,
         from that segment's producer snapshot; None when none is open. The Spark source stops
         its read_committed ranges at the same offset.
 
@@ -1341,9 +1341,6 @@ class ReadService:
         fails its CRC as it is) says nothing: the one of the segment before it does, and the
         spans after that one are then past the last stable offset too. With no usable snapshot
         back to span ``at``, nothing from there on is settled."""
-        last = _contiguous_end(spans, at)
-        if last is None:
-            return None
         for i in range(last, at - 1, -1):
             found = await self._snapshot_stable(spans[i].segment)
             if found == [_UNUSABLE]:

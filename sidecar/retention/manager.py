@@ -62,7 +62,7 @@ from typing import Final
 from sidecar._aio import wait_any
 from sidecar.config import RetentionConfig
 from sidecar.errors import SidecarError
-from sidecar.kafka.checkpoints import EpochEntry, decode_kafka_uuid, epoch_entries_in_range
+from sidecar.kafka.checkpoints import decode_kafka_uuid, load_epoch_cache
 from sidecar.kafka.logdir import FileKind, PartitionScan, parse_segment_file_name
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
@@ -698,7 +698,8 @@ class RetentionManager:
             bases = await asyncio.to_thread(_local_base_offsets, scan.path)
             delete_records = delete_records_offset(log_start_offset, bases)
         facts = PartitionFacts(
-            lineage=[(e.epoch, e.start_offset) for e in _epoch_cache(scan)],
+            # the broker's loaded epoch cache: the lineage Kafka's retention walks
+            lineage=[(e.epoch, e.start_offset) for e in load_epoch_cache(scan.leader_epochs)],
             log_start_offset=log_start_offset,
             log_end_offset=lso,
             only_local_bytes=sum(s.size for s in scan.segments if s.base_offset >= highest),
@@ -728,7 +729,9 @@ class RetentionManager:
         active = scan.active_segment
         log_end = max(active.base_offset if active is not None else 0, lso)
         highest = find_highest_remote_offset(
-            _epoch_cache(scan), log_end, functools.partial(self._store.highest_offset_for_epoch, tp)
+            load_epoch_cache(scan.leader_epochs),
+            log_end,
+            functools.partial(self._store.highest_offset_for_epoch, tp),
         )
         coverage = remote_coverage(self._store, scan, tp, lso)
         return _StoreFacts(highest, coverage, tuple(self._store.segments(tp)))
@@ -804,7 +807,7 @@ class RetentionManager:
             active = old.active_segment
             highest = await asyncio.to_thread(
                 find_highest_remote_offset,
-                _epoch_cache(old),
+                load_epoch_cache(old.leader_epochs),
                 active.base_offset if active is not None else 0,
                 functools.partial(self._store.highest_offset_for_epoch, tp),
             )
@@ -1003,12 +1006,6 @@ class RetentionManager:
         if not finished:
             return f"the store did not read the metadata topic to its end in {_SCRUB_SYNC_S:g} s"
         return None
-
-
-def _epoch_cache(scan: PartitionScan) -> tuple[EpochEntry, ...]:
-    """The partition's leader epochs as the broker loads its checkpoint (non-monotonic entries
-    dropped): the lineage Kafka's retention walks."""
-    return epoch_entries_in_range(scan.leader_epochs, -1, -1)
 
 
 def _retained_floor(plan: RetentionPlan) -> int | None:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from sidecar.kafka.checkpoints import EpochEntry, epoch_entries_in_range
+from sidecar.kafka.checkpoints import EpochEntry, load_epoch_cache
 from sidecar.kafka.logdir import NotReadyReason, PartitionScan, Segment
 
 __all__ = [
@@ -161,7 +161,7 @@ def plan_partition(
     # segment, but it is at least the active segment's base and at least the LSO.
     log_end = max(active.base_offset if active is not None else 0, lso or 0)
     # the broker's epoch cache (non-monotonic checkpoint entries dropped, as at its load)
-    epochs = epoch_entries_in_range(scan.leader_epochs, -1, -1)
+    epochs = load_epoch_cache(scan.leader_epochs)
     highest = find_highest_remote_offset(epochs, log_end, highest_for_epoch)
     if lso is None:
         return Plan((), highest, "last stable offset unknown")

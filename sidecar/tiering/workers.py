@@ -58,7 +58,7 @@ from pathlib import Path
 
 from sidecar._aio import wait_any
 from sidecar.errors import SidecarError, UnreadableFileError
-from sidecar.kafka.checkpoints import decode_kafka_uuid, epoch_entries_in_range
+from sidecar.kafka.checkpoints import decode_kafka_uuid, load_epoch_cache
 from sidecar.kafka.logdir import NotReadyReason, PartitionScan, Segment
 from sidecar.metadata.errors import MetadataTailError
 from sidecar.metadata.events import SegmentMetadata, TopicIdPartition
@@ -137,7 +137,7 @@ def remote_coverage(
 
     The lineage is the broker's epoch cache, not the raw checkpoint: the broker drops
     non-monotonic entries when it loads the file, and the store refuses them."""
-    epochs = epoch_entries_in_range(scan.leader_epochs, -1, -1)
+    epochs = load_epoch_cache(scan.leader_epochs)
     lineage = [(e.epoch, e.start_offset) for e in epochs]
     spans = store.finished_lineage(tip, lineage or None)
     active = scan.active_segment

@@ -274,6 +274,16 @@ class TestRole:
         assert tailer.synced == list(range(8))  # read to the end just before the listing
 
 
+def _scrubbing(sync: Any) -> tuple[_Scrubber, RetentionManager]:
+    """A coordinator whose tailer read every metadata partition once and now reads them to
+    their end with ``sync``: its scrubber, and the manager over both."""
+    tailer = _Tailer()
+    tailer.track(range(8))
+    tailer.sync = sync  # type: ignore[method-assign]
+    scrubber = _Scrubber()
+    return scrubber, _manager([True], tailer, scrubber, {})
+
+
 class TestScrubOnCurrentMetadata:
     """Caught up once is not current: copies other sidecars made since a tailer stopped
     reading are not in its store, and their objects would look unreferenced."""
@@ -308,24 +318,18 @@ class TestScrubOnCurrentMetadata:
 
     async def test_a_sync_that_never_ends_skips_the_scrub(self, monkeypatch):
         monkeypatch.setattr("sidecar.retention.manager._SCRUB_SYNC_S", 0.01)
-        tailer = _Tailer()
-        tailer.track(range(8))
         never = asyncio.Event()
 
         async def sync(partition: int) -> None:
             await never.wait()  # its leader does not answer
 
-        tailer.sync = sync  # type: ignore[method-assign]
-        scrubber = _Scrubber()
-        manager = _manager([True], tailer, scrubber, {})
+        scrubber, manager = _scrubbing(sync)
         await manager.run_once()
         assert scrubber.runs == 0
 
     async def test_a_stop_ends_the_wait_for_the_metadata(self):
         """SIGTERM while the scrub waits for the store to read the metadata topic (the tailer
         stops reading at shutdown): the pass ends at once, with no scrub."""
-        tailer = _Tailer()
-        tailer.track(range(8))
         stop = asyncio.Event()
         asked = asyncio.Event()
 
@@ -333,9 +337,7 @@ class TestScrubOnCurrentMetadata:
             asked.set()
             await asyncio.Event().wait()  # never read to its end any more
 
-        tailer.sync = sync  # type: ignore[method-assign]
-        scrubber = _Scrubber()
-        manager = _manager([True], tailer, scrubber, {})
+        scrubber, manager = _scrubbing(sync)
         running = asyncio.create_task(manager.run_once(stop))
         await asked.wait()
         stop.set()
@@ -347,8 +349,6 @@ class TestScrubOnCurrentMetadata:
     async def test_a_reading_that_fails_as_the_stop_comes_is_retrieved(self):
         """The metadata reading fails just as the daemon stops: its error is taken (no
         "exception never retrieved" left for the loop), and no scrub runs."""
-        tailer = _Tailer()
-        tailer.track(range(8))
         stop = asyncio.Event()
         asked = asyncio.Event()
 
@@ -357,9 +357,7 @@ class TestScrubOnCurrentMetadata:
             await stop.wait()  # the consumer fails as the daemon stops
             raise MetadataTailError("the broker went away")
 
-        tailer.sync = sync  # type: ignore[method-assign]
-        scrubber = _Scrubber()
-        manager = _manager([True], tailer, scrubber, {})
+        scrubber, manager = _scrubbing(sync)
         loop = asyncio.get_running_loop()
         unretrieved: list[dict[str, Any]] = []
         loop.set_exception_handler(lambda _loop, context: unretrieved.append(context))
