@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -291,6 +291,19 @@ def _plain_http_without_proxy(endpoint_url: str | None) -> bool:
     if not ("http" in proxies or "all" in proxies):
         return True
     return bool(urllib.request.proxy_bypass(parts.hostname))
+
+
+def _signed_host(parts: SplitResult) -> str:
+    """The ``Host`` header a presigned URL was signed with: botocore signs the host in lower
+    case, without userinfo and without the scheme's default port, not the URL's netloc as
+    written (a store checks the signature against the Host header it receives)."""
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 literal
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    if parts.port is not None and parts.port != default:
+        host = f"{host}:{parts.port}"
+    return host
 
 
 def _client_error(response: RawResponse, operation: str) -> ClientError:
@@ -1132,7 +1145,7 @@ class S3ObjectStore:
                 parts.hostname,
                 parts.port or 80,
                 target,
-                netloc=parts.netloc,
+                netloc=_signed_host(parts),
                 start=start,
                 end_inclusive=end_inclusive,
                 hook=hook,

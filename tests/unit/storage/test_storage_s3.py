@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import re
 import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any, Self
+from urllib.parse import quote, unquote, urlsplit
 
 import pytest
 from botocore.exceptions import (
@@ -1019,6 +1021,62 @@ class _RangeServer(_LoopbackServer):
             )
 
 
+def _sigv4_query_signature(method: str, target: str, host: str, secret: str) -> str:
+    """The SigV4 query signature a store computes for a presigned request it received: over
+    its path as sent, its query but the signature, and the Host header as sent (AWS's
+    signing rules, written out here apart from botocore's)."""
+    path, _, query = target.partition("?")
+    params = [tuple(unquote(x) for x in pair.split("=", 1)) for pair in query.split("&")]
+    values = dict(params)
+    canonical_query = "&".join(
+        f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+        for k, v in sorted(params)
+        if k != "X-Amz-Signature"
+    )
+    signed = values["X-Amz-SignedHeaders"]
+    assert signed == "host"
+    canonical = "\n".join(
+        [method, path, canonical_query, f"host:{host}\n", signed, "UNSIGNED-PAYLOAD"]
+    )
+    scope = values["X-Amz-Credential"].split("/", 1)[1]
+    date, region, service, _ = scope.split("/")
+    to_sign = "\n".join(
+        [
+            "AWS4-HMAC-SHA256",
+            values["X-Amz-Date"],
+            scope,
+            hashlib.sha256(canonical.encode()).hexdigest(),
+        ]
+    )
+    key = f"AWS4{secret}".encode()
+    for part in (date, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+class _VerifyingRangeServer(_RangeServer):
+    """A :class:`_RangeServer` that checks each presigned GET's signature as a store does,
+    with the Host header it received: a mismatch is 403 SignatureDoesNotMatch."""
+
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        method, target, _ = line.split(" ", 2)
+        signature = re.search(r"[?&]X-Amz-Signature=([0-9a-f]+)", target)
+        if signature is not None and signature[1] != _sigv4_query_signature(
+            method, target, headers.get("host", ""), SECRET
+        ):
+            self.requests.append((line, headers))
+            error = "<Error><Code>SignatureDoesNotMatch</Code><Message>no</Message></Error>"
+            writer.write(_reply("403 Forbidden", error.encode()))
+            return
+        await super()._answer(line, headers, reader, writer)
+
+
 class _Arrivals:
     """Records what a ranged GET tells of its body as it arrives."""
 
@@ -1057,6 +1115,37 @@ class TestRawRangeGets:
             "kafka_tiered_sidecar_s3_requests_total", {"operation": "get_object"}
         )
         assert count == 2
+
+    @pytest.mark.parametrize("key", ["t/0.log", "a b+c%d~e", "topic-ü/ключ/0.log", "x=y&z?#/!*'()"])
+    async def test_the_signature_holds_for_the_host_header_sent(self, key: str) -> None:
+        """The Host header the raw client sends is the one botocore signed: lower case, and
+        without the default port (an endpoint written ``http://MinIO:80`` signs
+        ``host:minio``); keys with spaces, '+', '%', '~' and non-ASCII letters are signed
+        as sent."""
+        data = bytes(range(256)) * 4
+        async with (
+            _VerifyingRangeServer(data) as server,
+            _store(endpoint_url=f"http://LocalHost:{server.port}", max_attempts=1) as store,
+        ):
+            assert store.raw_range_gets
+            assert bytes(await store.get_range(key, 10, 99)) == data[10:100]
+        ((line, headers),) = server.requests
+        assert "X-Amz-Signature=" in line
+        assert headers["host"] == f"localhost:{server.port}"
+
+    @pytest.mark.parametrize(
+        ("url", "host"),
+        [
+            ("http://MinIO.example:80/b/k?q", "minio.example"),
+            ("http://minio.example:9000/b/k?q", "minio.example:9000"),
+            ("http://Minio.example/b/k?q", "minio.example"),
+            ("http://[::1]:80/b/k?q", "[::1]"),
+            ("http://[::1]:8333/b/k?q", "[::1]:8333"),
+            ("http://user@minio:9000/b/k?q", "minio:9000"),
+        ],
+    )
+    def test_the_host_header_is_the_one_botocore_signs(self, url: str, host: str) -> None:
+        assert s3_module._signed_host(urlsplit(url)) == host
 
     async def test_arrivals_are_told_of_a_ranged_gets_bytes(self) -> None:
         """Through the raw client, ``arrivals`` gets the body's buffer, then counts up to its
