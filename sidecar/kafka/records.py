@@ -468,7 +468,12 @@ def decode_batches(
     """
     with _open_source(source, start=start, end=end, path=path, origin=origin) as (src, first):
         for header in _walk(src, start=first, verify_crc=False, tolerate_tail=tolerate_tail):
-            data = src.read(header.position, header.size)
+            try:
+                data = src.read(header.position, header.size)
+            except TruncatedFileError:
+                if tolerate_tail:  # truncated under the walk, inside this batch
+                    return
+                raise
             if verify_crc:
                 _check_crc(data, header, path=src.path)
             yield header, _decode(data, header, path=src.path, limit=max_decompressed_bytes)
@@ -534,9 +539,14 @@ def _walk(
                 return
             raise
         if verify_crc:
-            computed = src.crc(
-                position + _CRC_START, header.batch_length + LOG_OVERHEAD - _CRC_START
-            )
+            try:
+                computed = src.crc(
+                    position + _CRC_START, header.batch_length + LOG_OVERHEAD - _CRC_START
+                )
+            except TruncatedFileError:
+                if tolerate_tail:  # truncated under the walk, inside this batch
+                    return
+                raise
             if computed != header.crc:
                 raise _crc_error(header, computed, path=src.path)
         yield header

@@ -28,6 +28,7 @@ from sidecar.kafka.records import (
     Compression,
     ControlRecordType,
     TimestampType,
+    decode_batches,
     decode_records,
     iter_batches,
     parse_batch_header,
@@ -329,6 +330,37 @@ class TestIterBatches:
         seen = walk(True)
         assert seen == [i * len(one) for i in range(len(seen))]
         assert 2 <= len(seen) < 200
+        with pytest.raises(TruncatedFileError, match="shrank"):
+            walk(False)
+
+    @pytest.mark.parametrize("decode", [False, True], ids=["crc-walk", "decode"])
+    def test_a_file_truncated_inside_the_next_batch(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decode: bool
+    ) -> None:
+        """The truncation cuts the next batch after its header: the header still reads, then
+        the read of its body (for the CRC, or to decode it) comes back short. A tolerant walk
+        ends there too; a strict one says the file shrank."""
+        monkeypatch.setattr(records_module, "_CRC_CHUNK", 256)  # batches span several windows
+        one = build_batch([TestRecord(b"k", b"v" * 600, ())])
+        path = tmp_path / "00000000000000000000.log"
+
+        def walk(tolerate: bool) -> list[int]:
+            path.write_bytes(_segment(one, one, one))
+            seen = []
+            # unbuffered: every window is read from the file as it is now
+            with path.open("rb", buffering=0) as fh:
+                walker = (
+                    (h for h, _ in decode_batches(fh, tolerate_tail=tolerate))
+                    if decode
+                    else iter_batches(fh, tolerate_tail=tolerate)
+                )
+                for header in walker:
+                    seen.append(header.position)
+                    with path.open("r+b") as out:
+                        out.truncate(len(one) + RECORD_BATCH_OVERHEAD + 40)
+            return seen
+
+        assert walk(True) == [0]
         with pytest.raises(TruncatedFileError, match="shrank"):
             walk(False)
 
