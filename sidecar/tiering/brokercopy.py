@@ -259,7 +259,14 @@ def _read(path: Path | None) -> bytes | None:
     except SegmentVanishedError as exc:
         raise SegmentNotCopyableError(f"{path} is missing on the sidecar's mount") from exc
     with handle:
-        return handle.read()
+        try:
+            return handle.read()
+        except OSError as exc:  # EIO, a network file system: the bytes may be fine, retry
+            raise UnreadableFileError(
+                f"cannot read file: {exc.strerror or type(exc).__name__}",
+                path=str(path),
+                errno=exc.errno,
+            ) from exc
 
 
 def _open(

@@ -377,6 +377,36 @@ class TestCopyRefusals:
         assert (status, json.loads(body)["code"]) == (503, "copy_interrupted")
         assert rsm.objects.objects == {}
 
+    async def test_an_unreadable_index_is_retriable_not_an_internal_error(
+        self, rsm, broker, monkeypatch
+    ):
+        """A read error (EIO) on an index file is the disk's problem, as on the ``.log``: 503,
+        which the plugin maps to a retriable exception, and nothing is left in the bucket."""
+        import errno
+
+        from sidecar.tiering import brokercopy
+
+        class Eio(io.RawIOBase):
+            def readable(self) -> bool:
+                return True
+
+            def readinto(self, buffer: Any) -> int:
+                raise OSError(errno.EIO, "Input/output error")
+
+        real = brokercopy.open_segment_file
+
+        def open_file(path: Path) -> Any:
+            handle, name = real(path)
+            if path.name.endswith(".index"):
+                handle.close()
+                return Eio(), name
+            return handle, name
+
+        monkeypatch.setattr(brokercopy, "open_segment_file", open_file)
+        status, body = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
+        assert (status, json.loads(body)["code"]) == (503, "copy_interrupted")
+        assert rsm.objects.objects == {}
+
     async def test_size_mismatch_is_refused(self, rsm, broker):
         body = _copy_body(broker, 0, 30, uuid.uuid4())
         body["segment_size_in_bytes"] += 1
