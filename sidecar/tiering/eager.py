@@ -133,8 +133,13 @@ class StagingLedger:
         if running > 0:
             self._claimed[ident] = running
         if copied:
+            self._copied.pop(ident, None)  # (re)inserted last: the dict stays in time order
             self._copied[ident] = self._clock()
             self._unstage(ident)
+        # here too, not only in the stager's full pass: a stager that is paused (S3 or Kafka
+        # down as it sees them) or finds no broker-driven topic never gets there, and the
+        # broker's copies go on
+        self.prune()
 
     def note_staged(self, ident: SegmentIdent, key: str) -> None:
         """The segment's ``.log`` is in the bucket under ``key``."""
@@ -178,10 +183,14 @@ class StagingLedger:
         return at is not None and self._clock() - at <= _COPIED_MEMORY_S
 
     def prune(self) -> None:
-        """Drop the copied segments older than the ledger's memory of them."""
+        """Drop the copied segments older than the ledger's memory of them (the oldest come
+        first: only those are looked at)."""
         now = self._clock()
-        for old in [i for i, at in self._copied.items() if now - at > _COPIED_MEMORY_S]:
-            del self._copied[old]
+        while self._copied:
+            oldest, at = next(iter(self._copied.items()))
+            if now - at <= _COPIED_MEMORY_S:
+                break
+            del self._copied[oldest]
 
     def begin(self, ident: SegmentIdent) -> None:
         self._inflight[ident] = asyncio.Event()

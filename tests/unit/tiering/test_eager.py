@@ -275,6 +275,21 @@ def test_a_copied_claim_is_forgotten_after_a_while() -> None:
     assert not ledger.taken((TOPIC_ID, 0, 1))
 
 
+def test_the_ledger_stays_bounded_while_no_stager_pass_prunes_it() -> None:
+    """The broker copies on while the stager makes no full pass (paused: S3 or Kafka down as
+    the sidecar sees them, or no topic broker-driven in its view): what the ledger remembers
+    of copied segments is still bounded by its memory span, not by how long that lasts."""
+    now = [0.0]
+    ledger = StagingLedger(clock=lambda: now[0])
+    for base in range(5000):  # a copy call a second, none of them followed by a pass
+        now[0] = float(base)
+        ledger.claim((TOPIC_ID, 0, base))
+        ledger.release((TOPIC_ID, 0, base), copied=True)
+    assert len(ledger._copied) <= 601
+    assert ledger.taken((TOPIC_ID, 0, 4999))
+    assert not ledger.taken((TOPIC_ID, 0, 0))
+
+
 def test_file_crc32c_reads_the_whole_file(tmp_path: Path) -> None:
     data = os.urandom(3 * (1 << 20) + 17)
     path = tmp_path / "f"
