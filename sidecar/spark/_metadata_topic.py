@@ -3,7 +3,9 @@
 An aiokafka consumer (no group, no commits) reads every partition of the topic from the beginning
 to the end offsets seen at start, under ``read_committed`` as Kafka's ConsumerTask does, and the
 values are decoded with the sidecar's serde (byte-compatible with Kafka's). The event loop lives
-only inside :func:`read_metadata_events`; executors never import this module.
+only inside :func:`read_metadata_events`; executors never import this module. A broker that
+cannot be reached or a read that does not finish in time is a ``MetadataTailError`` naming the
+topic and the bootstrap servers.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from sidecar.metadata.errors import MetadataFormatError
+from sidecar.metadata.errors import MetadataFormatError, MetadataTailError
 from sidecar.metadata.events import RemoteLogMetadata
 from sidecar.metadata.serde import decode
 from sidecar.spark._options import SparkOptionError
@@ -29,7 +31,17 @@ def read_metadata_events(
     """Every decodable event of ``topic`` in order per metadata partition, and the number of
     records that did not decode (skipped, as the sidecar's tailer skips them).
     ``client_options`` carries the security settings (SASL, TLS) as aiokafka arguments."""
-    return asyncio.run(asyncio.wait_for(_read(bootstrap, topic, client_options or {}), timeout_s))
+    from aiokafka.errors import KafkaError
+
+    where = f"the remote log metadata topic {topic!r} at kafka.bootstrap.servers={bootstrap}"
+    try:
+        return asyncio.run(
+            asyncio.wait_for(_read(bootstrap, topic, client_options or {}), timeout_s)
+        )
+    except TimeoutError as exc:
+        raise MetadataTailError(f"reading {where} did not finish in {timeout_s:g} s") from exc
+    except KafkaError as exc:
+        raise MetadataTailError(f"cannot read {where}: {type(exc).__name__}: {exc}") from exc
 
 
 async def _read(
@@ -45,8 +57,8 @@ async def _read(
         auto_offset_reset="earliest",
         max_partition_fetch_bytes=4 * 1024 * 1024,
     )
-    await consumer.start()
     try:
+        await consumer.start()  # inside: a failed start still closes the client
         ids = consumer.partitions_for_topic(topic)
         if not ids:
             await consumer._client.force_metadata_update()

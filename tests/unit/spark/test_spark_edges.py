@@ -306,3 +306,55 @@ class TestArchiveLastStableOffset:
         assert files.ongoing_transactions() is None
         monkeypatch.setattr(files, "index_bytes", lambda kind: None)
         assert files.ongoing_transactions() is None
+
+
+class TestMetadataTopicFailures:
+    """A metadata topic that cannot be read is a typed, retriable error naming the topic and
+    the servers, and the consumer is closed."""
+
+    class _Consumer:
+        """Stands in for aiokafka's consumer: ``start`` fails or never returns."""
+
+        stopped = False
+        start_error: Exception | None = None
+
+        def __init__(self, **kwargs: object) -> None:
+            pass
+
+        async def start(self) -> None:
+            import asyncio
+
+            if self.start_error is not None:
+                raise self.start_error
+            await asyncio.Event().wait()
+
+        async def stop(self) -> None:
+            type(self).stopped = True
+
+    def _consumer(self, monkeypatch, error: Exception | None) -> type:
+        import aiokafka
+
+        consumer = type("Consumer", (self._Consumer,), {"start_error": error})
+        monkeypatch.setattr(aiokafka, "AIOKafkaConsumer", consumer)
+        return consumer
+
+    def test_an_unreachable_broker(self, monkeypatch):
+        from aiokafka.errors import KafkaConnectionError
+
+        from sidecar.metadata.errors import MetadataTailError
+        from sidecar.spark._metadata_topic import read_metadata_events
+
+        consumer = self._consumer(monkeypatch, KafkaConnectionError("Unable to bootstrap"))
+        with pytest.raises(MetadataTailError, match=r"'__rlm'.*127\.0\.0\.1:1.*bootstrap") as e:
+            read_metadata_events("127.0.0.1:1", "__rlm")
+        assert e.value.retriable
+        assert consumer.stopped
+
+    def test_a_read_that_does_not_finish(self, monkeypatch):
+        from sidecar.metadata.errors import MetadataTailError
+        from sidecar.spark._metadata_topic import read_metadata_events
+
+        consumer = self._consumer(monkeypatch, None)
+        with pytest.raises(MetadataTailError, match=r"'__rlm'.*did not finish in 0\.01 s"):
+            read_metadata_events("127.0.0.1:1", "__rlm", timeout_s=0.01)
+        assert consumer.stopped
