@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from sidecar.errors import SidecarError
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.spark._catalog import Catalog, PartitionSpans
 from sidecar.spark._options import (
@@ -38,7 +37,7 @@ from sidecar.spark._options import (
     SparkOptionError,
     TimestampSpec,
 )
-from sidecar.spark._read import ReadTask
+from sidecar.spark._read import ArchiveDataLossError, ReadTask
 from sidecar.spark._s3 import S3Reader
 from sidecar.spark._segments import SegmentFiles, SegmentRef, segment_ref
 from sidecar.storage.keys import KeyLayout
@@ -53,10 +52,6 @@ __all__ = [
 ]
 
 _MAX_OFFSET = 2**63 - 1
-
-
-class ArchiveDataLossError(SidecarError):
-    """Requested offsets that the archive does not hold (``failOnDataLoss=true``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +338,7 @@ def plan_reads(
                     aborted=overlapping,
                     min_timestamp_ms=pushed.min_timestamp_ms,
                     verify_crc=options.verify_crc,
+                    fail_on_data_loss=options.fail_on_data_loss,
                 )
             )
     return _split(tasks, options)

@@ -10,6 +10,10 @@ by aiokafka's compiled ``DefaultRecordBatch`` straight into per-column lists (th
 per-record tuples, a headers list kept only for records that have headers); the edge batches of
 a range and anything the fast path rejects go through ``sidecar.kafka.records``' checked decoder.
 
+A segment that remote retention deleted after the query was planned is data loss, as offsets
+deleted under a running query are for Spark's Kafka source: an :class:`ArchiveDataLossError`
+with ``failOnDataLoss=true``, else the rows read so far and a warning.
+
 Imports pyarrow and the sidecar's pure modules only: no Spark classes, no asyncio, no Kafka
 client. The S3 client is created here, in the worker, never pickled.
 """
@@ -17,11 +21,12 @@ client. The S3 client is created here, in the worker, never pickled.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sidecar.errors import FormatError
+from sidecar.errors import FormatError, KeyNotFoundError, SidecarError
 from sidecar.kafka._codecs import inflate
 from sidecar.kafka.records import (
     MAX_DECOMPRESSED_BATCH_BYTES,
@@ -38,7 +43,16 @@ from sidecar.spark._segments import RemoteDataError, SegmentFiles, SegmentRef
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["ARROW_BYTES_PER_BATCH", "ARROW_ROWS_PER_BATCH", "ReadTask", "arrow_schema", "read_task"]
+__all__ = [
+    "ARROW_BYTES_PER_BATCH",
+    "ARROW_ROWS_PER_BATCH",
+    "ArchiveDataLossError",
+    "ReadTask",
+    "arrow_schema",
+    "read_task",
+]
+
+_log = logging.getLogger(__name__)
 
 #: rows per Arrow batch handed to Spark (at least; whole Kafka batches are added)
 ARROW_ROWS_PER_BATCH = 65_536
@@ -48,6 +62,11 @@ ARROW_ROWS_PER_BATCH = 65_536
 ARROW_BYTES_PER_BATCH = 64 * 1024 * 1024
 _CODEC_MASK = 0x07
 _ATTRIBUTES_LOW_BYTE = 22  # attributes are bytes 21-22 of a batch, big-endian
+_DATA_LOSS_HINT = " (set failOnDataLoss=false to read what the archive holds)"
+
+
+class ArchiveDataLossError(SidecarError):
+    """Requested offsets that the archive does not hold (``failOnDataLoss=true``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +84,8 @@ class ReadTask:
     min_timestamp_ms: int | None = None
     """A pushed-down lower bound: batches wholly below it are skipped (Spark re-checks rows)."""
     verify_crc: bool = True
+    fail_on_data_loss: bool = True
+    """A segment deleted since planning fails the task (else its unread rows are skipped)."""
 
 
 def arrow_schema(include_headers: bool) -> pa.Schema:
@@ -253,6 +274,28 @@ def _aborted_lookup(task: ReadTask) -> dict[int, list[tuple[int, int]]]:
     return found
 
 
+def _deleted(task: ReadTask, exc: KeyNotFoundError) -> None:
+    """A segment object is gone (retention deleted it after planning): data loss."""
+    seg = task.segment
+    message = (
+        f"offsets {task.lo}..{task.hi - 1} of {seg.topic}-{seg.partition}: segment"
+        f" {seg.segment_id} is not in the bucket ({exc}); it was deleted after the query was"
+        " planned, or s3.prefix / s3.hashPrefix differ from the sidecar's"
+    )
+    if task.fail_on_data_loss:
+        raise ArchiveDataLossError(message + _DATA_LOSS_HINT) from exc
+    _log.warning("%s; its unread rows are skipped (failOnDataLoss=false)", message)
+
+
+def _until_deleted(
+    task: ReadTask, batches: Iterator[tuple[BatchHeader, memoryview]]
+) -> Iterator[tuple[BatchHeader, memoryview]]:
+    try:
+        yield from batches
+    except KeyNotFoundError as exc:
+        _deleted(task, exc)
+
+
 def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.RecordBatch]:
     """The rows of ``task`` as Arrow record batches (none for an empty range)."""
     schema = arrow_schema(task.include_headers)
@@ -268,7 +311,11 @@ def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.Rec
         # of the batch that raised the maximum to T). Looking up bound - 1 gives T < bound, so
         # no record before O can pass the filter; looking up the bound itself could skip
         # earlier records whose timestamp equals it.
-        index = files.time_index()
+        try:
+            index = files.time_index()
+        except KeyNotFoundError as exc:
+            _deleted(task, exc)
+            return
         if index is not None:
             lo = max(lo, index.lookup(min_ts - 1).offset)
         if lo >= hi:
@@ -276,7 +323,8 @@ def read_task(task: ReadTask, reader: S3Reader | None = None) -> Iterator[pa.Rec
     aborted = _aborted_lookup(task) if task.read_committed else {}
     include_headers = task.include_headers
     columns = _Columns()
-    for header, batch in files.raw_batches(lo, hi, verify_crc=task.verify_crc):
+    batches = files.raw_batches(lo, hi, verify_crc=task.verify_crc)
+    for header, batch in _until_deleted(task, batches):
         if header.is_control:
             continue
         if min_ts is not None and header.max_timestamp < min_ts:

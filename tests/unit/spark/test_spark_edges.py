@@ -358,3 +358,73 @@ class TestMetadataTopicFailures:
         with pytest.raises(MetadataTailError, match=r"'__rlm'.*did not finish in 0\.01 s"):
             read_metadata_events("127.0.0.1:1", "__rlm", timeout_s=0.01)
         assert consumer.stopped
+
+
+class _DeletingReader(FakeReader):
+    """S3 after remote retention ran: a missing key is KeyNotFoundError, and ``doomed`` is
+    deleted right after its first GET (retention racing a running query)."""
+
+    def __init__(self, objects: dict[str, bytes], doomed: str | None = None) -> None:
+        super().__init__(objects)
+        self.doomed = doomed
+
+    def _take(self, key: str) -> bytes:
+        from sidecar.errors import KeyNotFoundError
+
+        if key not in self.objects:
+            raise KeyNotFoundError(f"GET s3://b/{key}: no such key")
+        data = self.objects[key]
+        if key == self.doomed:
+            del self.objects[key]
+        return data
+
+    def get(self, key: str) -> bytes:
+        return self._take(key)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        return self._take(key)[start : start + length]
+
+
+class TestSegmentDeletedAfterPlanning:
+    """A segment that retention deletes between planning and reading is data loss, as offsets
+    deleted under a running query are for Spark's Kafka source."""
+
+    def _archive(self, tmp_path: Path) -> _Archive:
+        archive = _Archive(tmp_path)
+        archive.add(0, [_batch(b) for b in range(0, 30, 10)], ((0, 0),))
+        archive.add(30, [_batch(b) for b in range(30, 60, 10)], ((0, 30),))
+        return archive
+
+    def _read(self, archive: _Archive, reader: FakeReader, extra: dict[str, str]) -> list[int]:
+        options = parse_options({**BASE, **extra})
+        catalog = catalog_from_events(options, archive.events)
+        tasks = plan_reads(options, catalog, PushedFilters(), archive.reader)
+        return [
+            o for t in tasks for b in read_task(t, reader) for o in b.column("offset").to_pylist()
+        ]
+
+    def _second_log(self, archive: _Archive) -> str:
+        return sorted(k for k in archive.reader.objects if k.endswith(".log"))[1]
+
+    def test_fails_the_query_by_default(self, tmp_path):
+        from sidecar.spark import ArchiveDataLossError
+
+        archive = self._archive(tmp_path)
+        objects = dict(archive.reader.objects)
+        del objects[self._second_log(archive)]
+        with pytest.raises(ArchiveDataLossError, match=r"offsets 30\.\.59 of orders-0.*deleted"):
+            self._read(archive, _DeletingReader(objects), {})
+
+    def test_skipped_without_fail_on_data_loss(self, tmp_path, monkeypatch):
+        from sidecar.spark import _segments
+
+        archive = self._archive(tmp_path)
+        objects = dict(archive.reader.objects)
+        del objects[self._second_log(archive)]
+        lenient = {"failOnDataLoss": "false"}
+        assert self._read(archive, _DeletingReader(objects), lenient) == list(range(30))
+        # deleted while it is read: the rows of the window already fetched are kept
+        monkeypatch.setattr(_segments, "FIRST_WINDOW_BYTES", len(_batch(30)))
+        monkeypatch.setattr(_segments, "WINDOW_BYTES", len(_batch(30)))
+        doomed = _DeletingReader(dict(archive.reader.objects), self._second_log(archive))
+        assert self._read(archive, doomed, lenient) == list(range(40))
