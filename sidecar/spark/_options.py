@@ -127,7 +127,10 @@ class KafkaSecurity:
         return kafka_client_options(KafkaConfig.model_validate(settings))
 
 
-_JAAS_FIELD = re.compile(r'\b(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"')
+# Kafka's JaasConfig tokenizes with Java's StreamTokenizer: " and ' both quote a value
+_JAAS_FIELD = re.compile(
+    r"""\b(username|password)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')"""
+)
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -145,8 +148,8 @@ def kafka_security(options: Mapping[str, str]) -> KafkaSecurity:
     elif protocol.startswith("SASL_"):
         mechanism = "PLAIN"  # Kafka's default sasl.mechanism
     fields = {
-        name: re.sub(r"\\(.)", r"\1", value)  # JAAS quoting: \" and \\ are escapes
-        for name, value in _JAAS_FIELD.findall(options.get("kafka.sasl.jaas.config", ""))
+        match[1]: re.sub(r"\\(.)", r"\1", match[2] or match[3] or "")  # \" \' \\ are escapes
+        for match in _JAAS_FIELD.finditer(options.get("kafka.sasl.jaas.config", ""))
     }
     if protocol.startswith("SASL_") and not {"username", "password"} <= fields.keys():
         raise SparkOptionError(

@@ -41,6 +41,20 @@ class TestKafkaSecurity:
         assert options["sasl_plain_password"] == 's3cr"et'
         assert "s3cr" not in repr(security)
 
+    def test_single_quoted_jaas_values(self):
+        """Kafka's JAAS parser takes ' as well as " around a value, so Spark's Kafka source
+        accepts such a line; the credentials are read from it."""
+        security = kafka_security(
+            {
+                "kafka.security.protocol": "SASL_SSL",
+                "kafka.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required"
+                    " username='audit' password='pa\"ss\\'word';"
+                ),
+            }
+        )
+        assert (security.username, security.password) == ("audit", "pa\"ss'word")
+
     def test_defaults_are_plaintext(self):
         """Without security options the source connects in plaintext, as before."""
         options = parse_options(
