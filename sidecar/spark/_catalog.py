@@ -131,6 +131,8 @@ def _resolve_topics(store: RemoteSegmentStore, options: ReadOptions) -> list[Top
     chosen: list[TopicIdPartition] = []
     for topic, ids in sorted(by_name.items()):
         if len(ids) > 1:
+            if not any(store.segments(tp) for tps in ids.values() for tp in tps):
+                continue  # no incarnation holds tiered data: nothing to read, nothing ambiguous
             live = {
                 i: tps
                 for i, tps in ids.items()

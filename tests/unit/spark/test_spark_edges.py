@@ -262,6 +262,31 @@ def test_a_recreated_topic_is_read_once_the_old_ones_segments_are_deleted():
     assert [p.tp for p in catalog.partitions] == [new]
 
 
+def test_a_recreated_topic_with_no_tiered_data_left_reads_nothing():
+    """Both incarnations of a re-created topic had every segment deleted: the read is empty,
+    not an ambiguous archive."""
+    from sidecar.metadata.events import (
+        RemoteLogSegmentState,
+        SegmentMetadataUpdate,
+        TopicIdPartition,
+    )
+
+    def deleted(events: list[Any]) -> list[Any]:
+        return events + [
+            SegmentMetadataUpdate(
+                segment_id=events[0].segment_id, broker_id=1, event_timestamp_ms=3, state=state
+            )
+            for state in (
+                RemoteLogSegmentState.DELETE_SEGMENT_STARTED,
+                RemoteLogSegmentState.DELETE_SEGMENT_FINISHED,
+            )
+        ]
+
+    new = TopicIdPartition(uuid.UUID(int=8), "orders", 0)
+    events = deleted(_segment(0, 9)) + deleted(_segment(0, 4, tp=new))
+    assert catalog_from_events(parse_options(BASE), events).partitions == []
+
+
 class TestArchiveLastStableOffset:
     """read_committed ends at the first transaction open at the archive's end; a producer
     snapshot that is missing or does not parse says nothing, so the one before it does."""
