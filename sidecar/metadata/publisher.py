@@ -152,10 +152,14 @@ class MetadataPublisher:
         )
         try:
             await producer.start()
-        except KafkaError as exc:
-            await producer.stop()
+        except BaseException as exc:
+            # A failed or cancelled start leaves no live producer: mark it dead so that the next
+            # publish starts another instead of finding neither a producer nor a reason to restart.
             self._mark_dead(exc)
-            raise MetadataPublishError(f"cannot start the metadata producer: {exc!r}") from exc
+            await producer.stop()
+            if isinstance(exc, KafkaError):
+                raise MetadataPublishError(f"cannot start the metadata producer: {exc!r}") from exc
+            raise
         self._producer = producer
         self._watch_sender(producer)
 
