@@ -20,11 +20,14 @@ need:
 
 The assignor keeps the current coordinator while it is a member (a rebalance because a sidecar
 joins or restarts moves nothing), else picks the member with the lowest broker id. A member
-that the group dropped without knowing it (a partition between it and Kafka) keeps believing
-until its next heartbeat fails, at most ``heartbeat_interval_ms`` plus a request timeout; the
-duties tolerate that overlap, because each of their steps is idempotent (a deletion republishes
-DELETE_SEGMENT_STARTED and deletes objects already gone; the scrub deletes only what no
-metadata references, after a grace period).
+that the group dropped without knowing it keeps believing until its consumer notices: its next
+heartbeat fails when the group coordinator answers it, but while that broker cannot be reached
+at all aiokafka waits for it and revokes nothing, so the old coordinator holds the role for as
+long as the cut lasts. The duties tolerate that overlap, because each of their steps is
+idempotent (a deletion republishes DELETE_SEGMENT_STARTED and deletes objects already gone; the
+scrub deletes only what no metadata references, after a grace period, and only once it has read
+every metadata partition to its end offset just before listing, which a sidecar cut off from
+the metadata topic's leaders cannot).
 
 Kafka errors (the group coordinator unreachable, a missing Read ACL on the group) do not end
 ``run``: the role is dropped, the error logged once and reported, and the election retried with
