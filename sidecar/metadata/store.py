@@ -48,7 +48,7 @@ import sqlite3
 import struct
 import threading
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -1443,43 +1443,101 @@ class RemoteSegmentStore:
             if pid is None:
                 return []
             rows = {row.sid: row for row in self._rows(db, pid, "AND state = 1")}
-            per_epoch: dict[int, tuple[list[int], list[bytes]]] = {}
-            for epoch, start, sid in db.execute(
-                "SELECT epoch, start_offset, sid FROM epoch_entry WHERE pid = ?"
-                " ORDER BY epoch, start_offset",
-                (pid,),
-            ):
-                keys, sids = per_epoch.setdefault(epoch, ([], []))
-                keys.append(start)
-                sids.append(bytes(sid))
+            per_epoch = self._epoch_keys(db, pid)
         lineage = _derived_lineage(rows.values()) if checked is None else checked
-        spans: list[tuple[_Row, int, int]] = []
-        covered = -1
-        for i, (epoch, lineage_start) in enumerate(lineage):
-            lineage_end = lineage[i + 1][1] - 1 if i + 1 < len(lineage) else 2**63 - 1
-            if epoch not in per_epoch or lineage_end < lineage_start:
-                continue  # an epoch with no records (Kafka's buildFilteredLeaderEpochMap)
-            keys, sids = per_epoch[epoch]
-            cursor = max(lineage_start, covered + 1)
-            while cursor <= lineage_end:
-                at = bisect.bisect_right(keys, cursor) - 1
-                row = rows.get(sids[at]) if at >= 0 else None
-                epoch_end = -1 if row is None else _epoch_end(row, epoch)
-                if row is not None and cursor <= epoch_end:
-                    end = min(epoch_end, lineage_end)
-                    if at + 1 < len(keys):
-                        end = min(end, keys[at + 1] - 1)
-                    if spans and spans[-1][0] is row and spans[-1][2] + 1 == cursor:
-                        spans[-1] = (row, spans[-1][1], end)
-                    else:
-                        spans.append((row, cursor, end))
-                    covered = end
-                    cursor = end + 1
-                elif at + 1 < len(keys):
-                    cursor = max(cursor + 1, keys[at + 1])  # skip a gap to the next entry
+        return [
+            SegmentSpan(self._metadata(tp, row), start, end)
+            for row, start, end in _lineage_walk(lineage, per_epoch, rows.get)
+        ]
+
+    def finished_coverage(
+        self, tp: TopicIdPartition, leader_epochs: Sequence[tuple[int, int]], from_offset: int
+    ) -> list[tuple[int, int]]:
+        """The offsets :meth:`finished_lineage` gives for ``leader_epochs``, as inclusive
+        ``(start, end)`` ranges: the first range, then every offset from ``from_offset`` on
+        (what lies between is left out).
+
+        Planning asks this for a partition's local segments, which start at ``from_offset``,
+        and needs the first range only for its floor: so it reads the segments that hold
+        those offsets instead of the partition's whole remote history (tens of thousands of
+        segments for a long retention), each offset decided exactly as the full walk decides
+        it."""
+        lineage = _checked_lineage(leader_epochs)
+        with self._reading() as db:
+            pid = self._pid(db, tp)
+            if pid is None:
+                return []
+            per_epoch = self._epoch_keys(db, pid)
+            loaded: dict[bytes, _Row | None] = {}
+
+            def row_of(sid: bytes) -> _Row | None:
+                if sid not in loaded:
+                    found = self._rows(db, pid, "AND sid = ? AND state = 1", (sid,))
+                    loaded[sid] = found[0] if found else None
+                return loaded[sid]
+
+            return [
+                (start, end)
+                for _row, start, end in _lineage_walk(lineage, per_epoch, row_of, from_offset)
+            ]
+
+    @staticmethod
+    def _epoch_keys(db: sqlite3.Connection, pid: int) -> dict[int, tuple[list[int], list[bytes]]]:
+        """Per leader epoch, its entries' start offsets (ascending) and segment ids."""
+        per_epoch: dict[int, tuple[list[int], list[bytes]]] = {}
+        for epoch, start, sid in db.execute(
+            "SELECT epoch, start_offset, sid FROM epoch_entry WHERE pid = ?"
+            " ORDER BY epoch, start_offset",
+            (pid,),
+        ):
+            keys, sids = per_epoch.setdefault(epoch, ([], []))
+            keys.append(start)
+            sids.append(bytes(sid))
+        return per_epoch
+
+
+def _lineage_walk(
+    lineage: Sequence[tuple[int, int]],
+    per_epoch: Mapping[int, tuple[list[int], list[bytes]]],
+    row_of: Callable[[bytes], _Row | None],
+    skip_to: int | None = None,
+) -> list[tuple[_Row, int, int]]:
+    """The spans ``(row, start, end)`` of the lineage: each offset from the floor entry of the
+    epoch the lineage gives for it (``per_epoch``), if that FINISHED segment (``row_of``; None
+    when the id is not a FINISHED segment) holds the offset in that epoch. With ``skip_to``,
+    after the first span the walk goes on at ``skip_to``: every offset from there is decided
+    as without it, since each is decided by its own floor entry."""
+    spans: list[tuple[_Row, int, int]] = []
+    covered = -1
+    for i, (epoch, lineage_start) in enumerate(lineage):
+        lineage_end = lineage[i + 1][1] - 1 if i + 1 < len(lineage) else 2**63 - 1
+        if epoch not in per_epoch or lineage_end < lineage_start:
+            continue  # an epoch with no records (Kafka's buildFilteredLeaderEpochMap)
+        keys, sids = per_epoch[epoch]
+        cursor = max(lineage_start, covered + 1)
+        if skip_to is not None and spans:
+            cursor = max(cursor, skip_to)
+        while cursor <= lineage_end:
+            at = bisect.bisect_right(keys, cursor) - 1
+            row = row_of(sids[at]) if at >= 0 else None
+            epoch_end = -1 if row is None else _epoch_end(row, epoch)
+            if row is not None and cursor <= epoch_end:
+                end = min(epoch_end, lineage_end)
+                if at + 1 < len(keys):
+                    end = min(end, keys[at + 1] - 1)
+                if spans and spans[-1][0] is row and spans[-1][2] + 1 == cursor:
+                    spans[-1] = (row, spans[-1][1], end)
                 else:
-                    break
-        return [SegmentSpan(self._metadata(tp, row), start, end) for row, start, end in spans]
+                    spans.append((row, cursor, end))
+                covered = end
+                cursor = end + 1
+                if skip_to is not None and len(spans) == 1:
+                    cursor = max(cursor, skip_to)  # the first span is found: on from skip_to
+            elif at + 1 < len(keys):
+                cursor = max(cursor + 1, keys[at + 1])  # skip a gap to the next entry
+            else:
+                break
+    return spans
 
 
 def _epoch_end(row: _Row, epoch: int) -> int:

@@ -139,14 +139,21 @@ def remote_coverage(
     non-monotonic entries when it loads the file, and the store refuses them."""
     epochs = load_epoch_cache(scan.leader_epochs)
     lineage = [(e.epoch, e.start_offset) for e in epochs]
-    spans = store.finished_lineage(tip, lineage or None)
+    if lineage and scan.segments:
+        # only the local segments' offsets are ever asked (and the first copy's start for
+        # the floor): not the partition's whole remote history at every plan
+        ranges = store.finished_coverage(tip, lineage, scan.segments[0].base_offset)
+    else:
+        ranges = [
+            (s.start_offset, s.end_offset) for s in store.finished_lineage(tip, lineage or None)
+        ]
     active = scan.active_segment
     log_end = max(active.base_offset if active is not None else 0, lso or 0)
     highest = find_highest_remote_offset(
         epochs, log_end, functools.partial(store.highest_offset_for_epoch, tip)
     )
     coverage = RemoteCoverage.of(
-        [(span.start_offset, span.end_offset) for span in spans],
+        ranges,
         floor=store.remote_floor(tip),
         highest=highest,
     )

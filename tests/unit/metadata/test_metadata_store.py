@@ -992,6 +992,27 @@ class StoreAgainstKafka(RuleBasedStateMachine):
             epoch = max(e for e, start in lineage if start <= offset)
             assert covered.get(offset) == cache.lookup(epoch, offset), offset
 
+    @precondition(lambda self: not self.pending)
+    @rule(
+        tp=st.sampled_from(PARTITIONS),
+        lineage=st.lists(st.integers(0, 25), min_size=4, max_size=4).map(
+            lambda steps: [(epoch, sum(steps[: epoch + 1]) - steps[0]) for epoch in EPOCHS]
+        ),
+        from_offset=st.integers(0, 60),
+    )
+    def coverage_from_an_offset_is_the_lineage_there(self, tp, lineage, from_offset):
+        """Planning's coverage: the lineage's first span, then exactly the lineage's offsets
+        from ``from_offset`` on."""
+        spans = self.store.finished_lineage(tp, lineage)
+        ranges = self.store.finished_coverage(tp, lineage, from_offset)
+        full = {o for span in spans for o in range(span.start_offset, span.end_offset + 1)}
+        part = {o for start, end in ranges for o in range(start, end + 1)}
+        assert bool(spans) == bool(ranges)
+        if spans:
+            assert ranges[0][0] == spans[0].start_offset
+        assert part <= full
+        assert {o for o in full if o >= from_offset} == {o for o in part if o >= from_offset}
+
     @invariant()
     def same_answers_as_kafka(self):
         """Segments, per-epoch listings, highest offsets, lookups and counters agree."""
