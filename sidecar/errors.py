@@ -5,6 +5,7 @@ The type carries the retry policy (``retriable``); workers decide from the type,
 
 * SidecarError
   + ConfigError                  the configuration is invalid (exit code 2)
+    - CacheDirInUseError         another process uses the read cache's directory
   + MissingToolError             a required tool (java, mvn, weed) is missing or unusable
   + CommandError                 a CLI command cannot do what was asked (exit code 1)
   + FormatError                  a log-dir file we cannot parse (carries the path and byte position)
@@ -30,6 +31,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "CacheDirInUseError",
     "CheckpointFormatError",
     "ChecksumMismatchError",
     "ChecksumNotEchoedError",
@@ -65,6 +67,11 @@ class ConfigError(SidecarError):
     """The configuration is invalid: unknown key, wrong type, or an impossible combination."""
 
     exit_code: ClassVar[int] = 2
+
+
+class CacheDirInUseError(ConfigError):
+    """Another process (a second sidecar or read server) holds the lock of the chunk cache's
+    directory: two caches in one directory would evict each other's files."""
 
 
 class MissingToolError(SidecarError):

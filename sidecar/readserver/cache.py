@@ -38,11 +38,14 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   chunks. Such a file is cached, evicted and forgotten whole (a CRC failure in one of its
   chunks drops it all). Opening the cache rescans the directory
   (oldest first), removes ``.tmp`` leftovers and evicts down to the budget. A file that vanished
-  or is short is fetched again. One process per directory. While the cache fills, files are
-  written with ``O_DIRECT`` and read back into the page cache (``direct_io``, see ``_direct``):
-  a tenth of the CPU of a buffered write into fresh pages on the test VM's ext4. At its budget
-  each write follows an eviction whose pages a buffered write reuses, at about half the CPU of
-  ``O_DIRECT`` and the read-back: from then on writes are buffered. A filesystem that refuses
+  or is short is fetched again. One process per directory: an open cache holds an
+  exclusive ``flock`` of ``<dir>/.lock``, and a second process's cache refuses to open
+  (:class:`~sidecar.errors.CacheDirInUseError`) rather than evict the first one's files
+  and remove its ``.tmp`` files mid-write. While the cache fills, files are written with
+  ``O_DIRECT`` and read back into the page cache (``direct_io``, see ``_direct``): a tenth of
+  the CPU of a buffered write into fresh pages on the test VM's ext4. At its budget each write
+  follows an eviction whose pages a buffered write reuses, at about half the CPU of ``O_DIRECT``
+  and the read-back: from then on writes are buffered. A filesystem that refuses
   ``O_DIRECT`` gets buffered writes.
 * **copies**: each cached copy of a chunk has a number (:meth:`ChunkCache.copy_id`) that changes
   when the chunk is evicted or invalidated and fetched again, so a caller that checked a copy's
@@ -64,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import fcntl
 import functools
 import hashlib
 import os
@@ -74,6 +78,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Generic, NamedTuple, Self, TypeVar
 
+from sidecar.errors import CacheDirInUseError
 from sidecar.observability.logging import get_logger
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver._direct import write_file
@@ -89,6 +94,8 @@ V = TypeVar("V")
 
 _SUFFIX = ".chunk"
 _TMP_SUFFIX = ".tmp"
+#: the file in the cache's directory whose ``flock`` the open cache holds (one per directory)
+_LOCK_NAME = ".lock"
 #: the bytes a sequential reader's read-ahead fetches with one GET, by default
 _GROUP_BYTES = 16 * 1024 * 1024
 #: ... and at most this many chunks (small chunks: read-ahead looks at 2 groups per read)
@@ -182,6 +189,43 @@ def _write_tmp(path: Path, data: bytes | memoryview, tag: int, direct: bool) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{tag}{_TMP_SUFFIX}")
     return tmp, write_file(tmp, data, direct=direct)
+
+
+def _lock(directory: Path) -> int | None:
+    """Create ``directory`` and take its lock: an exclusive ``flock`` of its ``.lock`` file,
+    held while the returned fd is open (the kernel drops it when the process dies, so a crash
+    leaves no stale lock). :class:`CacheDirInUseError` when another process holds it; None,
+    logged, when the lock cannot be had at all (a filesystem without locks, a lock file that
+    cannot be created): the cache then runs without it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        _unlocked(directory, exc)
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise CacheDirInUseError(
+            f"read_server.cache_dir {directory}: another process (a running sidecar or read"
+            " server) uses it; stop it, or give each process a cache directory of its own"
+        ) from exc
+    except OSError as exc:
+        os.close(fd)
+        _unlocked(directory, exc)
+        return None
+    return fd
+
+
+def _unlocked(directory: Path, exc: OSError) -> None:
+    log.warning(
+        "read_cache_unlocked",
+        directory=str(directory),
+        error=str(exc),
+        detail="the cache directory cannot be locked: nothing stops a second process from"
+        " using it too",
+    )
 
 
 def _scan(directory: Path) -> list[tuple[float, str, int]]:
@@ -352,18 +396,27 @@ class ChunkCache:
         #: the copy number of each cached chunk (assigned on first use)
         self._copies: dict[str, int] = {}
         self._next_copy = 0
+        #: the fd whose flock keeps other processes out of ``directory`` while open
+        self._lock_fd: int | None = None
         self._state = _State.NEW
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Index the chunks already on disk (oldest first) and evict down to the budget."""
+        """Lock the directory (:class:`~sidecar.errors.CacheDirInUseError` when another
+        process has it), index the chunks already on disk (oldest first) and evict down to
+        the budget."""
         if self._state is not _State.NEW:
             raise RuntimeError(f"ChunkCache.open on a cache that is {self._state.value}")
-        found = await asyncio.to_thread(_scan, self.directory)
-        for _mtime, file, size in found:
-            self._add_file(file, size)
-        await asyncio.to_thread(self._make_room, 0)
+        self._lock_fd = await asyncio.to_thread(_lock, self.directory)
+        try:
+            found = await asyncio.to_thread(_scan, self.directory)
+            for _mtime, file, size in found:
+                self._add_file(file, size)
+            await asyncio.to_thread(self._make_room, 0)
+        except BaseException:
+            self._unlock()
+            raise
         self._state = _State.OPEN
         self._gauge()
         log.info("read_cache_opened", directory=str(self.directory), chunks=len(self._file_of))
@@ -382,6 +435,12 @@ class ChunkCache:
         while self._writers:  # writes a GET that ended meanwhile started
             await asyncio.gather(*self._writers, return_exceptions=True)
         self._write_threads.shutdown(wait=False)  # no write is left to run
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     async def __aenter__(self) -> Self:
         await self.open()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from sidecar.errors import KeyNotFoundError, StorageError
+from sidecar.errors import CacheDirInUseError, KeyNotFoundError, StorageError
 from sidecar.observability.metrics import Metrics
 from sidecar.readserver import cache as cache_module
 from sidecar.readserver.cache import ChunkCache, ChunkFile, MemoryCache, ObjectRef
@@ -23,7 +23,8 @@ CHUNK = 1024
 
 
 def _files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file())
+    """The cache's chunk files (and ``.tmp`` files), not its lock file."""
+    return sorted(p for p in directory.glob("*/*") if p.is_file())
 
 
 def _disk_bytes(directory: Path) -> int:
@@ -361,6 +362,27 @@ class TestChunkCacheEviction:
                     obj, index * CHUNK, 9
                 )
         assert store.calls["get_range"] == 4
+
+    async def test_a_second_cache_in_the_same_directory_is_refused(self, tmp_path):
+        """While a cache is open, another one (another process's, or this process's) cannot
+        open its directory: it would evict the first one's files down to its own budget and
+        remove its writes in flight. Once the first closes, the directory can be opened."""
+        body = os.urandom(4 * CHUNK)
+        store = await _store(obj=body)
+        obj = ObjectRef("obj", len(body))
+        async with _cache(store, tmp_path) as first:
+            for index in range(4):
+                await first.read(obj, index * CHUNK, 1)
+            await first.idle()
+            on_disk = _files(tmp_path)
+            second = _cache(store, tmp_path, max_bytes=CHUNK)
+            with pytest.raises(CacheDirInUseError, match="another process"):
+                await second.open()
+            await second.aclose()
+            assert _files(tmp_path) == on_disk
+            assert body[CHUNK : CHUNK + 5] == await first.read(obj, CHUNK, 5)
+        async with _cache(store, tmp_path) as third:
+            assert third.cached_chunks == 4
 
     async def test_budget_below_one_chunk_is_refused(self, tmp_path):
         """A budget that cannot hold one chunk is a configuration error."""
