@@ -517,7 +517,16 @@ class Metrics:
         self.read_cache_writes_skipped = Counter(
             "read_cache_writes_skipped",
             "Fetched chunks served from memory only, not written to the disk cache: the writes"
-            " behind already held read_server.cache_max_pending_write_bytes (disk slower than S3).",
+            " behind already held read_server.cache_max_pending_write_bytes (disk slower than S3),"
+            " or files the cache could not remove held its budget.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.read_cache_unlink_errors = Counter(
+            "read_cache_unlink_errors",
+            "Chunk files the disk cache could not remove when it evicted or dropped them"
+            " (EACCES, EIO, EROFS): they stay counted in read_cache_bytes while they stay on"
+            " disk, and a later eviction tries them again.",
             namespace=NAMESPACE,
             registry=r,
         )

@@ -108,6 +108,8 @@ _READAHEAD_GROUPS = 2
 _DEEPER_GAIN = 1.25
 #: a chunk in memory: its own bytes, or a view of a GET's body that held several chunks
 _Chunk = bytes | memoryview
+#: files that could not be removed, tried again per eviction that needs room (at most)
+_RETRY_FILES = 8
 #: threads that write chunk files, per cache (a cold read at 200 MiB/s keeps one or two busy)
 WRITE_THREADS = 4
 
@@ -237,7 +239,10 @@ def _scan(directory: Path) -> list[tuple[float, str, int]]:
             continue
         for entry in os.scandir(sub):
             if entry.name.endswith(_TMP_SUFFIX):
-                Path(entry.path).unlink(missing_ok=True)
+                try:
+                    Path(entry.path).unlink(missing_ok=True)
+                except OSError as exc:  # not a chunk file: never served, only left behind
+                    log.warning("read_cache_unlink_failed", file=entry.name, error=str(exc))
             elif entry.name.endswith(_SUFFIX) and entry.is_file():
                 stat = entry.stat()
                 found.append((stat.st_mtime, entry.name[: -len(_SUFFIX)], stat.st_size))
@@ -379,6 +384,9 @@ class ChunkCache:
         #: files evicted while still being written, by (file, write tag): counted until that
         #: write ends (a file fetched again may be evicted again while both writes run)
         self._doomed: dict[tuple[str, int], int] = {}
+        #: files evicted or forgotten that the filesystem refused to remove, and their sizes:
+        #: still on disk, so still in ``_bytes`` (see ``_remove``)
+        self._stranded: dict[str, int] = {}
         self._writers: set[asyncio.Task[None]] = set()
         #: bytes held by the writes in flight, at most ``_max_pending`` (one write always may)
         self._pending_write_bytes = 0
@@ -981,12 +989,19 @@ class ChunkCache:
     def _keep_file(self, names: list[str], chunks: list[_Chunk], data: _Chunk) -> None:
         """Consecutive chunks just fetched (``data``, all of them in order): served from
         memory at once, written to disk behind as one file (unless the writes behind already
-        hold ``max_pending_write_bytes``: then from memory only)."""
+        hold ``max_pending_write_bytes``, or files that could not be removed hold the budget:
+        then from memory only)."""
         for name in names:
             if name in self._file_of:  # not expected (the GET asked for missing chunks only)
                 self._forget(name)
-        if self._writers and self._pending_write_bytes + len(data) > self._max_pending:
-            # the disk is behind: queueing more would hold fetched bytes without bound
+        # a cache at its budget frees the pages of the chunks it evicts, and a buffered write
+        # reuses them: cheaper than O_DIRECT and the read-back (see ``_direct``)
+        direct = self._direct and self._bytes + len(data) <= self.max_bytes
+        # the disk is behind: queueing more would hold fetched bytes without bound
+        behind = bool(self._writers) and self._pending_write_bytes + len(data) > self._max_pending
+        if not behind:
+            self._make_room(len(data))
+        if behind or (self._stranded and self._bytes + len(data) > self.max_bytes):
             for name, chunk in zip(names, chunks, strict=True):
                 self._remember(name, chunk)
             if self._metrics is not None:
@@ -997,10 +1012,6 @@ class ChunkCache:
         for name, chunk in zip(names, chunks, strict=True):
             self._writing[name] = chunk
             self._remember(name, chunk)
-        # a cache at its budget frees the pages of the chunks it evicts, and a buffered write
-        # reuses them: cheaper than O_DIRECT and the read-back (see ``_direct``)
-        direct = self._direct and self._bytes + len(data) <= self.max_bytes
-        self._make_room(len(data))
         file = names[0] if len(names) == 1 else f"{names[0]}+{len(names)}"
         self._add_file(file, len(data), names)
         self._gauge()
@@ -1019,6 +1030,9 @@ class ChunkCache:
         members = _members(file) if names is None else names
         self._lru[file] = size
         self._bytes += size
+        stranded = self._stranded.pop(file, None)
+        if stranded is not None:  # the new copy replaces it on disk (a rename)
+            self._bytes -= stranded
         for i, name in enumerate(members):
             self._file_of[name] = (file, i * self.chunk_size)
             self._copies.pop(name, None)  # a new copy
@@ -1097,13 +1111,15 @@ class ChunkCache:
             if doomed is not None:
                 self._bytes -= doomed
         if not current and file not in self._lru:  # evicted (or closed) while being written
-            path.unlink(missing_ok=True)
+            self._remove(file, len(data))
             self._gauge()
 
     def _make_room(self, incoming: int) -> None:
         """Evict least recently used files until ``incoming`` more bytes fit. The files are
         unlinked at once (a metadata operation of microseconds), so the disk never holds more
         than the budget, whatever order the writes finish in."""
+        if self._stranded and self._bytes + incoming > self.max_bytes:
+            self._remove_stranded()
         evicted = 0
         while self._lru and self._bytes + incoming > self.max_bytes:
             file, size = next(iter(self._lru.items()))
@@ -1114,9 +1130,35 @@ class ChunkCache:
                 self._doomed[(file, writing)] = size
                 continue
             self._bytes -= size
-            self._path(file).unlink(missing_ok=True)
+            self._remove(file, size)
         if evicted and self._metrics is not None:
             self._metrics.read_cache_evictions.inc(evicted)
+
+    def _remove(self, file: str, size: int) -> None:
+        """Unlink ``file`` (``size`` bytes, just taken off the count). One the filesystem
+        refuses to remove (``EACCES``, ``EIO``, ``EROFS``) is logged and counted, and stays
+        counted while it stays on disk: the next eviction that needs room tries it again."""
+        try:
+            self._path(file).unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("read_cache_unlink_failed", file=file, error=str(exc))
+            if self._metrics is not None:
+                self._metrics.read_cache_unlink_errors.inc()
+            self._stranded[file] = size
+            self._bytes += size
+
+    def _remove_stranded(self) -> None:
+        """Try again to unlink up to ``_RETRY_FILES`` files that could not be removed (the
+        longest waiting first; a failing one goes to the back)."""
+        for _ in range(min(_RETRY_FILES, len(self._stranded))):
+            file, size = next(iter(self._stranded.items()))
+            del self._stranded[file]
+            try:
+                self._path(file).unlink(missing_ok=True)
+            except OSError:
+                self._stranded[file] = size
+                continue
+            self._bytes -= size
 
     def _forget(self, name: str) -> None:
         """Forget chunk ``name`` and the other chunks of its file; a chunk of it being written
@@ -1136,9 +1178,9 @@ class ChunkCache:
         size = self._drop_file(file)
         if size is not None:
             self._bytes -= size
-            self._gauge()
             if not writing:  # a write in flight removes its own file
-                self._path(file).unlink(missing_ok=True)
+                self._remove(file, size)
+            self._gauge()
 
     def invalidate(self, obj: ObjectRef, start: int, end_inclusive: int) -> None:
         """Forget the chunks holding bytes ``start..end_inclusive`` (e.g. after a CRC failure),

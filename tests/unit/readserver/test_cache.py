@@ -1316,3 +1316,85 @@ class TestChunkCacheEdges:
             assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
                 "read_cache_read_failed"
             ]
+
+
+class _StuckFiles:
+    """``Path.unlink`` refuses (EACCES) to remove the existing files whose names are listed,
+    as a file or directory whose permissions changed under the cache would."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.names: set[str] = set()
+        real = Path.unlink
+
+        def unlink(path: Path, missing_ok: bool = False) -> None:
+            if path.name in self.names and path.exists():
+                raise PermissionError(13, "Permission denied", str(path))
+            real(path, missing_ok=missing_ok)
+
+        monkeypatch.setattr(Path, "unlink", unlink)
+
+
+class TestChunkCacheUnlinkFailures:
+    """A chunk file the filesystem refuses to remove is logged and counted; reads go on, the
+    count stays the bytes on disk, and the file is removed once the filesystem lets it."""
+
+    async def test_an_eviction_that_cannot_remove_a_file_serves_the_read(
+        self, tmp_path, monkeypatch
+    ):
+        """The file evicted first cannot be removed: the read that needed room still gets its
+        bytes, the next file is evicted instead, and the stuck one is removed at a later
+        eviction once the filesystem allows it."""
+        body = os.urandom(4 * CHUNK)
+        store = await _store(obj=body)
+        stuck = _StuckFiles(monkeypatch)
+        metrics = Metrics()
+        async with _cache(
+            store, tmp_path, max_bytes=2 * CHUNK, memory_chunks=0, metrics=metrics
+        ) as cache:
+            obj = ObjectRef("obj", len(body))
+            for index in range(2):
+                await cache.read(obj, index * CHUNK, 1)
+            await cache.idle()
+            first = _files(tmp_path)
+            stuck.names = {p.name for p in first}  # neither chunk 0's nor chunk 1's file
+            with capture_logs() as logs:
+                assert body[2 * CHUNK : 2 * CHUNK + 9] == await cache.read(obj, 2 * CHUNK, 9)
+                await cache.idle()
+            assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+                "read_cache_unlink_failed",
+                "read_cache_unlink_failed",
+            ]
+            assert metrics.read_cache_unlink_errors._value.get() == 2.0
+            # both stuck files are on disk and counted; the new chunk was served from memory,
+            # not written past the budget
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == 2 * CHUNK
+            assert not cache.is_cached(obj, 2)
+            stuck.names = set()
+            assert body[3 * CHUNK : 3 * CHUNK + 9] == await cache.read(obj, 3 * CHUNK, 9)
+            await cache.idle()
+            assert cache.is_cached(obj, 3)
+            assert cache.cached_bytes == _disk_bytes(tmp_path) <= 2 * CHUNK
+            assert not set(first) & set(_files(tmp_path))
+
+    async def test_a_file_that_cannot_be_removed_when_invalidated_is_fetched_again(
+        self, tmp_path, monkeypatch
+    ):
+        """Invalidating a chunk whose file cannot be removed does not raise: the chunk is
+        fetched again, its new copy replaces the old file, and the count matches the disk."""
+        body = os.urandom(CHUNK)
+        store = await _store(obj=body)
+        stuck = _StuckFiles(monkeypatch)
+        async with _cache(store, tmp_path, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", CHUNK)
+            await cache.read(obj, 0, 1)
+            await cache.idle()
+            stuck.names = {p.name for p in _files(tmp_path)}
+            with capture_logs() as logs:
+                cache.invalidate(obj, 0, 0)
+            assert [e["event"] for e in logs] == ["read_cache_unlink_failed"]
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == CHUNK
+            assert body[3:9] == await cache.read(obj, 3, 6)
+            await cache.idle()
+            assert store.calls["get_range"] == 2
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == CHUNK
+            assert cache.is_cached(obj, 0)
