@@ -520,8 +520,9 @@ class ChunkCache:
     ) -> bytes | memoryview | ChunkFile | None:
         """Copy ``copy`` of chunk ``index`` of ``obj`` without reading it: its bytes when they
         are in memory, else a file descriptor opened on its file and where the chunk starts
-        there (the caller closes it); None when that copy is no longer cached. Refreshes the
-        chunk's place in the LRU order."""
+        there (the caller closes it); None when that copy is no longer cached, or its file
+        cannot be opened (then it is forgotten, and fetched again when next read). Refreshes
+        the chunk's place in the LRU order."""
         self._check_open()
         name = self._name(obj.key, index)
         if self.copy_id(obj, index) != copy:
@@ -536,6 +537,10 @@ class ChunkCache:
         try:
             fd = await self._open_file(self._path(file))
         except FileNotFoundError:
+            self._forget(name)
+            return None
+        except OSError as exc:  # EACCES, EIO, no fds left: the bucket still has it
+            log.warning("read_cache_read_failed", file=file, error=str(exc))
             self._forget(name)
             return None
         if self._copies.get(name) != copy or name not in self._file_of:

@@ -1398,3 +1398,40 @@ class TestChunkCacheUnlinkFailures:
             assert store.calls["get_range"] == 2
             assert cache.cached_bytes == _disk_bytes(tmp_path) == CHUNK
             assert cache.is_cached(obj, 0)
+
+
+class _RefusingOs:
+    """The cache module's ``os`` with an ``open`` that refuses (EACCES) every chunk file."""
+
+    def open(self, path: Path, flags: int) -> int:
+        if str(path).endswith(".chunk"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return os.open(path, flags)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+class TestChunkCacheOpenFailures:
+    """A cached chunk whose file cannot be opened is a miss, not a failed read."""
+
+    async def test_a_chunk_file_that_cannot_be_opened_gives_no_copy(self, tmp_path, monkeypatch):
+        """``open_chunk`` of a file the disk refuses to open answers None (the caller then
+        streams the range through the cache) and forgets the chunk, which the next read
+        fetches again, instead of raising on every planned read of it."""
+        body = os.urandom(CHUNK)
+        store = await _store(obj=body)
+        async with _cache(store, tmp_path, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", CHUNK)
+            await cache.read(obj, 0, 1)
+            await cache.idle()  # on disk, not in memory
+            copy = cache.copy_id(obj, 0)
+            assert copy is not None
+            monkeypatch.setattr(cache_module, "os", _RefusingOs())
+            with capture_logs() as logs:
+                assert await cache.open_chunk(obj, 0, copy) is None
+            monkeypatch.undo()
+            assert [e["event"] for e in logs] == ["read_cache_read_failed"]
+            assert not cache.is_cached(obj, 0)
+            assert body[7:20] == await cache.read(obj, 7, 13)
+            assert store.calls["get_range"] == 2
