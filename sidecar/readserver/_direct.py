@@ -29,7 +29,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["ALIGN", "DIRECT_SUPPORTED", "PIECE_BYTES", "write_file"]
+__all__ = ["ALIGN", "DIRECT_SUPPORTED", "FILE_MODE", "PIECE_BYTES", "write_file"]
 
 #: alignment of buffers, positions and lengths (a page: the largest logical block size in use)
 ALIGN = 4096
@@ -37,6 +37,10 @@ ALIGN = 4096
 PIECE_BYTES = 1024 * 1024
 #: whether this platform has ``O_DIRECT`` at all
 DIRECT_SUPPORTED = hasattr(os, "O_DIRECT")
+#: the mode a new file is created with (less the umask): tiered data is not for every user
+#: of the host; the broker plugin, which reads the files, is in their group (the pod's
+#: ``fsGroup``, or the sidecar's group on a systemd host)
+FILE_MODE = 0o640
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 _THREAD = threading.local()
@@ -65,7 +69,8 @@ def write_file(path: Path, data: bytes | memoryview, *, direct: bool = True) -> 
 def _write_file(path: Path, data: bytes | memoryview, direct: bool) -> bool:
     if direct and DIRECT_SUPPORTED and _write_direct_or_refused(path, data):
         return True
-    with path.open("wb") as out:  # replaces what a refused O_DIRECT write left
+    # replaces what a refused O_DIRECT write left
+    with os.fdopen(os.open(path, _FLAGS, FILE_MODE), "wb") as out:
         out.write(data)
     return False
 
@@ -74,7 +79,7 @@ def _write_direct_or_refused(path: Path, data: bytes | memoryview) -> bool:
     """Write ``path`` with ``O_DIRECT`` and read it back; False when the filesystem or the
     device refuses ``O_DIRECT`` (``EINVAL`` at the open or the first write)."""
     try:
-        fd = os.open(path, _FLAGS | os.O_DIRECT, 0o644)
+        fd = os.open(path, _FLAGS | os.O_DIRECT, FILE_MODE)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise

@@ -94,6 +94,8 @@ V = TypeVar("V")
 
 _SUFFIX = ".chunk"
 _TMP_SUFFIX = ".tmp"
+#: the mode of the cache's subdirectories (less the umask), as its files' (``_direct``)
+_DIR_MODE = 0o750
 #: the file in the cache's directory whose ``flock`` the open cache holds (one per directory)
 _LOCK_NAME = ".lock"
 #: the bytes a sequential reader's read-ahead fetches with one GET, by default
@@ -188,7 +190,7 @@ def _write_tmp(path: Path, data: bytes | memoryview, tag: int, direct: bool) -> 
     """Write ``data`` next to ``path`` under a name of its own (``tag``), around the page cache
     when ``direct`` (see ``_direct``); the caller renames it to ``path`` if it is still the
     chunk's current copy. Returns the file and whether it was written with ``O_DIRECT``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{tag}{_TMP_SUFFIX}")
     return tmp, write_file(tmp, data, direct=direct)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -1049,6 +1050,22 @@ class TestChunkCacheDirectWrites:
             assert store.calls["get_range"] == 6
         assert asked == [True, True, True, True, False, False]
         assert modes == asked
+
+    @pytest.mark.parametrize("direct_io", [True, False], ids=["o_direct", "buffered"])
+    async def test_chunk_files_are_for_their_owner_and_group_only(self, tmp_path, direct_io):
+        """Tiered data is not world-readable: chunk files are 0640 and their directories 0750
+        (less the umask); the broker plugin reads them through the group."""
+        umask = os.umask(0o022)
+        try:
+            body = os.urandom(CHUNK)
+            async with _cache(await _store(obj=body), tmp_path, direct_io=direct_io) as cache:
+                await cache.read(ObjectRef("obj", len(body)), 0, CHUNK)
+                await cache.idle()
+        finally:
+            os.umask(umask)
+        [path] = _files(tmp_path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o750
 
     async def test_direct_io_off_writes_buffered(self, tmp_path, monkeypatch):
         """``direct_io=False`` (the configuration's ``cache_direct_io``) never asks for it."""

@@ -96,7 +96,7 @@ def test_a_full_disk_in_a_buffered_write_leaves_nothing(
 ) -> None:
     """A buffered write that runs out of space removes the file it had created."""
     path = tmp_path / "chunk"
-    real_open = Path.open
+    real_fdopen = os.fdopen
 
     class _Full:
         def __init__(self, handle: Any) -> None:
@@ -111,10 +111,10 @@ def test_a_full_disk_in_a_buffered_write_leaves_nothing(
         def write(self, data: Any) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    def full_open(self: Path, *args: Any, **kwargs: Any) -> Any:
-        return _Full(real_open(self, *args, **kwargs))
+    def full_fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        return _Full(real_fdopen(fd, *args, **kwargs))
 
-    monkeypatch.setattr(Path, "open", full_open)
+    monkeypatch.setattr(os, "fdopen", full_fdopen)
     with pytest.raises(OSError, match="No space"):
         write_file(path, b"data", direct=False)
     assert not path.exists()
