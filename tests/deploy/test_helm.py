@@ -29,6 +29,9 @@ KUBE_VERSION = "1.30.0"
 RELEASE, NAMESPACE = "tiered", "kafka"
 SIDECAR = "tiered-sidecar"
 EXAMPLES = CHART / "examples"
+#: the security protocol of every listener in Bitnami's Kafka chart when the values set none
+#: (bitnami/kafka values.yaml: listeners.client.protocol and the others)
+BITNAMI_LISTENER_PROTOCOL = "SASL_PLAINTEXT"
 
 # Custom resources that kubernetes-validate has no schema for: they are checked against the
 # fields prometheus-operator requires (below) instead. Every other kind goes to the validator.
@@ -499,6 +502,11 @@ class TestBitnamiSnippet:
         chart_volumes = [v for v in self.chart_pod()["volumes"] if v["name"].startswith(SIDECAR)]
         assert snippet == chart_volumes
 
+    def test_client_listener_speaks_the_sidecars_protocol(self, tmp_path):
+        """Bitnami's client listener takes the sidecar's connection (PLAINTEXT, not Bitnami's
+        default SASL_PLAINTEXT)."""
+        assert_bitnami_client_listener_fits("bitnami-sidecars.yaml", "bitnami-companion", tmp_path)
+
     def test_mounts_bitnamis_log_dirs(self):
         """It mounts Bitnami's data volume read-only where the companion config finds log.dirs."""
         sidecar = example("bitnami-sidecars.yaml")["controller"]["initContainers"][0]
@@ -532,6 +540,17 @@ class TestBitnamiSnippet:
             },
         }
         kubernetes_validate([pod], tmp_path)
+
+
+def assert_bitnami_client_listener_fits(values_file: str, scenario: str, tmp_path: Path) -> None:
+    """Bitnami's client listener, where the companion's sidecar.toml connects, speaks the
+    protocol the sidecar uses there: otherwise the sidecar never reaches Kafka."""
+    path = tmp_path / "sidecar.toml"
+    path.write_text(sidecar_toml(scenario))
+    config = load_config(path, environ=SECRET_ENV)
+    assert config.kafka.bootstrap_servers == ["127.0.0.1:9092"]  # Bitnami's client port
+    listener = example(values_file).get("listeners", {}).get("client", {})
+    assert listener.get("protocol", BITNAMI_LISTENER_PROTOCOL) == config.kafka.security_protocol
 
 
 def broker_config(toml: str, tmp_path: Path, *args: str) -> list[tuple[str, str]]:
@@ -688,6 +707,13 @@ class TestBitnamiPlugin:
         assert controller["extraVolumeMounts"] == [
             m for m in kafka["volumeMounts"] if m["name"].startswith(SIDECAR)
         ]
+
+    def test_client_listener_speaks_the_sidecars_protocol(self, tmp_path):
+        """Bitnami's client listener takes the sidecar's connection (PLAINTEXT, not Bitnami's
+        default SASL_PLAINTEXT)."""
+        assert_bitnami_client_listener_fits(
+            "bitnami-plugin.yaml", "bitnami-companion-plugin", tmp_path
+        )
 
     def test_extra_config_is_sidecar_broker_config(self, tmp_path):
         """extraConfig is, line for line, `sidecar broker-config --listener INTERNAL` for the
