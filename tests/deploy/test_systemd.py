@@ -224,6 +224,22 @@ class TestEnvironmentFile:
         assert config.s3.secret_access_key is not None
         assert "REPLACE" not in repr(config.s3)
 
+    def test_readme_moves_every_non_secret_setting_to_the_toml(self):
+        """The README's advice to keep the settings the CLI needs in a world-readable
+        sidecar.toml names each non-secret key the file sets: a key left behind (the socket
+        path) sends `sidecar read -c` and `sidecar broker-config -c` to the defaults' paths."""
+        readme = (DEPLOY.parent / "README.md").read_text()
+        advice = readme[readme.index("Keep the non-secret settings") :]
+        advice = advice[: advice.index("in a world-readable")]
+        named = set(re.findall(r"`([a-z0-9_.*]+)`", advice))
+        secrets = {"s3.access_key_id", "s3.secret_access_key", "kafka.sasl_password"}
+        for variable in env_example():
+            key = variable.removeprefix("SIDECAR_").lower().replace("__", ".")
+            if key in secrets:
+                continue
+            section = key.split(".")[0]
+            assert key in named or f"{section}.*" in named, f"{key} is not named in: {advice}"
+
 
 class TestBrokerPluginOnSystemd:
     """server.properties.tiered: what a broker host appends for broker-driven tiering."""
