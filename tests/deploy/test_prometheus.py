@@ -119,6 +119,12 @@ class TestAlertRules:
         assert rule["annotations"]["summary"].strip()
         assert rule["annotations"]["description"].strip()
 
+    def test_chart_readme_names_every_alert(self):
+        """The chart README's list of the alerts its PrometheusRule installs is complete."""
+        readme = (CHART / "README.md").read_text()
+        missing = {rule["alert"] for rule in alert_rules()} - set(re.findall(r"`(\w+)`", readme))
+        assert not missing, f"helm/kafka-tiered-sidecar/README.md does not name {sorted(missing)}"
+
     def test_chart_copy_is_identical(self):
         """The Helm chart ships the same rules (files/alerts.yml) as its PrometheusRule."""
         copy = CHART / "files" / "alerts.yml"
