@@ -286,6 +286,13 @@ class TestPluginInImage:
         ]
         assert str(DEFAULT_PLUGIN_JAR) in (REPO / "README.md").read_text()
 
+    def test_readme_counts_the_stages(self):
+        """The README's Deploying section says how many stages the build has: every FROM."""
+        stages = sum(1 for item in instructions() if item["instruction"] == "FROM")
+        words = {2: "two", 3: "three", 4: "four"}
+        claims = re.findall(r"builds the image in (\w+) stages", (REPO / "README.md").read_text())
+        assert claims == [words[stages]]
+
     def test_build_command_is_documented(self):
         """The Dockerfile's header gives the build command, run from a clean checkout."""
         assert "docker build -t kafka-tiered-sidecar:" in DOCKERFILE.read_text()
