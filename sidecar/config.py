@@ -959,7 +959,26 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
         if not isinstance(child, dict):
             raise ConfigError(f"{source}: {part!r} is not a section")
         node = child
+    for spelling in _other_spellings(info, parts[-1], node):
+        del node[spelling]  # the file's Kafka-named key: replaced, not a second value
     node[parts[-1]] = value
+
+
+def _other_spellings(info: Any, name: str, section: Mapping[str, Any]) -> list[str]:
+    """The keys of ``section`` that give field ``name`` under another spelling: Kafka's name
+    (``"bootstrap.servers"``), or for a client override table, its properties with Kafka's
+    prefix (``"remote.log.metadata.producer.linger.ms"``)."""
+    if info is None:
+        return []
+    alias = info.validation_alias
+    choices = alias.choices if isinstance(alias, AliasChoices) else []
+    names = {c for c in choices if isinstance(c, str) and c != name}
+    prefixes = tuple(p for p, (table, _) in _CLIENT_PREFIXES.items() if table == name)
+    return [
+        key
+        for key in section
+        if isinstance(key, str) and (key in names or (prefixes and key.startswith(prefixes)))
+    ]
 
 
 def _comma_list(raw: str) -> list[str]:

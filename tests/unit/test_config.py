@@ -238,6 +238,42 @@ class TestKafkaNames:
         assert meta.producer_kwargs() == {"linger_ms": 5, "request_timeout_ms": 15000}
         assert meta.consumer_kwargs() == {"fetch_max_bytes": 1048576, "request_timeout_ms": 15000}
 
+    def test_environment_and_cli_override_a_kafka_named_key(self, tmp_path):
+        """A setting the file gives under Kafka's name is overridden by the environment and
+        by --set like any other, not refused as a second, unknown key, nor kept over them."""
+        text = """
+[kafka]
+"bootstrap.servers" = ["file:9092"]
+
+[remote_log_metadata]
+"remote.log.metadata.topic.num.partitions" = 7
+"remote.log.metadata.producer.linger.ms" = 5
+"""
+        path = _write(tmp_path, text)
+        env = {
+            "SIDECAR_KAFKA__BOOTSTRAP_SERVERS": "env:9092",
+            "SIDECAR_REMOTE_LOG_METADATA__NUM_PARTITIONS": "9",
+            "SIDECAR_REMOTE_LOG_METADATA__PRODUCER": '{"linger.ms": 20}',
+        }
+        config = load_config(path, environ=env)
+        assert config.kafka.bootstrap_servers == ["env:9092"]
+        assert config.remote_log_metadata.num_partitions == 9
+        assert config.remote_log_metadata.producer == {"linger.ms": 20}
+        config = load_config(
+            path,
+            environ=env,
+            overrides={
+                "kafka.bootstrap_servers": "cli:9092",
+                "remote_log_metadata.num_partitions": "11",
+            },
+        )
+        assert config.kafka.bootstrap_servers == ["cli:9092"]
+        assert config.remote_log_metadata.num_partitions == 11
+        # the file alone still counts
+        config = load_config(path, environ={})
+        assert config.kafka.bootstrap_servers == ["file:9092"]
+        assert config.remote_log_metadata.producer == {"linger.ms": 5}
+
     def test_forced_client_settings_cannot_be_overridden(self, tmp_path):
         """acks and idempotence are fixed as in Kafka's TBRLMM: overriding them is an error."""
         text = '[remote_log_metadata]\n"remote.log.metadata.producer.acks" = "1"\n'
