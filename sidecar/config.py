@@ -341,6 +341,15 @@ _CONSUMER_CLIENT: dict[str, str] = {
     "check.crcs": "check_crcs",
     "client.rack": "client_rack",
 }
+#: the properties that are not integers (Kafka's types); the others take an integer, at least
+#: the minimum given here (else 0), as a number or as text, as a properties file has it
+_CLIENT_TEXT: dict[str, tuple[str, ...] | None] = {
+    "compression.type": ("none", "gzip", "snappy", "lz4", "zstd"),
+    "client.rack": None,  # any text
+}
+_CLIENT_BOOLEAN = frozenset({"check.crcs"})
+#: a request timeout of 0 would fail every request
+_CLIENT_MINIMUM: dict[str, int] = {"max.poll.records": 1, "request.timeout.ms": 1}
 _CLIENT_PREFIXES = {
     "remote.log.metadata.common.client.": ("common_client", _COMMON_CLIENT),
     "remote.log.metadata.producer.": ("producer", _PRODUCER_CLIENT),
@@ -435,6 +444,14 @@ class RemoteLogMetadataConfig(_Section):
                     break
         return data
 
+    @field_validator("common_client", "producer", "consumer")
+    @classmethod
+    def _client_types(cls, value: dict[str, ClientValue]) -> dict[str, ClientValue]:
+        """Each value as the client takes it: aiokafka does arithmetic on the numbers and
+        tests the booleans, so text such as "5" or "false" would fail at start or be taken
+        as true. Unknown names are left to :meth:`_known_client_properties`."""
+        return {name: _client_value(name, raw) for name, raw in value.items()}
+
     @model_validator(mode="after")
     def _known_client_properties(self) -> RemoteLogMetadataConfig:
         for table, allowed in (
@@ -465,10 +482,43 @@ class RemoteLogMetadataConfig(_Section):
         return _translate({**self.common_client, **self.consumer}, _CONSUMER_CLIENT)
 
 
+def _client_value(name: str, raw: ClientValue) -> ClientValue:
+    """A client override checked and converted to its property's type (see
+    :data:`_CLIENT_TEXT`); a name the sidecar does not pass on is returned as it is."""
+    known = {*_PRODUCER_CLIENT, *_CONSUMER_CLIENT}
+    if name not in known:
+        return raw
+    if name in _CLIENT_BOOLEAN:
+        text = str(raw).strip().lower()
+        if isinstance(raw, bool) or text in ("true", "false"):
+            return raw if isinstance(raw, bool) else text == "true"
+        raise ValueError(f"{name} must be true or false, not {raw!r}")
+    if name in _CLIENT_TEXT:
+        allowed = _CLIENT_TEXT[name]
+        if isinstance(raw, str) and (allowed is None or raw.strip().lower() in allowed):
+            return raw if allowed is None else raw.strip().lower()
+        expected = "text" if allowed is None else " / ".join(allowed)
+        raise ValueError(f"{name} must be {expected}, not {raw!r}")
+    minimum = _CLIENT_MINIMUM.get(name, 0)
+    number: int | None = None
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        number = raw
+    elif isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        number = int(raw.strip())
+    if number is None or number < minimum:
+        raise ValueError(f"{name} must be an integer of {minimum} or more, not {raw!r}")
+    return number
+
+
 def _translate(
     values: Mapping[str, ClientValue], names: Mapping[str, str]
 ) -> dict[str, ClientValue]:
-    return {names[key]: value for key, value in values.items()}
+    # aiokafka spells no compression None, the default, where Kafka has "none"
+    return {
+        names[key]: value
+        for key, value in values.items()
+        if not (key == "compression.type" and value == "none")
+    }
 
 
 class TieringConfig(_Section):

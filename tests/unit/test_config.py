@@ -274,6 +274,46 @@ class TestKafkaNames:
         assert config.kafka.bootstrap_servers == ["file:9092"]
         assert config.remote_log_metadata.producer == {"linger.ms": 5}
 
+    def test_client_overrides_take_kafka_property_text(self, tmp_path):
+        """Values as a properties file writes them ("5", "false", "none") reach the client as
+        the numbers and booleans it computes with, not as text it would fail on or take as
+        true."""
+        text = """
+[remote_log_metadata]
+"remote.log.metadata.producer.linger.ms" = "5"
+"remote.log.metadata.producer.compression.type" = "none"
+"remote.log.metadata.consumer.check.crcs" = "false"
+"remote.log.metadata.consumer.max.poll.records" = "100"
+"remote.log.metadata.common.client.request.timeout.ms" = 15000
+"""
+        meta = load_config(_write(tmp_path, text), environ={}).remote_log_metadata
+        assert meta.producer_kwargs() == {"linger_ms": 5, "request_timeout_ms": 15000}
+        assert meta.consumer_kwargs() == {
+            "check_crcs": False,
+            "max_poll_records": 100,
+            "request_timeout_ms": 15000,
+        }
+
+    @pytest.mark.parametrize(
+        ("table", "value", "expected"),
+        [
+            ("producer", '{"linger.ms": "5ms"}', "linger.ms must be an integer of 0 or more"),
+            ("producer", '{"batch.size": true}', "batch.size must be an integer of 0 or more"),
+            ("producer", '{"linger.ms": 1.5}', "linger.ms must be an integer of 0 or more"),
+            ("producer", '{"compression.type": "brotli"}', "compression.type must be none"),
+            ("consumer", '{"check.crcs": "yes please"}', "check.crcs must be true or false"),
+            ("consumer", '{"max.poll.records": 0}', "max.poll.records must be an integer of 1"),
+            ("common_client", '{"retry.backoff.ms": -1}', "retry.backoff.ms must be an integer"),
+        ],
+    )
+    def test_client_overrides_of_the_wrong_type_are_refused(self, table, value, expected):
+        """A value the client cannot use is a configuration error naming the property."""
+        env = {f"SIDECAR_REMOTE_LOG_METADATA__{table.upper()}": value}
+        with pytest.raises(ConfigError, match=expected) as info:
+            load_config(None, environ=env)
+        assert f"remote_log_metadata.{table}" in str(info.value)
+        assert info.value.exit_code == 2
+
     def test_forced_client_settings_cannot_be_overridden(self, tmp_path):
         """acks and idempotence are fixed as in Kafka's TBRLMM: overriding them is an error."""
         text = '[remote_log_metadata]\n"remote.log.metadata.producer.acks" = "1"\n'
