@@ -771,6 +771,13 @@ class ReadServerConfig(_Section):
         " volume elsewhere in the broker's container; unset = the same path",
     )
 
+    @field_validator("socket_path", "cache_dir", "broker_cache_dir")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # the broker's plugin (`sidecar broker-config` prints these for it) and `sidecar read`
+        # resolve a relative path against their own working directory, not the daemon's
+        return None if value is None else _absolute_path(value)
+
 
 class MetricsConfig(_Section):
     """Prometheus metrics and health probes."""
@@ -818,10 +825,7 @@ class SidecarConfig(_Section):
     def _absolute(cls, value: Path) -> Path:
         # a relative path would depend on the working directory, which the daemon (systemd:
         # /) and the CLI's status, read and quarantine commands need not share
-        value = value.expanduser()
-        if not value.is_absolute():
-            raise ValueError(f"must be an absolute path, got {value}")
-        return value
+        return _absolute_path(value)
 
     @property
     def read_socket_path(self) -> Path:
@@ -861,6 +865,14 @@ class SidecarConfig(_Section):
                             " cache removes the .tmp files it finds below it; put it elsewhere"
                         )
         return self
+
+
+def _absolute_path(value: Path) -> Path:
+    """``value`` with ``~`` expanded; a relative path is refused."""
+    value = value.expanduser()
+    if not value.is_absolute():
+        raise ValueError(f"must be an absolute path, got {value}")
+    return value
 
 
 def _full(path: Path) -> Path:

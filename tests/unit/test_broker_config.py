@@ -123,6 +123,17 @@ class TestBrokerConfig:
         with pytest.raises(ConfigError, match="__remote_log_metadata"):
             broker_properties(config)
 
+    @pytest.mark.parametrize("key", ["socket_path", "cache_dir", "broker_cache_dir"])
+    def test_a_relative_read_server_path_is_refused(self, key, capsys):
+        """The broker resolves the printed socket path and cache directory against its own
+        working directory: a relative one is a configuration error (exit 2), never printed."""
+        code = main(["broker-config", "--set", f"read_server.{key}=run/sidecar"])
+        captured = capsys.readouterr()
+        assert code == 2
+        assert captured.out == ""
+        assert f"read_server.{key}" in captured.err
+        assert "must be an absolute path" in captured.err
+
     def test_cli(self, tmp_path, capsys):
         code = main(["broker-config", "--set", f"state_dir={tmp_path}", "--plugin-jar", "/x.jar"])
         assert code == 0
