@@ -1013,8 +1013,10 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
             value = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{source}: {dotted}: not a JSON object: {exc}") from None
-    elif raw.strip().lower() in {"null", "none"} and not is_secret_key(dotted):
-        value = None  # unset; never for a secret, whose value may be any text
+    elif raw.strip().lower() in {"null", "none"} and _optional(info) and not is_secret_key(dotted):
+        # unset; never for a secret, whose value may be any text, nor for a setting that
+        # cannot be unset, which may be the text itself (a bucket or topic named "null")
+        value = None
     node = data
     for part in parts[:-1]:
         child = node.setdefault(part, {})
@@ -1024,6 +1026,11 @@ def _assign(data: dict[str, Any], dotted: str, raw: str, *, source: str) -> None
     for spelling in _other_spellings(info, parts[-1], node):
         del node[spelling]  # the file's Kafka-named key: replaced, not a second value
     node[parts[-1]] = value
+
+
+def _optional(info: Any) -> bool:
+    """Whether the field takes None (is unset by ``null``)."""
+    return info is not None and type(None) in get_args(info.annotation)
 
 
 def _other_spellings(info: Any, name: str, section: Mapping[str, Any]) -> list[str]:

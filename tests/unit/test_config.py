@@ -469,6 +469,21 @@ class TestValuesThatWouldMisbehaveLater:
         assert config.s3.secret_access_key is not None
         assert config.s3.secret_access_key.get_secret_value() == "null"
 
+    def test_null_unsets_only_a_setting_that_can_be_unset(self):
+        """`null` unsets an optional setting; a text setting keeps the word, which the file
+        could give as a string too (a bucket or a topic may be named "null")."""
+        env = {
+            "SIDECAR_S3__BUCKET": "null",
+            "SIDECAR_S3__PREFIX": "None",
+            "SIDECAR_REMOTE_LOG_METADATA__TOPIC": "null",
+            "SIDECAR_S3__ENDPOINT_URL": "null",
+        }
+        config = load_config(None, environ=env, overrides={"read_server.tcp_port": "none"})
+        assert (config.s3.bucket, config.s3.prefix) == ("null", "None")
+        assert config.remote_log_metadata.topic == "null"
+        assert config.s3.endpoint_url is None
+        assert config.read_server.tcp_port is None
+
     def test_a_stale_limit_within_the_refresh_interval_is_refused(self):
         overrides = {
             "kafka.metadata_refresh_interval_s": "30",
