@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ def broker_properties(
     if not config.read_server.offer_cache_files:
         props["rsm.config.fetch.files"] = "false"  # it would only ask in vain
     props |= {
-        "rsm.config.read.idle.timeout.ms": str(int(config.read_server.fetch_timeout_s * 1000)),
+        "rsm.config.read.idle.timeout.ms": str(_plugin_ms(config.read_server.fetch_timeout_s)),
         "remote.log.metadata.manager.class.name": RLMM_CLASS,
         "remote.log.metadata.manager.listener.name": listener,
         "rlmm.config.remote.log.metadata.topic.num.partitions": str(meta.num_partitions),
@@ -83,6 +84,12 @@ def broker_properties(
         "rlmm.config.remote.log.metadata.topic.retention.ms": str(meta.retention_ms),
     }
     return props
+
+
+def _plugin_ms(seconds: float) -> int:
+    """``seconds`` as the plugin's millisecond settings take them: a positive Java int (it
+    refuses 0, which a fraction of a millisecond would round down to, and more)."""
+    return min(max(1, math.ceil(seconds * 1000)), 2**31 - 1)
 
 
 def broker_config_command(

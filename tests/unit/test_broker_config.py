@@ -134,6 +134,14 @@ class TestBrokerConfig:
         assert f"read_server.{key}" in captured.err
         assert "must be an absolute path" in captured.err
 
+    @pytest.mark.parametrize(
+        ("seconds", "printed"), [("30", "30000"), ("0.0004", "1"), ("1e7", str(2**31 - 1))]
+    )
+    def test_the_read_timeout_is_one_the_plugin_takes(self, seconds, printed):
+        """The plugin refuses 0 and anything past a Java int: the broker would not start."""
+        config = load_config(None, environ={}, overrides={"read_server.fetch_timeout_s": seconds})
+        assert broker_properties(config)["rsm.config.read.idle.timeout.ms"] == printed
+
     def test_cli(self, tmp_path, capsys):
         code = main(["broker-config", "--set", f"state_dir={tmp_path}", "--plugin-jar", "/x.jar"])
         assert code == 0
