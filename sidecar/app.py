@@ -512,6 +512,7 @@ class Daemon:
             num_partitions=meta.num_partitions,
             replication_factor=meta.replication_factor,
             retention_ms=meta.retention_ms,
+            min_isr=meta.min_isr,
             client_kwargs=options,
             producer_kwargs=meta.producer_kwargs(),
             read_back=tailer,

@@ -384,6 +384,13 @@ class RemoteLogMetadataConfig(_Section):
         validation_alias=_kafka_name("retention_ms", "remote.log.metadata.topic.retention.ms"),
         description="remote.log.metadata.topic.retention.ms",
     )
+    min_isr: int = Field(
+        2,
+        ge=1,
+        validation_alias=_kafka_name("min_isr", "remote.log.metadata.topic.min.isr"),
+        description="remote.log.metadata.topic.min.isr (Kafka 4's default 2): the"
+        " min.insync.replicas the metadata topic is created with, at most replication_factor",
+    )
 
     @field_validator("retention_ms")
     @classmethod

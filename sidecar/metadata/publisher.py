@@ -3,7 +3,8 @@
 them: an idempotent producer with ``acks=all``, a null key, the value from ``serde.encode`` and the
 partition from ``metadata_partition`` (kafka-kip405-internals.md §1.1, §2.2, §2.5).
 
-``ensure_topic`` creates the topic with Kafka's configs when it is missing and refuses a topic whose
+``ensure_topic`` creates the topic with Kafka 4's configs (retention, delete policy, no tiering,
+``min.insync.replicas``) when it is missing and refuses a topic whose
 partition count differs from the configured one. ``publish_and_wait`` waits, like TBRLMM's
 ``waitTillConsumptionCatchesUp``, until the tailer has applied the event to the local store, so a
 caller that goes on to read the store sees its own write.
@@ -98,6 +99,7 @@ class MetadataPublisher:
         num_partitions: int = 50,
         replication_factor: int = 3,
         retention_ms: int = -1,
+        min_isr: int = 2,
         client_kwargs: Mapping[str, Any] | None = None,
         producer_kwargs: Mapping[str, Any] | None = None,
         read_back: ReadBack | None = None,
@@ -110,10 +112,16 @@ class MetadataPublisher:
             raise ValueError(f"replication_factor must be >= 1, not {replication_factor}")
         if retention_ms != -1 and retention_ms <= 0:
             raise ValueError(f"retention_ms must be -1 or > 0, not {retention_ms}")
+        if min_isr < 1:
+            raise ValueError(f"min_isr must be >= 1, not {min_isr}")
         self.topic = topic
         self.num_partitions = num_partitions
         self.replication_factor = replication_factor
         self.retention_ms = retention_ms
+        #: the topic's min.insync.replicas at creation: Kafka 4's manager sets it (default 2),
+        #: so an acks=all event is acknowledged only once two replicas hold it; at most the
+        #: replication factor (one broker: 1), as the broker itself would count it
+        self.min_isr = min(min_isr, replication_factor)
         self.broker_id = broker_id
         self._bootstrap = (
             bootstrap_servers if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
@@ -264,6 +272,7 @@ class MetadataPublisher:
                 "retention.ms": str(self.retention_ms),
                 "cleanup.policy": "delete",
                 "remote.storage.enable": "false",
+                "min.insync.replicas": str(self.min_isr),
             },
         )
         response = await admin.create_topics([topic])

@@ -242,6 +242,8 @@ async def _mark(config: SidecarConfig, tp: TopicIdPartition) -> str:
         topic=meta.topic,
         num_partitions=meta.num_partitions,
         replication_factor=meta.replication_factor,
+        retention_ms=meta.retention_ms,
+        min_isr=meta.min_isr,
         client_kwargs=_client_options(config),
         producer_kwargs=meta.producer_kwargs(),
     )

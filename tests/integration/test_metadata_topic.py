@@ -212,6 +212,7 @@ class TestEnsureTopic:
         assert configs["retention.ms"] == "86400000"
         assert configs["cleanup.policy"] == "delete"
         assert configs["remote.storage.enable"] == "false"
+        assert configs["min.insync.replicas"] == "1"  # Kafka's 2, at most the one replica
 
     async def test_partition_count_mismatch_is_refused(
         self, kafka, metadata_topic_name, publisher_factory
