@@ -47,6 +47,7 @@ import itertools
 import sqlite3
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -213,7 +214,7 @@ class _StateAccess(Protocol):
     def entries_from(self, pid: int, epoch: int, start: int) -> list[int]: ...
     def set_entry(self, pid: int, epoch: int, start: int, sid: bytes | None) -> None: ...
     def put_partition_delete(self, pid: int, event: PartitionDeleteMetadata) -> None: ...
-    def drop_partition(self, pid: int) -> None: ...
+    def drop_partition(self, pid: int, *, deleted_ms: int | None = None) -> None: ...
 
 
 _Verdict = tuple[RejectReason, str] | None
@@ -229,7 +230,7 @@ def _apply_event(state: _StateAccess, event: RemoteLogMetadata) -> _Verdict:
         pid = state.add_partition(event.topic_id_partition)
         state.put_partition_delete(pid, event)
         if event.state is RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-            state.drop_partition(pid)
+            state.drop_partition(pid, deleted_ms=event.event_timestamp_ms)
         return None
     if isinstance(event, SegmentMetadataSnapshot):
         return RejectReason.SNAPSHOT_RECORD, "apiKey 3 is not a topic record"
@@ -402,6 +403,21 @@ CREATE TABLE IF NOT EXISTS remote_floor (
     PRIMARY KEY (topic_id, partition)
 ) WITHOUT ROWID
 """
+# The sidecar's own knowledge too: user partitions dropped because they were deleted from the
+# cluster (DELETE_PARTITION_FINISHED, or forgotten after their topic's deletion), not because
+# they left a scope. Objects written under such a partition after its deletion (a copy that
+# raced it) are the cluster's own garbage, which the orphan scrub may delete.
+_DELETED_PARTITION_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS deleted_partition (
+    topic_id BLOB NOT NULL,
+    partition INTEGER NOT NULL,
+    deleted_ms INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, partition)
+) WITHOUT ROWID
+"""
+#: how long a deleted partition is remembered: objects a copy wrote after the deletion appear
+#: within minutes, and the scrub removes them once past its grace period (a day by default)
+DELETED_PARTITION_MEMORY_MS: Final = 30 * 24 * 3600 * 1000
 # Which user partitions' events the store applies, per metadata partition (selective tailing:
 # a sidecar keeps only its broker's partitions). A row with an empty topic id and partition -1
 # means every user partition; a metadata partition without rows that has a consumed offset was
@@ -606,9 +622,19 @@ class _Writer:
             (pid, event.broker_id, event.event_timestamp_ms, int(event.state)),
         )
 
-    def drop_partition(self, pid: int) -> None:
+    def drop_partition(self, pid: int, *, deleted_ms: int | None = None) -> None:
         self.flush()
         self._forget_values()  # simpler than removing the partition's keys from every cache
+        if deleted_ms is not None:  # deleted from the cluster, not only out of scope
+            self.db.execute(
+                "INSERT OR REPLACE INTO deleted_partition"
+                " SELECT topic_id, partition, ? FROM partition WHERE pid = ?",
+                (deleted_ms, pid),
+            )
+            self.db.execute(
+                "DELETE FROM deleted_partition WHERE deleted_ms < ?",
+                (deleted_ms - DELETED_PARTITION_MEMORY_MS,),
+            )
         for table in ("segment", "epoch_entry", "epoch_highest", "partition_delete"):
             self.db.execute(f"DELETE FROM {table} WHERE pid = ?", (pid,))  # noqa: S608
         self.db.execute(
@@ -856,6 +882,7 @@ class RemoteSegmentStore:
         # added within version 1: older stores get them on open (nothing else reads them)
         db.execute(_REMOTE_FLOOR_TABLE)
         db.execute(_SCOPE_TABLE)
+        db.execute(_DELETED_PARTITION_TABLE)
 
     # --- lifecycle
 
@@ -982,9 +1009,10 @@ class RemoteSegmentStore:
             )
             return ApplyResult(applied, tuple(rejected))
 
-    def forget_partition(self, tp: TopicIdPartition) -> bool:
+    def forget_partition(self, tp: TopicIdPartition, *, now_ms: int | None = None) -> bool:
         """Drop ``tp`` from the store if nothing of it is left: no segment in any state and no
-        partition delete under way (its topic was deleted and its segments deleted one by one).
+        partition delete under way (its topic was deleted and its segments deleted one by one),
+        and remember it as deleted at ``now_ms`` (default: now; :meth:`deleted_partitions`).
         Returns whether it was dropped. A later event for ``tp`` simply adds it again."""
         with self._write_lock, self._translate_errors():
             self._check_open()
@@ -1003,7 +1031,9 @@ class RemoteSegmentStore:
                 if busy:
                     writer.rollback()
                     return False
-                writer.drop_partition(pid)
+                writer.drop_partition(
+                    pid, deleted_ms=int(time.time() * 1000) if now_ms is None else now_ms
+                )
                 writer.commit()
             except BaseException:
                 writer.rollback()
@@ -1113,6 +1143,18 @@ class RemoteSegmentStore:
                 (tp.topic_id.bytes, tp.partition),
             ).fetchone()
         return None if found is None else int(found[0])
+
+    def deleted_partitions(self) -> set[tuple[uuid.UUID, int]]:
+        """(topic id, partition) of the partitions dropped in the last
+        :data:`DELETED_PARTITION_MEMORY_MS` because they were deleted from the cluster (not
+        those that only left a scope)."""
+        with self._reading() as db:
+            return {
+                (uuid.UUID(bytes=bytes(topic_id)), int(partition))
+                for topic_id, partition in db.execute(
+                    "SELECT topic_id, partition FROM deleted_partition"
+                )
+            }
 
     def set_consumed(self, consumed: Mapping[int, int]) -> None:
         """Record the last offset read per metadata partition (for batches with no events)."""

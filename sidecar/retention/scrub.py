@@ -24,7 +24,11 @@ with the metadata store:
   nested prefix that holds an ownership marker of its own (another cluster below our prefix,
   e.g. ours is the bucket root), and those of a partition (topic id, partition) that this
   cluster's metadata never mentioned (a segment's objects are written only after its
-  COPY_SEGMENT_STARTED, so every object of ours is of a partition the store knows);
+  COPY_SEGMENT_STARTED, so every object of ours is of a partition the store knows). A
+  partition the store dropped because it was deleted (DELETE_PARTITION_FINISHED, or forgotten
+  after its topic's deletion) stays known for 30 days
+  (:meth:`RemoteSegmentStore.deleted_partitions`): objects a copy wrote after the deletion
+  are orphans of ours, deleted after the grace period;
 * an incomplete multipart upload older than ``upload_grace_s`` is aborted if its key is one of
   this cluster's segment keys (by the same rules), unless its segment is a copy in flight
   (COPY_SEGMENT_STARTED);
@@ -214,8 +218,9 @@ def _older(when: datetime | None, now: datetime, grace_s: float) -> bool:
 
 
 def _known_partitions(store: RemoteSegmentStore) -> set[tuple[uuid.UUID, int]]:
-    """(topic id, partition) of every partition the metadata mentions (worker thread)."""
-    return {(tp.topic_id, tp.partition) for tp in store.partitions()}
+    """(topic id, partition) of every partition the metadata mentions, and of those the store
+    dropped lately because they were deleted (worker thread)."""
+    return {(tp.topic_id, tp.partition) for tp in store.partitions()} | store.deleted_partitions()
 
 
 class OrphanScrubber:

@@ -677,6 +677,35 @@ class TestRemoteFloor:
             assert mode == 1  # NORMAL again for the batches of events
 
 
+class TestDeletedPartitions:
+    """Partitions dropped because they were deleted are remembered (for the orphan scrub) for
+    a while, across reopens; those that only left a scope are not."""
+
+    def test_a_finished_partition_delete_is_remembered_and_a_scope_drop_is_not(self, tmp_path):
+        with RemoteSegmentStore(tmp_path) as store:
+            store.apply(
+                [
+                    partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_MARKED),
+                    partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_MARKED, OTHER),
+                ]
+            )
+            store.set_scope(0, frozenset(), drop=[OTHER])
+            assert store.deleted_partitions() == set()
+            store.apply([partition_delete(RemotePartitionDeleteState.DELETE_PARTITION_FINISHED)])
+            assert store.partitions() == []
+        with RemoteSegmentStore(tmp_path) as store:
+            assert store.deleted_partitions() == {(TP.topic_id, TP.partition)}
+
+    def test_forgotten_after_a_month(self, tmp_path):
+        with RemoteSegmentStore(tmp_path) as store:
+            day = 24 * 3600 * 1000
+            for tp, at in ((TP, 0), (OTHER, 31 * day)):
+                store.apply([started(1, 0, 9, tp=tp), update(1, DELETE_STARTED, tp=tp)])
+                store.apply([update(1, DELETE_FINISHED, tp=tp)])
+                assert store.forget_partition(tp, now_ms=at)
+            assert store.deleted_partitions() == {(OTHER.topic_id, OTHER.partition)}
+
+
 class TestPublicSurface:
     """The store, publisher and tailer are part of the package surface, loaded lazily."""
 

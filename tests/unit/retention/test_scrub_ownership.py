@@ -4,12 +4,20 @@ uploads of) a partition this cluster's metadata never mentioned. In-memory bucke
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sidecar.metadata.events import TopicIdPartition
+from sidecar.metadata.events import (
+    PartitionDeleteMetadata,
+    RemoteLogSegmentId,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteState,
+    SegmentMetadataUpdate,
+    TopicIdPartition,
+)
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.retention.scrub import OrphanScrubber, UnsafeScrubError
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
@@ -30,6 +38,23 @@ def _scrubber(store: RemoteSegmentStore, objects: MemoryObjectStore, layout: Key
         upload_grace_s=0,
         now=lambda: datetime.now(UTC) + timedelta(days=1),
     )
+
+
+MARKED = RemotePartitionDeleteState.DELETE_PARTITION_MARKED
+
+
+def _partition_delete(
+    tp: TopicIdPartition,
+    state: RemotePartitionDeleteState = RemotePartitionDeleteState.DELETE_PARTITION_FINISHED,
+) -> PartitionDeleteMetadata:
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    return PartitionDeleteMetadata(
+        topic_id_partition=tp, broker_id=1, event_timestamp_ms=now_ms, state=state
+    )
+
+
+def _update(segment: RemoteLogSegmentId, state: RemoteLogSegmentState) -> SegmentMetadataUpdate:
+    return SegmentMetadataUpdate(segment_id=segment, event_timestamp_ms=1, state=state, broker_id=1)
 
 
 def _segment_keys(layout: KeyLayout, tp: TopicIdPartition) -> list[str]:
@@ -103,6 +128,43 @@ class TestOtherClusters:
             assert set(ours).isdisjoint(objects.objects)
             left = {u.upload_id async for u in objects.list_multipart_uploads("")}
             assert left == {upload_id, their_upload}
+        finally:
+            store.close()
+
+    @pytest.mark.parametrize("how", ["partition delete finished", "topic forgotten"])
+    async def test_objects_written_after_a_partitions_deletion_are_ours(self, tmp_path, how):
+        """A copy that raced its partition's deletion left objects after the deletion listed
+        its segments; the store dropped the partition since. Its objects are still this
+        cluster's orphans; a partition that only left the store's scope stays not ours."""
+        store = RemoteSegmentStore(tmp_path / "state")
+        objects = MemoryObjectStore()
+        try:
+            await claim(objects, "")
+            deleted = TopicIdPartition(uuid.uuid4(), "gone", 0)
+            scoped_out = TopicIdPartition(uuid.uuid4(), "elsewhere", 0)
+            store.apply([_partition_delete(scoped_out, MARKED)])
+            if how == "topic forgotten":  # deleted segment by segment, then forgotten
+                segment = RemoteLogSegmentId(deleted, uuid.uuid4())
+                store.apply(
+                    [
+                        dataclasses.replace(_metadata(0), segment_id=segment),
+                        _update(segment, RemoteLogSegmentState.DELETE_SEGMENT_STARTED),
+                        _update(segment, RemoteLogSegmentState.DELETE_SEGMENT_FINISHED),
+                    ]
+                )
+                assert store.forget_partition(deleted)
+            else:
+                store.apply([_partition_delete(deleted, MARKED), _partition_delete(deleted)])
+            store.set_scope(0, frozenset(), drop=[scoped_out])
+            assert store.partitions() == []
+            leftovers = _segment_keys(ROOT, deleted)
+            theirs = _segment_keys(ROOT, scoped_out)
+            for key in leftovers + theirs:
+                await objects.put(key, b"x")
+            report = await _scrubber(store, objects, ROOT).scrub()
+            assert sorted(report.orphans) == sorted(leftovers)
+            assert report.not_ours == len(theirs)
+            assert set(objects.objects) == {*theirs, marker_key("")}
         finally:
             store.close()
 
