@@ -418,7 +418,9 @@ class ChunkCache:
         the budget."""
         if self._state is not _State.NEW:
             raise RuntimeError(f"ChunkCache.open on a cache that is {self._state.value}")
-        self._lock_fd = await asyncio.to_thread(_lock, self.directory)
+        # on the loop, not in a thread: a cancelled await would leave the thread's flock held
+        # by an fd nobody closes (a mkdir, an open and a non-blocking flock, once at start)
+        self._lock_fd = _lock(self.directory)
         try:
             found = await asyncio.to_thread(_scan, self.directory)
             for _mtime, file, size in found:
@@ -436,16 +438,18 @@ class ChunkCache:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        gets = list(self._gets)
-        for task in gets:
-            task.cancel()
-        await asyncio.gather(*gets, *self._writers, *self._opening, return_exceptions=True)
-        for future in list(self._inflight.values()):
-            future.cancel()
-        while self._writers:  # writes a GET that ended meanwhile started
-            await asyncio.gather(*self._writers, return_exceptions=True)
-        self._write_threads.shutdown(wait=False)  # no write is left to run
-        self._unlock()
+        try:
+            gets = list(self._gets)
+            for task in gets:
+                task.cancel()
+            await asyncio.gather(*gets, *self._writers, *self._opening, return_exceptions=True)
+            for future in list(self._inflight.values()):
+                future.cancel()
+            while self._writers:  # writes a GET that ended meanwhile started
+                await asyncio.gather(*self._writers, return_exceptions=True)
+            self._write_threads.shutdown(wait=False)  # no write is left to run
+        finally:
+            self._unlock()  # a cancelled close too: a later aclose returns at once
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
@@ -1037,9 +1041,6 @@ class ChunkCache:
         members = _members(file) if names is None else names
         self._lru[file] = size
         self._bytes += size
-        stranded = self._stranded.pop(file, None)
-        if stranded is not None:  # the new copy replaces it on disk (a rename)
-            self._bytes -= stranded
         for i, name in enumerate(members):
             self._file_of[name] = (file, i * self.chunk_size)
             self._copies.pop(name, None)  # a new copy
@@ -1104,6 +1105,9 @@ class ChunkCache:
             current = self._write_tags.get(file) == tag and file in self._lru
             if current:  # a rename: a metadata operation of microseconds
                 tmp.replace(path)
+                stranded = self._stranded.pop(file, None)
+                if stranded is not None:  # the old copy that could not be removed is gone now
+                    self._bytes -= stranded
             else:  # forgotten, evicted or fetched again meanwhile
                 tmp.unlink(missing_ok=True)
         except OSError as exc:
@@ -1151,8 +1155,9 @@ class ChunkCache:
             log.warning("read_cache_unlink_failed", file=file, error=str(exc))
             if self._metrics is not None:
                 self._metrics.read_cache_unlink_errors.inc()
-            self._stranded[file] = size
-            self._bytes += size
+            if file not in self._stranded:  # else the file on disk is the copy counted there
+                self._stranded[file] = size
+                self._bytes += size
 
     def _remove_stranded(self) -> None:
         """Try again to unlink up to ``_RETRY_FILES`` files that could not be removed (the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -384,6 +385,43 @@ class TestChunkCacheEviction:
             assert body[CHUNK : CHUNK + 5] == await first.read(obj, CHUNK, 5)
         async with _cache(store, tmp_path) as third:
             assert third.cached_chunks == 4
+
+    async def test_a_cancelled_close_releases_the_directory(self, tmp_path, monkeypatch):
+        """A close cancelled while it waits for a stuck chunk write (a second SIGTERM, a task
+        group failing) still releases the directory's lock."""
+        body = os.urandom(CHUNK)
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        writing = asyncio.Event()
+        real = cache_module._write_tmp
+
+        def stuck_write(
+            path: Path, data: bytes | memoryview, tag: int, direct: bool
+        ) -> tuple[Path, bool]:
+            loop.call_soon_threadsafe(writing.set)
+            release.wait(30)
+            return real(path, data, tag, direct)
+
+        monkeypatch.setattr(cache_module, "_write_tmp", stuck_write)
+        store = await _store(obj=body)
+        first = _cache(store, tmp_path)
+        await first.open()
+        try:
+            await first.read(ObjectRef("obj", CHUNK), 0, 1)
+            await writing.wait()
+            closing = asyncio.create_task(first.aclose())
+            await asyncio.sleep(0)  # one step: the close runs up to its wait for the write
+            assert not closing.done()
+            assert first._state is cache_module._State.CLOSED
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+            second = _cache(store, tmp_path)
+            await second.open()
+            await second.aclose()
+        finally:
+            release.set()
+            await first.idle()
 
     async def test_budget_below_one_chunk_is_refused(self, tmp_path):
         """A budget that cannot hold one chunk is a configuration error."""
@@ -1415,6 +1453,40 @@ class TestChunkCacheUnlinkFailures:
             assert store.calls["get_range"] == 2
             assert cache.cached_bytes == _disk_bytes(tmp_path) == CHUNK
             assert cache.is_cached(obj, 0)
+
+    async def test_a_file_that_cannot_be_removed_stays_counted_when_its_new_copy_fails(
+        self, tmp_path, monkeypatch
+    ):
+        """The chunk of a file that could not be removed is fetched again, but writing its new
+        copy fails: the old file is still on disk, so it stays counted, and it is removed at
+        a later eviction once the filesystem lets it."""
+        body = os.urandom(3 * CHUNK)
+        store = await _store(obj=body)
+        stuck = _StuckFiles(monkeypatch)
+        async with _cache(store, tmp_path, max_bytes=2 * CHUNK, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", len(body))
+            await cache.read(obj, 0, 1)
+            await cache.idle()
+            stuck.names = {p.name for p in _files(tmp_path)}
+            with capture_logs():
+                cache.invalidate(obj, 0, 0)
+            real_write = cache_module._write_tmp
+
+            def failing_write(*args: object) -> object:
+                raise OSError(errno.EIO, "Input/output error")
+
+            monkeypatch.setattr(cache_module, "_write_tmp", failing_write)
+            with capture_logs() as logs:
+                assert body[3:9] == await cache.read(obj, 3, 6)
+                await cache.idle()
+            assert "read_cache_write_failed" in [e["event"] for e in logs]
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == CHUNK
+            monkeypatch.setattr(cache_module, "_write_tmp", real_write)
+            stuck.names = set()
+            for index in (1, 2):
+                await cache.read(obj, index * CHUNK, 1)
+                await cache.idle()
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == 2 * CHUNK
 
 
 class _RefusingOs:
