@@ -127,9 +127,11 @@ class KafkaSecurity:
         return kafka_client_options(KafkaConfig.model_validate(settings))
 
 
-# Kafka's JaasConfig tokenizes with Java's StreamTokenizer: " and ' both quote a value
+# Kafka's JaasConfig tokenizes with Java's StreamTokenizer: " and ' both quote a value, and a
+# bare word is a value too
 _JAAS_FIELD = re.compile(
-    r"""\b(username|password)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)')"""
+    r"""\b(username|password)\s*=\s*"""
+    r"""(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|([^\s;'"=]+))"""
 )
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -148,7 +150,8 @@ def kafka_security(options: Mapping[str, str]) -> KafkaSecurity:
     elif protocol.startswith("SASL_"):
         mechanism = "PLAIN"  # Kafka's default sasl.mechanism
     fields = {
-        match[1]: re.sub(r"\\(.)", r"\1", match[2] or match[3] or "")  # \" \' \\ are escapes
+        # a quoted value's \" \' \\ are escapes; a bare word is taken as it is
+        match[1]: match[4] or re.sub(r"\\(.)", r"\1", match[2] or match[3] or "")
         for match in _JAAS_FIELD.finditer(options.get("kafka.sasl.jaas.config", ""))
     }
     if protocol.startswith("SASL_") and not {"username", "password"} <= fields.keys():

@@ -55,6 +55,19 @@ class TestKafkaSecurity:
         )
         assert (security.username, security.password) == ("audit", "pa\"ss'word")
 
+    def test_bare_word_jaas_values(self):
+        """Kafka's JAAS parser takes an unquoted word as a value too."""
+        security = kafka_security(
+            {
+                "kafka.security.protocol": "SASL_PLAINTEXT",
+                "kafka.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.plain.PlainLoginModule required"
+                    " username=audit password=s3cr-et_$;"
+                ),
+            }
+        )
+        assert (security.username, security.password) == ("audit", "s3cr-et_$")
+
     def test_defaults_are_plaintext(self):
         """Without security options the source connects in plaintext, as before."""
         options = parse_options(
