@@ -388,7 +388,7 @@ class RemoteLogMetadataConfig(_Section):
         2,
         ge=1,
         validation_alias=_kafka_name("min_isr", "remote.log.metadata.topic.min.isr"),
-        description="remote.log.metadata.topic.min.isr (Kafka 4's default 2): the"
+        description="remote.log.metadata.topic.min.isr (Kafka 4.3's default 2): the"
         " min.insync.replicas the metadata topic is created with, at most replication_factor",
     )
 

@@ -3,7 +3,7 @@
 them: an idempotent producer with ``acks=all``, a null key, the value from ``serde.encode`` and the
 partition from ``metadata_partition`` (kafka-kip405-internals.md §1.1, §2.2, §2.5).
 
-``ensure_topic`` creates the topic with Kafka 4's configs (retention, delete policy, no tiering,
+``ensure_topic`` creates the topic with Kafka 4.3's configs (retention, delete policy, no tiering,
 ``min.insync.replicas``) when it is missing and refuses a topic whose
 partition count differs from the configured one. ``publish_and_wait`` waits, like TBRLMM's
 ``waitTillConsumptionCatchesUp``, until the tailer has applied the event to the local store, so a
@@ -118,7 +118,7 @@ class MetadataPublisher:
         self.num_partitions = num_partitions
         self.replication_factor = replication_factor
         self.retention_ms = retention_ms
-        #: the topic's min.insync.replicas at creation: Kafka 4's manager sets it (default 2),
+        #: the topic's min.insync.replicas at creation: Kafka 4.3's manager sets it (default 2),
         #: so an acks=all event is acknowledged only once two replicas hold it; at most the
         #: replication factor (one broker: 1), as the broker itself would count it
         self.min_isr = min(min_isr, replication_factor)

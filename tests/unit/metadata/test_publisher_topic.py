@@ -30,7 +30,7 @@ async def _created(**kwargs: Any) -> dict[str, str]:
 
 class TestCreatedTopic:
     async def test_kafkas_configs_and_two_replicas_to_acknowledge(self) -> None:
-        """As Kafka 4's metadata manager creates it: an event is acknowledged (acks=all) only
+        """As Kafka 4.3's metadata manager creates it: an event is acknowledged (acks=all) only
         once two replicas hold it, not the broker's default of one."""
         configs = await _created(replication_factor=3)
         assert configs == {
