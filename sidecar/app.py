@@ -325,7 +325,14 @@ class Daemon:
         self.metrics.segments_local_bytes.set(totals.bytes)
 
     async def _mark_ready_after_first_scan(self) -> None:
-        await self.detector.scanned.wait()
+        """Mark the log dirs scanned once the detector's first scan is done. A stop before
+        that (SIGTERM during startup) ends the detector without a scan: this ends with it,
+        or the task group would wait for it for ever."""
+        stopped = self._infra_stop
+        while not self.detector.scanned.is_set():
+            if stopped.is_set():
+                return
+            await wait_any(self.detector.scanned, stopped, within=60.0)
         self.readiness.set("log_dirs_scanned", True)
         self._freeze_before_uploads()
         self._poke_uploaders()
