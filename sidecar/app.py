@@ -137,6 +137,14 @@ def upload_throttle(config: SidecarConfig, metrics: Metrics) -> TokenBucket | No
     return bucket
 
 
+def _sample_tailer(metrics: Metrics, tailer: MetadataTailer) -> None:
+    """The tailer's gauges, computed at each scrape from what it already knows (no request),
+    on the event loop that changes it."""
+    metrics.sample_on_loop(metrics.metadata_store_lag, tailer.lag)
+    metrics.sample_on_loop(metrics.metadata_partitions_tracked, lambda: len(tailer.tracked))
+    metrics.sample_on_loop(metrics.metadata_partitions_stalled, lambda: len(tailer.stalled))
+
+
 class _LocalTotals:
     """Partitions, rolled and active segments and ``.log`` bytes over the detector's views,
     moved by each view that appears or goes; ``segments_visited`` counts the work.
@@ -508,10 +516,7 @@ class Daemon:
         )
         await tailer.start()
         resources.push_async_callback(tailer.aclose)
-        # computed at each scrape from what the tailer already knows (no request)
-        self.metrics.metadata_store_lag.set_function(tailer.lag)
-        self.metrics.metadata_partitions_tracked.set_function(lambda: len(tailer.tracked))
-        self.metrics.metadata_partitions_stalled.set_function(lambda: len(tailer.stalled))
+        _sample_tailer(self.metrics, tailer)
         publisher = MetadataPublisher(
             bootstrap_servers=bootstrap,
             broker_id=broker_id,

@@ -106,8 +106,10 @@ class HealthServer:
         return web.json_response(await self.status_provider())
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
-        # off the loop: with many topics a render takes tens of milliseconds (the metrics
-        # are locked per family, so the loop's updates meanwhile are safe)
+        # gauges read from the loop's state are set here, on the loop; the render is off
+        # the loop: with many topics it takes tens of milliseconds (the metrics are locked
+        # per family, so the loop's updates meanwhile are safe)
+        self._metrics.sample()
         body = await asyncio.to_thread(generate_latest, self._metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

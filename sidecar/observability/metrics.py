@@ -8,6 +8,7 @@ registry), so tests and several daemons in one process never collide.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -97,6 +98,8 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        #: gauges read from the event loop's state before each render (see ``sample_on_loop``)
+        self._sampled: list[tuple[Gauge, Callable[[], float]]] = []
         self.build_info = Info("build", "Sidecar version.", namespace=NAMESPACE, registry=r)
         self.event_loop_lag = Histogram(
             "event_loop_lag_seconds",
@@ -657,6 +660,20 @@ class Metrics:
             namespace=NAMESPACE,
             registry=r,
         )
+
+    def sample_on_loop(self, gauge: Gauge, read: Callable[[], float]) -> None:
+        """Set ``gauge`` to ``read()`` before each /metrics render, on the event loop.
+
+        Not ``Gauge.set_function``: that calls ``read`` during the render, which runs in a
+        worker thread, and ``read`` looks at what the loop changes meanwhile (a set of tracked
+        partitions, the Kafka consumer's fetch state): iterated from another thread, a set
+        that grows raises and the scrape fails."""
+        self._sampled.append((gauge, read))
+
+    def sample(self) -> None:
+        """Set every gauge given to :meth:`sample_on_loop` (on the event loop)."""
+        for gauge, read in self._sampled:
+            gauge.set(read())
 
     def forget_topic(self, topic: str) -> None:
         """Drop every series labelled with ``topic`` (a deleted topic's counters would

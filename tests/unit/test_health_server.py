@@ -1,6 +1,6 @@
 """The health server's /metrics is rendered off the event loop: with many topic series a
 render takes tens of milliseconds to seconds, which on the loop would stall uploads, reads
-and /healthz alike."""
+and /healthz alike. Gauges computed from state the loop owns are read on the loop."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from sidecar.app import _sample_tailer
 from sidecar.observability import health
 from sidecar.observability.health import HealthServer, Readiness
 from sidecar.observability.metrics import Metrics
@@ -46,6 +47,53 @@ async def test_the_loop_runs_while_metrics_render(monkeypatch: pytest.MonkeyPatc
         assert response.status == 200
         assert seen == [True]
         assert 'kafka_tiered_sidecar_segments_copied_total{topic="orders"} 3.0' in body
+    finally:
+        stopping.set()
+        await task
+
+
+class _Tailer:
+    """The tailer's state the gauges read, noting the thread that reads it."""
+
+    def __init__(self) -> None:
+        self.readers: set[int] = set()
+
+    def lag(self) -> int:
+        self.readers.add(threading.get_ident())
+        return 7
+
+    @property
+    def tracked(self) -> frozenset[int]:
+        self.readers.add(threading.get_ident())
+        return frozenset({1, 2})
+
+    @property
+    def stalled(self) -> frozenset[int]:
+        self.readers.add(threading.get_ident())
+        return frozenset({2})
+
+
+async def test_the_tailer_gauges_are_read_on_the_loop() -> None:
+    """The render thread must not iterate the tailer's sets while the loop changes them (a
+    set that grows meanwhile raises, and the scrape fails): they are read before it."""
+    metrics = Metrics()
+    tailer = _Tailer()
+    _sample_tailer(metrics, tailer)  # type: ignore[arg-type]
+    server = HealthServer(host="127.0.0.1", port=0, metrics=metrics, readiness=Readiness())
+    stopping = asyncio.Event()
+    task = asyncio.create_task(server.run(stopping))
+    try:
+        await server.started.wait()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.bound_port}/metrics") as response,
+        ):
+            body = await response.text()
+        assert response.status == 200
+        assert "kafka_tiered_sidecar_metadata_store_lag_records 7.0" in body
+        assert "kafka_tiered_sidecar_metadata_partitions_tracked 2.0" in body
+        assert "kafka_tiered_sidecar_metadata_partitions_stalled 1.0" in body
+        assert {threading.get_ident()} == tailer.readers
     finally:
         stopping.set()
         await task
