@@ -2,7 +2,9 @@
 
 * :func:`guard` wraps a root task: it logs the task's start and end, and turns an early return
   (before shutdown was requested) into :class:`RootTaskExitedError`, so the TaskGroup stops
-  everything and the process exits non-zero for Kubernetes or systemd to restart it.
+  everything and the process exits non-zero for Kubernetes or systemd to restart it. So does a
+  ``CancelledError`` the task was not sent (from a future it awaited), which a TaskGroup would
+  otherwise drop silently.
 * :func:`capture_signals`: the first SIGTERM/SIGINT only sets the ``stopping`` event (phased,
   graceful shutdown); a second one cancels the main task at once.
 * :func:`acquire_in_thread`: open a resource (a file, a descriptor) in a worker thread without
@@ -76,9 +78,18 @@ async def guard(coro: Coroutine[Any, Any, None], *, name: str, stopping: asyncio
     log.debug("task_started", task=name)
     try:
         await coro
-    except asyncio.CancelledError:
-        log.debug("task_cancelled", task=name)
-        raise
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if (task is not None and task.cancelling()) or stopping.is_set():
+            log.debug("task_cancelled", task=name)
+            raise
+        # a CancelledError from something it awaited, not a cancel of this task: a task
+        # group drops a task that ends so without a word, and the component would be gone
+        log.exception("task_failed", task=name, error="ended by a cancellation it was not sent")
+        stopping.set()
+        raise RootTaskExitedError(
+            f"root task {name!r} ended by a cancellation it was not sent"
+        ) from exc
     except Exception:
         log.exception("task_failed", task=name)
         stopping.set()

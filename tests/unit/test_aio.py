@@ -45,6 +45,40 @@ class TestGuard:
             await guard(fails(), name="failer", stopping=stopping)
         assert stopping.is_set()
 
+    async def test_a_cancellation_the_task_was_not_sent_is_an_error(self):
+        """A CancelledError from a future the root task awaited (cancelled by someone else)
+        ends the task as cancelled, which a TaskGroup drops without a word: the component
+        would be gone while the daemon runs on. It is an error that requests shutdown."""
+        stopping = asyncio.Event()
+
+        async def awaits_a_cancelled_future() -> None:
+            future = asyncio.get_running_loop().create_future()
+            future.cancel()
+            await future
+
+        with pytest.raises(ExceptionGroup) as caught:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(guard(awaits_a_cancelled_future(), name="reader", stopping=stopping))
+        assert [type(e) for e in caught.value.exceptions] == [RootTaskExitedError]
+        assert "reader" in str(caught.value.exceptions[0])
+        assert stopping.is_set()
+
+    async def test_a_cancelled_task_stays_cancelled(self):
+        """Cancelling the root task itself (the task group stopping) propagates as is."""
+        stopping = asyncio.Event()
+        started = asyncio.Event()
+
+        async def waits() -> None:
+            started.set()
+            await asyncio.Event().wait()
+
+        task = asyncio.create_task(guard(waits(), name="waiter", stopping=stopping))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not stopping.is_set()
+
 
 class TestCaptureSignals:
     async def test_first_sigterm_sets_the_event_second_cancels(self):
