@@ -26,14 +26,14 @@ async def create_topic(
         await admin.create_topics(
             [NewTopic(name, partitions, replication, topic_configs=configs or {})]
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             described = await admin.describe_topics([name])
             parts = described[0].get("partitions", []) if described else []
             if len(parts) == partitions and all(p.get("leader", -1) >= 0 for p in parts):
                 return
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"topic {name} has no leaders after 30 s")
+        raise TimeoutError(f"topic {name} has no leaders after 60 s")
     finally:
         await admin.close()
 

@@ -881,7 +881,7 @@ async def test_a_broker_with_another_rsm_gets_nothing_staged_and_is_named(
             samples = await metric_samples(broker.metrics_port)
             return sample(samples, "kafka_tiered_sidecar_broker_runs_plugin") == 0
 
-        await _poll(gauge_says_so, timeout=30, what="broker_runs_plugin 0")
+        await _poll(gauge_says_so, timeout=60, what="broker_runs_plugin 0")
         await _produce_values(bootstrap, topic_name, range(3000))  # about 6 segments
         partition_dir = broker.cluster.nodes[0].log_dir / f"{topic_name}-0"
         active = _active_base(partition_dir)

@@ -211,7 +211,7 @@ async def test_metrics_move_with_tiering_and_reads_and_readyz_follows_s3(
             status, body = await readyz(port)
             return status == 503 and body["checks"]["s3"] is False
 
-        await until(s3_not_ready, timeout=30, what="/readyz 503 for s3", sidecar=sidecar)
+        await until(s3_not_ready, timeout=60, what="/readyz 503 for s3", sidecar=sidecar)
         _, _, outage = await scrape(port)
         assert total(outage, "readiness_check", check="s3") == 0
         assert total(outage, "readiness_check", check="kafka") == 1
@@ -224,7 +224,7 @@ async def test_metrics_move_with_tiering_and_reads_and_readyz_follows_s3(
             status, body = await readyz(port)
             return status == 200 and body["ready"] is True
 
-        await until(ready, timeout=30, what="/readyz 200 after S3 is back", sidecar=sidecar)
+        await until(ready, timeout=60, what="/readyz 200 after S3 is back", sidecar=sidecar)
         _, _, back = await scrape(port)
         assert total(back, "readiness_check", check="s3") == 1
 

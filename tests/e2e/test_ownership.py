@@ -158,7 +158,7 @@ async def _delete_and_wait_empty(kafka: Any, s3: Any, sidecar: Sidecar, topic: s
     while bucket_keys(s3, prefix) or multipart_uploads(s3, prefix):
         assert time.monotonic() < deadline, f"{prefix} not emptied:\n{sidecar.tail()}"
         await sidecar.wait_for(
-            "retention_pass", count=len(sidecar.matching("retention_pass")) + 1, timeout=30
+            "retention_pass", count=len(sidecar.matching("retention_pass")) + 1, timeout=60
         )
 
 

@@ -144,7 +144,7 @@ async def _wait_deleted(
             what=f"{len(wanted)} segments deleted",
         )
         passes = len(sidecar.matching("retention_pass"))
-        await sidecar.wait_for("retention_pass", count=passes + 2, timeout=30)
+        await sidecar.wait_for("retention_pass", count=passes + 2, timeout=60)
         await log.read_to_end()
         states = log.final_states()
         deleted = {s for s, st in states.items() if st is DELETE_FINISHED}
@@ -166,7 +166,7 @@ async def _delete_topic_and_wait_empty(
     while bucket_keys(s3, prefix) or multipart_uploads(s3, prefix):
         assert time.monotonic() < deadline, f"{prefix} not emptied:\n{sidecar.tail()}"
         await sidecar.wait_for(
-            "retention_pass", count=len(sidecar.matching("retention_pass")) + 1, timeout=30
+            "retention_pass", count=len(sidecar.matching("retention_pass")) + 1, timeout=60
         )
 
 

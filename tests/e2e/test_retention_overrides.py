@@ -122,7 +122,7 @@ class TestRemoteRetentionOverride:
 
             # two retention passes that saw the moved log start delete nothing remote
             passes = len(sidecar.matching("retention_pass"))
-            await sidecar.wait_for("retention_pass", count=passes + 2, timeout=30)
+            await sidecar.wait_for("retention_pass", count=passes + 2, timeout=60)
             assert sidecar.matching("remote_segment_deleted") == []
             assert set(bucket_keys(s3, s3_prefix)) == expected_keys(s3_prefix, finished)
             async with MetadataTopic(bootstrap, f"__rlm_{topic_name}", tmp_path / "m2") as log:

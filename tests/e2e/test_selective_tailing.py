@@ -338,7 +338,7 @@ class TestSelectiveTailing:
             assert served == await _consumed(bootstrap, topic_name, far[0], end)
             # logged before the read was answered; read from the process as it comes
             await sidecars[bystander].wait_for(
-                "metadata_partition_read_for_a_read", timeout=30, topic=topic_name
+                "metadata_partition_read_for_a_read", timeout=60, topic=topic_name
             )
 
             # the scrub: the coordinator's only, and it deletes an orphan

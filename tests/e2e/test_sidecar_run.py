@@ -164,8 +164,8 @@ async def test_run_sees_partitions_and_rolls(kafka, s3, topic_name, s3_prefix, t
         assert ready["end_offset"] >= 900
 
         proc.send_signal(signal.SIGTERM)
-        await sidecar.next_event("sidecar_stopped", timeout=30)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        await sidecar.next_event("sidecar_stopped", timeout=60)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
         await sidecar.drain()
     finally:
         if proc.returncode is None:

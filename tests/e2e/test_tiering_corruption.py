@@ -180,7 +180,7 @@ class TestCorruptSegment:
             assert code == 0, out
             await sidecar.wait_for("quarantine_reloaded")
             await sidecar.wait_for(
-                "segment_quarantined", count=2, topic=topic_name, partition=1, timeout=30
+                "segment_quarantined", count=2, topic=topic_name, partition=1, timeout=60
             )
             # repaired and cleared: tiered
             _flip_byte(bad1.log_path, 200)
@@ -192,7 +192,7 @@ class TestCorruptSegment:
                 topic=topic_name,
                 partition=1,
                 base_offset=bad1.base_offset,
-                timeout=30,
+                timeout=60,
             )
             samples = await metric_samples(port)
             assert sample(samples, QUARANTINED) == 1
@@ -300,9 +300,9 @@ async def _delete_only(bootstrap: str, topic: str) -> None:
     await admin.start()
     try:
         await admin.delete_topics([topic])
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while topic in set(await admin.list_topics()):  # Kafka has no event for it: poll
-            assert time.monotonic() < deadline, f"{topic} still listed 30 s after its deletion"
+            assert time.monotonic() < deadline, f"{topic} still listed 60 s after its deletion"
             await asyncio.sleep(0.1)
     finally:
         await admin.close()
@@ -339,7 +339,7 @@ class TestRecreatedTopic:
                 lambda: (
                     _topic_id(kafka.log_dir / f"{topic_name}-0") not in (None, old_tip.topic_id)
                 ),
-                timeout=30,
+                timeout=60,
                 what="the re-created partition's directory with its new topic id",
             )
             await produce(bootstrap, topic_name, count=2200, partition=0)

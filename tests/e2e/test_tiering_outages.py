@@ -85,7 +85,7 @@ async def _check_converged(
             lambda: (
                 not topic_log.store.unfinished_copies() and not topic_log.store.unfinished_deletes()
             ),
-            timeout=30,
+            timeout=60,
             what="no unfinished copy or delete",
         )
         await topic_log.read_to_end()
@@ -148,11 +148,11 @@ class TestS3Outage:
             await asyncio.to_thread(s3.stop)
             s3_stopped = True
             await _produce_all(bootstrap, topic_name, count=2300)  # more rolls, not tierable
-            unreachable = await sidecar.wait_for("s3_unreachable", timeout=30)
+            unreachable = await sidecar.wait_for("s3_unreachable", timeout=60)
             assert unreachable[0]["error"]
-            not_ready = await sidecar.wait_for("sidecar_not_ready", timeout=30)
+            not_ready = await sidecar.wait_for("sidecar_not_ready", timeout=60)
             assert "s3" in not_ready[0]["failing"]
-            await sidecar.wait_for("tiering_paused", timeout=30)
+            await sidecar.wait_for("tiering_paused", timeout=60)
             status, body = await readyz(port)
             assert status == 503
             assert body["ready"] is False
@@ -174,9 +174,9 @@ class TestS3Outage:
 
             await asyncio.to_thread(s3.start)
             s3_stopped = False
-            await sidecar.wait_for("s3_reachable", timeout=30)
-            await sidecar.wait_for("sidecar_ready", count=2, timeout=30)
-            await sidecar.wait_for("tiering_resumed", timeout=30)
+            await sidecar.wait_for("s3_reachable", timeout=60)
+            await sidecar.wait_for("sidecar_ready", count=2, timeout=60)
+            await sidecar.wait_for("tiering_resumed", timeout=60)
             # nothing was finished while S3 was known to be down
             names = [e.get("event") for e in sidecar.events]
             outage = names[names.index("tiering_paused") : names.index("tiering_resumed")]

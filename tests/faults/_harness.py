@@ -41,13 +41,13 @@ class FaultProxy:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not ready.exists():
             if self.proc.poll() is not None:
                 raise RuntimeError(f"fault proxy exited: {self.log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError("fault proxy did not start within 30 s")
+                raise RuntimeError("fault proxy did not start within 60 s")
             time.sleep(0.05)
         ports = json.loads(ready.read_text())
         self.port: int = ports["port"]

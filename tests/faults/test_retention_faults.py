@@ -55,7 +55,7 @@ async def test_retention_under_failing_deletes_keeps_what_it_must_and_resumes(
         async with MetadataTopic(bootstrap, f"__rlm_{topic_name}", tmp_path / "m1") as topic_log:
             await topic_log.wait_until(
                 lambda: DELETE_STARTED in topic_log.final_states().values(),
-                timeout=30,
+                timeout=60,
                 what="a delete started",
             )
             await topic_log.read_to_end()

@@ -95,7 +95,7 @@ async def test_other_users_and_hostile_requests_are_refused(
     sidecar = await Sidecar.start(run.config, sidecar_env(s3), tmp_path / "sidecar.log")
     try:
         await wait_all_tiered([sidecar], segments, timeout=120)
-        await sidecar.wait_for("read_server_listening", timeout=30)
+        await sidecar.wait_for("read_server_listening", timeout=60)
         assert stat.S_IMODE(socket_path.stat().st_mode) == 0o660
         nobody = subprocess.run(
             [

@@ -69,7 +69,7 @@ class TestClusterWatcher:
             await producer.commit_transaction()
             # the five records and the commit marker, which the coordinator writes after the
             # commit returns (no event for it: asked again until it is there)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while await watcher.fetch_lso(topic_name, 0) != 48:
                 assert time.monotonic() < deadline, "the LSO did not pass the commit"
                 await asyncio.sleep(0.1)
@@ -92,7 +92,7 @@ class TestClusterWatcher:
             _admin, consumer = await watcher._clients()
             assert consumer._client._topics == {topic_name}
             await delete_topic(kafka.bootstrap_servers, topic_name)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while (topic_name, 0) in (await watcher.refresh()).leaders:  # until brokers know
                 assert time.monotonic() < deadline, "the deleted topic is still in the metadata"
                 await asyncio.sleep(0.2)

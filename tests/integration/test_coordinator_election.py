@@ -23,7 +23,7 @@ class _Running:
 
     async def stop(self) -> None:
         self.stopping.set()
-        await asyncio.wait_for(self.task, 30)
+        await asyncio.wait_for(self.task, 60)
 
 
 @contextlib.asynccontextmanager

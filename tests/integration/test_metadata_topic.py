@@ -336,7 +336,7 @@ class TestReadBack:
         await publisher.publish(segment)
         await publisher.publish(update(segment, FINISHED))
         async with tailing(kafka, metadata_topic, tmp_path, {1, 4}) as (tailer, store):
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(60):
                 await tailer.wait_caught_up()
             assert tailer.caught_up(1)  # empty partition: caught up at assignment
             assert store.segment(segment.segment_id).state == FINISHED
@@ -720,13 +720,13 @@ class TestScopes:
             extra = copy_started(later, 1000, 1099)
             await publisher.publish(extra)
             await publisher.publish(copy_started(other, 1000, 1099))
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(60):
                 while store.segment(extra.segment_id) is None:
                     await asyncio.sleep(0.05)
             assert other not in store.partitions()
 
             tailer.narrow([later])
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(60):
                 while mine in store.partitions():
                     await asyncio.sleep(0.05)
             assert store.scopes()[1] == frozenset({(later.topic_id, later.partition)})
@@ -738,7 +738,7 @@ class TestScopes:
             await publisher.publish(copy_started(mine, 5000, 5099))
             marker = copy_started(later, 5000, 5099)
             await publisher.publish(marker)
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(60):
                 while store.segment(marker.segment_id) is None:
                     await asyncio.sleep(0.05)
             assert mine not in store.partitions()

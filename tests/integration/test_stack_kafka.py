@@ -23,7 +23,7 @@ class TestSingleBroker:
         assert offsets == list(range(3000))
 
         partition_dir = kafka.log_dir / f"{topic_name}-0"
-        wait_for(lambda: len(segment_files(partition_dir)) >= 3, timeout=30, what="3 segments")
+        wait_for(lambda: len(segment_files(partition_dir)) >= 3, timeout=60, what="3 segments")
         logs = segment_files(partition_dir)
         bases = [int(p.stem) for p in logs]
         assert bases[0] == 0
