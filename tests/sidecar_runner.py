@@ -240,7 +240,11 @@ async def read_server(
     finally:
         if proc.returncode is None:
             proc.terminate()
-        await proc.wait()
+        try:
+            await asyncio.wait_for(proc.wait(), 60)
+        except TimeoutError:  # stuck on SIGTERM: never leave it running
+            proc.kill()
+            await proc.wait()
         if drain is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(drain), 10)
