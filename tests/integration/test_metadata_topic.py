@@ -315,7 +315,8 @@ class TestReadBack:
             await publisher.publish_and_wait(update(segment, FINISHED))
             assert tailer.records_fetched == 2
         async with tailing(kafka, metadata_topic, tmp_path, {2}) as (tailer, store):
-            await tailer.wait_caught_up()
+            async with asyncio.timeout(60):
+                await tailer.wait_caught_up()
             assert tailer.caught_up(2)
             assert tailer.records_fetched == 0
             assert store.counters().applied == 2
