@@ -30,8 +30,9 @@ ERRORS = {
     "request_timeout": "RequestTimeout",
     "blackhole": "timed out",
 }
-#: a request that stays unanswered is abandoned after this
-TIMEOUT_S = 2.0
+#: a request that stays unanswered is abandoned after this: far above the latency fault's
+#: 0.5 s, so a slow fault on a loaded machine never becomes a timeout and a retry
+TIMEOUT_S = 5.0
 #: the storage retry policy of the daemon (sidecar.storage._retry defaults)
 ATTEMPTS, BASE_S, MAX_S = 4, 0.1, 5.0
 
