@@ -19,6 +19,24 @@ from sidecar.observability.metrics import Metrics
 pytestmark = pytest.mark.timeout(60)
 
 
+async def _scrape(metrics: Metrics) -> str:
+    """One GET of /metrics from a health server serving ``metrics`` (200 expected)."""
+    server = HealthServer(host="127.0.0.1", port=0, metrics=metrics, readiness=Readiness())
+    stopping = asyncio.Event()
+    task = asyncio.create_task(server.run(stopping))
+    try:
+        await server.started.wait()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.bound_port}/metrics") as response,
+        ):
+            assert response.status == 200
+            return await response.text()
+    finally:
+        stopping.set()
+        await task
+
+
 async def test_the_loop_runs_while_metrics_render(monkeypatch: pytest.MonkeyPatch) -> None:
     loop = asyncio.get_running_loop()
     loop_ran = threading.Event()
@@ -34,22 +52,9 @@ async def test_the_loop_runs_while_metrics_render(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(health, "generate_latest", slow_render)
     metrics = Metrics()
     metrics.segments_copied.labels("orders").inc(3)
-    server = HealthServer(host="127.0.0.1", port=0, metrics=metrics, readiness=Readiness())
-    stopping = asyncio.Event()
-    task = asyncio.create_task(server.run(stopping))
-    try:
-        await server.started.wait()
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{server.bound_port}/metrics") as response,
-        ):
-            body = await response.text()
-        assert response.status == 200
-        assert seen == [True]
-        assert 'kafka_tiered_sidecar_segments_copied_total{topic="orders"} 3.0' in body
-    finally:
-        stopping.set()
-        await task
+    body = await _scrape(metrics)
+    assert seen == [True]
+    assert 'kafka_tiered_sidecar_segments_copied_total{topic="orders"} 3.0' in body
 
 
 class _Tailer:
@@ -79,21 +84,8 @@ async def test_the_tailer_gauges_are_read_on_the_loop() -> None:
     metrics = Metrics()
     tailer = _Tailer()
     _sample_tailer(metrics, tailer)  # type: ignore[arg-type]
-    server = HealthServer(host="127.0.0.1", port=0, metrics=metrics, readiness=Readiness())
-    stopping = asyncio.Event()
-    task = asyncio.create_task(server.run(stopping))
-    try:
-        await server.started.wait()
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(f"http://127.0.0.1:{server.bound_port}/metrics") as response,
-        ):
-            body = await response.text()
-        assert response.status == 200
-        assert "kafka_tiered_sidecar_metadata_store_lag_records 7.0" in body
-        assert "kafka_tiered_sidecar_metadata_partitions_tracked 2.0" in body
-        assert "kafka_tiered_sidecar_metadata_partitions_stalled 1.0" in body
-        assert {threading.get_ident()} == tailer.readers
-    finally:
-        stopping.set()
-        await task
+    body = await _scrape(metrics)
+    assert "kafka_tiered_sidecar_metadata_store_lag_records 7.0" in body
+    assert "kafka_tiered_sidecar_metadata_partitions_tracked 2.0" in body
+    assert "kafka_tiered_sidecar_metadata_partitions_stalled 1.0" in body
+    assert {threading.get_ident()} == tailer.readers
