@@ -39,6 +39,33 @@ TP = TopicIdPartition(uuid.UUID(int=7), "bench", 0)
 T = TypeVar("T")
 
 
+def finished_copy(
+    tp: TopicIdPartition, start: int, epoch: int = 0
+) -> tuple[SegmentMetadata, SegmentMetadataUpdate]:
+    """COPY_SEGMENT_STARTED and FINISHED of one segment of ``SEGMENT_RECORDS`` records from
+    ``start``, in leader epoch ``epoch``, under a new random segment id."""
+    segment_id = RemoteLogSegmentId(tp, uuid.uuid4())
+    return (
+        SegmentMetadata(
+            segment_id=segment_id,
+            start_offset=start,
+            end_offset=start + SEGMENT_RECORDS - 1,
+            broker_id=1,
+            max_timestamp_ms=start,
+            event_timestamp_ms=1,
+            segment_leader_epochs=((epoch, start),),
+            segment_size_in_bytes=1 << 20,
+            state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
+        ),
+        SegmentMetadataUpdate(
+            segment_id=segment_id,
+            event_timestamp_ms=2,
+            state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+            broker_id=1,
+        ),
+    )
+
+
 def _history(segments: int, epochs: int) -> tuple[list[RemoteLogMetadata], list[tuple[int, int]]]:
     events: list[RemoteLogMetadata] = []
     per_epoch = max(1, segments // epochs)
@@ -48,28 +75,7 @@ def _history(segments: int, epochs: int) -> tuple[list[RemoteLogMetadata], list[
         start = n * SEGMENT_RECORDS
         if not lineage or lineage[-1][0] != epoch:
             lineage.append((epoch, start))
-        segment_id = RemoteLogSegmentId(TP, uuid.UUID(int=n + 1))
-        events.append(
-            SegmentMetadata(
-                segment_id=segment_id,
-                start_offset=start,
-                end_offset=start + SEGMENT_RECORDS - 1,
-                broker_id=1,
-                max_timestamp_ms=start,
-                event_timestamp_ms=1,
-                segment_leader_epochs=((epoch, start),),
-                segment_size_in_bytes=1 << 20,
-                state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
-            )
-        )
-        events.append(
-            SegmentMetadataUpdate(
-                segment_id=segment_id,
-                event_timestamp_ms=2,
-                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-                broker_id=1,
-            )
-        )
+        events.extend(finished_copy(TP, start, epoch))
     return events, lineage
 
 

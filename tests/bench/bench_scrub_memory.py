@@ -24,46 +24,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from sidecar.metadata import (
     RemoteLogMetadata,
-    RemoteLogSegmentId,
     RemoteLogSegmentState,
     RemoteSegmentStore,
-    SegmentMetadata,
-    SegmentMetadataUpdate,
     TopicIdPartition,
 )
 from sidecar.retention.scrub import _live_segments
-
-SEGMENT_RECORDS = 1000
+from tests.bench.bench_coverage import SEGMENT_RECORDS, finished_copy
 
 
 def _events(segments: int, partitions: int) -> list[RemoteLogMetadata]:
     tps = [TopicIdPartition(uuid.UUID(int=p + 1), "bench", p) for p in range(partitions)]
     events: list[RemoteLogMetadata] = []
     for n in range(segments):
-        tp = tps[n % partitions]
-        start = (n // partitions) * SEGMENT_RECORDS
-        segment_id = RemoteLogSegmentId(tp, uuid.uuid4())
-        events.append(
-            SegmentMetadata(
-                segment_id=segment_id,
-                start_offset=start,
-                end_offset=start + SEGMENT_RECORDS - 1,
-                broker_id=1,
-                max_timestamp_ms=start,
-                event_timestamp_ms=1,
-                segment_leader_epochs=((0, start),),
-                segment_size_in_bytes=1 << 20,
-                state=RemoteLogSegmentState.COPY_SEGMENT_STARTED,
-            )
-        )
-        events.append(
-            SegmentMetadataUpdate(
-                segment_id=segment_id,
-                event_timestamp_ms=2,
-                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-                broker_id=1,
-            )
-        )
+        events.extend(finished_copy(tps[n % partitions], (n // partitions) * SEGMENT_RECORDS))
     return events
 
 
