@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -357,6 +358,22 @@ class TestS3RangedGets:
                 with pytest.raises(InvalidRangeError):
                     await store.get_range(key, len(data), len(data) + 9)
         assert s3_store.raw_range_gets  # nothing sent it back to botocore
+        await s3_store.delete([key])
+
+    async def test_an_endpoint_written_with_capitals_reads_through_the_raw_client(
+        self, s3: Any, s3_store: S3ObjectStore, s3_prefix: str
+    ) -> None:
+        """With the endpoint written ``http://LocalHost:<port>``, botocore signs the host in
+        lower case; SeaweedFS checks the signature against the Host header it receives, so
+        the raw client's ranged GETs are accepted only when they send the host as signed."""
+        port = urlsplit(s3.endpoint).port
+        data = _payload(100_000)
+        key = f"{s3_prefix}capitals.log"
+        await s3_store.put(key, data)
+        async with _s3_store(s3, endpoint_url=f"http://LocalHost:{port}", max_attempts=1) as store:
+            assert store.raw_range_gets
+            assert bytes(await store.get_range(key, 10, 60_009)) == data[10:60_010]
+            assert store.raw_range_gets  # not sent back to botocore
         await s3_store.delete([key])
 
 
