@@ -1,11 +1,13 @@
 """The read server against the real S3 server (SeaweedFS): every offset, byte range and index
 read through the Unix socket equals what was tiered; a warm read sends no GET; during an S3
-outage cached data is still served and the rest is a clean 503."""
+outage cached data is still served and the rest is a clean 503. A second read server process
+on the same cache dir stops at start and leaves the first one's files alone."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,8 @@ from sidecar.readserver import (
 )
 from sidecar.storage.manifest import IndexKind
 from sidecar.storage.s3 import S3ObjectStore
+from tests.helpers import wait_for
+from tests.sidecar_runner import read_server, sidecar_env
 from tests.unit.readserver._tiered import LAYOUT, Remote, data_batches, three_segments
 
 pytestmark = pytest.mark.integration
@@ -236,3 +240,95 @@ async def test_a_cache_smaller_than_the_data_serves_every_byte(s3, tmp_path, mon
         assert metrics.read_cache_evictions._value.get() > 0
         assert modes[:4] == [True] * 4  # filling: four chunks fit the budget
         assert False in modes  # at the budget
+
+
+def _bytes_of(path: Path) -> bytes | None:
+    """A file's bytes, None when it is gone."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+async def test_a_second_process_on_the_cache_dir_exits_and_the_first_keeps_serving(
+    s3: Any, tmp_path: Path
+) -> None:
+    """Two read server processes given the same cache_dir: the second, with a budget below
+    what the first has cached, stops at start with exit code 2 and a message naming the
+    directory, before it lists, evicts or removes anything there; the first keeps serving,
+    and every chunk file it had written is still there, byte for byte."""
+    async with _tiered(s3, tmp_path) as (_, remote):
+        offset = 0
+        for _ in range(3):  # three segments of about 600 KiB: more than the second's budget
+            segment = await remote.upload(offset, data_batches(offset, 400))
+            offset = segment.end_offset + 1
+        config = tmp_path / "read.toml"
+        config.write_text(
+            f'state_dir = "{tmp_path / "state"}"\n'
+            f'[s3]\nendpoint_url = "{s3.endpoint}"\nbucket = "{s3.bucket}"\n'
+            f'prefix = "{LAYOUT.prefix}"\n'
+            f"[read_server]\nchunk_size_bytes = {64 * 1024}\n"
+        )
+        env = sidecar_env(s3)  # the credentials; JSON logs
+        cache = tmp_path / "cache-first"  # where read_server() puts the first one's cache
+        async with read_server(tmp_path, config, env, "first") as (socket_path, _):
+            async with ReadClient(socket_path=socket_path) as client:
+                for segment in remote.segments:
+                    sid = encode_kafka_uuid(segment.segment_id.id)
+                    assert (
+                        await client.segment_log("orders", 0, sid)
+                        == remote.logs[segment.segment_id.id]
+                    )
+            # the chunks are written behind the reads; a file has its final name once whole
+            logs = sum(len(log) for log in remote.logs.values())
+            assert logs > 1024 * 1024  # the second one's budget
+            await asyncio.to_thread(
+                wait_for,
+                lambda: sum(p.stat().st_size for p in cache.rglob("*.chunk")) >= logs,
+                timeout=60,
+                what="the first server's chunk files",
+            )
+            written = {p: p.read_bytes() for p in cache.rglob("*.chunk")}
+
+            second = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "sidecar.readserver",
+                "--config",
+                str(config),
+                "--set",
+                f"read_server.socket_path={tmp_path / 'second.sock'}",
+                "--set",
+                f"read_server.cache_dir={cache}",
+                "--set",
+                f"read_server.cache_size_bytes={1024 * 1024}",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+            )
+            assert second.stderr is not None
+            lines: list[bytes] = []
+            try:
+                # its log and error go to stderr: read until it ends, or until it listens
+                while line := await asyncio.wait_for(second.stderr.readline(), 60):
+                    lines.append(line)
+                    assert b"read_server_listening" not in line, "the second server started"
+                code = await asyncio.wait_for(second.wait(), 60)
+            finally:
+                if second.returncode is None:
+                    second.kill()
+                    await second.wait()
+            stderr = b"".join(lines).decode()
+            assert code == 2, stderr
+            assert f"sidecar.readserver: error: read_server.cache_dir {cache}:" in stderr
+            assert "another process" in stderr
+
+            changed = [p.name for p, data in written.items() if _bytes_of(p) != data]
+            assert changed == [], "chunk files of the first server removed or changed"
+            async with ReadClient(socket_path=socket_path) as client:
+                for segment in remote.segments:
+                    sid = encode_kafka_uuid(segment.segment_id.id)
+                    assert (
+                        await client.segment_log("orders", 0, sid)
+                        == remote.logs[segment.segment_id.id]
+                    )
