@@ -5,10 +5,11 @@
   the orphan scrub over the configured prefix with the configured grace periods. It only
   reports what it would delete unless given ``--execute``. The daemon runs the same scrub
   periodically. Unless the
-  metadata topic's ``retention.ms`` and ``retention.bytes`` are -1 (DescribeConfigs), a real
-  scrub is refused (exit 1, nothing deleted); a dry run warns and still reports. A prefix whose
-  ownership marker is missing or names another cluster (or metadata topic) is refused, dry run
-  or not (exit 1): the scrub never judges another cluster's objects.
+  metadata topic's ``retention.ms`` and ``retention.bytes`` are -1 (DescribeConfigs), the scrub
+  is refused for everything the metadata decides: it lists those keys as kept and removes only
+  staged segments past the grace period (a real scrub then exits 1; a dry run warns). A prefix
+  whose ownership marker is missing or names another cluster (or metadata topic) is refused
+  whole, dry run or not (exit 1): the scrub never judges another cluster's objects.
 * ``delete-partition`` publishes DELETE_PARTITION_MARKED for one partition (the topic id comes
   from the cluster, or ``--topic-id`` for a topic that no longer exists). The running sidecar of
   the broker that leads the partition's metadata partition then deletes every remote segment
@@ -129,30 +130,43 @@ def scrub_command(
     out: TextIO,
     log_level: str = "WARNING",
 ) -> int:
-    """Run one scrub; print the report. Exit 0."""
+    """Run one scrub; print the report. Exit 0, or 1 when a real scrub was refused for all but
+    staged segments (what it removed is printed all the same)."""
     _log_to_stderr(config, level=log_level)
     with tempfile.TemporaryDirectory(prefix="sidecar-scrub-") as tmp:
         report = asyncio.run(_scrub(config, dry_run=dry_run, state_dir=Path(tmp)))
+    status = 1 if report.refused is not None and not dry_run else 0
     if as_json:
         print(json.dumps(report.to_json(), indent=2), file=out)
-        return 0
+        return status
     verb = "would delete" if dry_run else "deleted"
     if report.refused is not None:
-        print(f"WARNING: a real scrub would be refused: {report.refused}", file=out)
+        print(f"WARNING: refused for all but staged segments: {report.refused}", file=out)
     for key in report.orphans:
         print(f"{verb} {key}", file=out)
     for key, _upload_id in report.aborted_uploads:
         print(f"{'would abort' if dry_run else 'aborted'} upload {key}", file=out)
+    for key in report.withheld:
+        print(f"kept (refused) {key}", file=out)
+    for key, _upload_id in report.withheld_uploads:
+        print(f"kept (refused) upload {key}", file=out)
     print(
         f"{report.objects_listed} objects listed, {report.referenced} referenced,"
         f" {len(report.orphans)} orphans {verb}, {report.young_orphans} orphans within the grace"
         f" period, {report.foreign} foreign keys, {report.not_ours} keys of other clusters;"
         f" {report.uploads_listed} incomplete uploads,"
         f" {len(report.aborted_uploads)} {'to abort' if dry_run else 'aborted'}"
-        f" ({report.seconds:.3f} s)",
+        f"{_kept(report)} ({report.seconds:.3f} s)",
         file=out,
     )
-    return 0
+    return status
+
+
+def _kept(report: ScrubReport) -> str:
+    """The summary's note on what a refusal kept (empty when nothing was refused)."""
+    if report.refused is None:
+        return ""
+    return f"; {len(report.withheld)} orphans and {len(report.withheld_uploads)} uploads kept"
 
 
 async def _plan(

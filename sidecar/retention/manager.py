@@ -31,7 +31,8 @@ Every ``interval_s`` (Kafka's ``remote.log.manager.task.interval.ms``, 30 s by d
    the log-dir detector's callback; the check itself runs in the pass).
 5. **Orphan scrub** every ``scrub_interval_s``, once every metadata partition is read, and
    only while the metadata topic keeps every record (``retention.ms`` and ``retention.bytes``
-   -1 in DescribeConfigs): otherwise it is refused (``scrub_runs_total{outcome="refused"}``).
+   -1 in DescribeConfigs): otherwise it is refused (``scrub_runs_total{outcome="refused"}``)
+   for everything but staged segments, which never depend on the metadata.
 
 Who runs the cluster-wide duties (1, 2 and 5) depends on ``remote_log_metadata.tailing``:
 
@@ -961,7 +962,12 @@ class RetentionManager:
         if report.stopped:
             self._metrics.scrub_runs.labels("stopped").inc()
             return
-        self._metrics.scrub_runs.labels("ok").inc()
+        if report.refused is not None:
+            # only staged segments went: the rest waits for a metadata topic that keeps all
+            self._metrics.scrub_runs.labels("refused").inc()
+            self._metrics.retention_errors.labels(UnsafeScrubError.__name__).inc()
+        else:
+            self._metrics.scrub_runs.labels("ok").inc()
         if not report.dry_run:
             self._metrics.scrub_deleted_objects.inc(len(report.orphans))
             self._metrics.scrub_aborted_uploads.inc(len(report.aborted_uploads))

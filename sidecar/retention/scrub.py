@@ -2,7 +2,7 @@
 
 The scrub runs only on a prefix whose ownership marker (:mod:`sidecar.storage.ownership`)
 names this cluster and metadata topic; a missing, unreadable or foreign marker refuses it
-(:class:`UnsafeScrubError`, dry runs included), before anything is listed.
+whole (:class:`UnsafeScrubError`, dry runs included), before anything is listed.
 
 One walk of the bucket under the sidecar's prefix (ListObjectsV2, 1000 keys a page) is compared
 with the metadata store:
@@ -47,8 +47,11 @@ A store that found records deleted before it first read them (a former retention
 DeleteRecords) says so (:meth:`RemoteSegmentStore.history_gaps`) and the scrub is refused.
 The caller checks the topic's ``retention.ms`` and ``retention.bytes`` (DescribeConfigs; both
 must be -1) and ``cleanup.policy`` (no compaction), :func:`metadata_retention_problem`, and
-passes what is wrong as ``unsafe``: a real scrub then raises :class:`UnsafeScrubError` before
-listing anything; a dry run reports it (``refused``) and still lists what it would delete.
+passes what is wrong as ``unsafe``. The refusal then covers every decision that reads the
+metadata: those orphans and uploads are reported as ``withheld`` (``refused`` says why) and
+left alone. Staged segments and their uploads are still removed past their grace periods: they
+are judged by their key and age only, and the broker's file stays on its disk until a copy call
+finishes, so removing one never loses data whatever the metadata lacks.
 """
 
 from __future__ import annotations
@@ -85,8 +88,9 @@ log = get_logger(__name__)
 
 
 class UnsafeScrubError(SidecarError):
-    """Deleting is unsafe: the metadata topic may have lost records (a scrub could delete
-    referenced objects), or the prefix's ownership marker is missing or another cluster's."""
+    """Deleting anything is unsafe: the prefix's ownership marker is missing or another
+    cluster's. (A metadata topic that may have lost records withholds only what the metadata
+    decides: :attr:`ScrubReport.refused`.)"""
 
 
 def metadata_retention_problem(topic: str, config: TopicConfig | None) -> str | None:
@@ -151,8 +155,13 @@ class ScrubReport:
     seconds: float = 0.0
     #: the daemon stopped during the listing: nothing was deleted or aborted
     stopped: bool = False
-    #: why deleting is refused (metadata topic retention), None when it is not
+    #: why deleting what the metadata decides is refused (the metadata topic may have lost
+    #: records), None when it is not; staged segments are scrubbed all the same
     refused: str | None = None
+    #: orphans by the store's view that the refusal keeps (they may be live segments' objects)
+    withheld: list[str] = field(default_factory=list)
+    #: (key, upload id) of incomplete multipart uploads the refusal keeps
+    withheld_uploads: list[tuple[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary (keys included)."""
@@ -173,6 +182,9 @@ class ScrubReport:
             "uploads_in_flight": self.uploads_in_flight,
             "seconds": round(self.seconds, 3),
             "refused": self.refused,
+            "withheld": len(self.withheld),
+            "withheld_keys": self.withheld,
+            "withheld_uploads": [{"key": k, "upload_id": u} for k, u in self.withheld_uploads],
         }
 
 
@@ -258,9 +270,10 @@ class OrphanScrubber:
     ) -> ScrubReport:
         """One full scrub of the layout's prefix. ``unsafe``: why the metadata topic cannot be
         trusted (:func:`metadata_retention_problem`; the store's own history gaps count too,
-        :meth:`RemoteSegmentStore.history_gaps`); a real scrub then raises
-        :class:`UnsafeScrubError` and deletes nothing, a dry run reports it. A prefix whose
-        ownership marker is not ours raises :class:`UnsafeScrubError`, dry run or not.
+        :meth:`RemoteSegmentStore.history_gaps`); the scrub then removes only staged segments
+        (and their uploads) past their grace periods, and reports the rest as withheld with
+        ``refused`` set, dry run or not. A prefix whose ownership marker is not ours raises
+        :class:`UnsafeScrubError`, dry run or not, before anything is listed.
         ``stop`` set during the listing (a listing of a million keys takes minutes) ends the
         scrub there, with nothing deleted: the report says ``stopped``."""
         prefix = self._layout.prefix
@@ -288,9 +301,8 @@ class OrphanScrubber:
                 " would look unreferenced; the scrub cannot be trusted with this topic"
             )
         if unsafe is not None:
-            log.error("scrub_refused", dry_run=dry_run, reason=unsafe)
-            if not dry_run:
-                raise UnsafeScrubError(f"orphan scrub refused: {unsafe}")
+            # staged segments do not depend on the metadata: the scrub goes on for them
+            log.error("scrub_refused", dry_run=dry_run, reason=unsafe, staged_only=True)
         started = time.monotonic()
         report = ScrubReport(dry_run=dry_run, refused=unsafe)
         now = self._now()
@@ -355,7 +367,9 @@ class OrphanScrubber:
             staged_orphans = kept_staged
             log.info("scrub_skips_other_owners", prefixes=sorted(others)[:20])
         report.orphans.extend(staged_orphans)
-        if candidates:
+        if unsafe is not None:
+            report.withheld = [key for key, _segment_id in candidates]
+        elif candidates:
             # a copy may have started while we listed: look at the store once more (the
             # first look dropped first: never both in memory)
             live.clear()
@@ -392,6 +406,9 @@ class OrphanScrubber:
             if not old_enough:
                 report.young_uploads += 1
                 continue
+            if unsafe is not None:
+                report.withheld_uploads.append((upload.key, upload.upload_id))
+                continue
             doomed.append(upload)
         report.aborted_uploads = [(u.key, u.upload_id) for u in doomed]
         if not dry_run:
@@ -413,6 +430,9 @@ class OrphanScrubber:
             uploads=report.uploads_listed,
             aborted_uploads=len(report.aborted_uploads),
             young_uploads=report.young_uploads,
+            withheld=len(report.withheld),
+            withheld_uploads=len(report.withheld_uploads),
+            refused=unsafe is not None,
             seconds=round(report.seconds, 3),
         )
         return report

@@ -152,7 +152,9 @@ class _Scrubber:
 
     async def scrub(self, *, dry_run: bool, unsafe: Any, stop: Any = None) -> Any:
         self.runs += 1
-        return SimpleNamespace(dry_run=True, orphans=[], aborted_uploads=[], stopped=False)
+        return SimpleNamespace(
+            dry_run=True, orphans=[], aborted_uploads=[], stopped=False, refused=None
+        )
 
 
 def _manager(
