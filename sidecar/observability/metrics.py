@@ -527,9 +527,9 @@ class Metrics:
         )
         self.read_cache_unlink_errors = Counter(
             "read_cache_unlink_errors",
-            "Chunk files the disk cache could not remove when it evicted or dropped them"
-            " (EACCES, EIO, EROFS): they stay counted in read_cache_bytes while they stay on"
-            " disk, and a later eviction tries them again.",
+            "Chunk files the disk cache could not remove when it evicted or dropped them, or"
+            " after their write's rename failed (EACCES, EIO, EROFS): they stay counted in"
+            " read_cache_bytes while they stay on disk, and a later eviction tries them again.",
             namespace=NAMESPACE,
             registry=r,
         )

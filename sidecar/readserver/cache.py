@@ -31,8 +31,10 @@ bytes, least recently used evicted first (Aiven's ``DiskChunkCache``, Kafka's
   is slower than S3 and the bound is reached, a fetched chunk is served from memory only and not
   written (counted in ``read_cache_writes_skipped_total``) rather than queued without limit.
 * **files**: ``<dir>/<ab>/<blake2b(key)>-<chunk size>-<index>.chunk``, written to ``.tmp`` and
-  renamed, so a file with the final name is complete. The chunks of one group GET go in one
-  file, ``...-<index>+<count>.chunk`` (at most an eighth of the budget): each new file costs
+  renamed, so a file with the final name is complete (a ``.tmp`` whose rename fails is removed
+  at once; one the filesystem will not remove stays in the byte count, as an evicted file that
+  cannot be removed does, until a later eviction removes it). The chunks of one group GET go
+  in one file, ``...-<index>+<count>.chunk`` (at most an eighth of the budget): each new file costs
   the filesystem an inode, and on the test VM's ext4, after many deletions, creating one took
   about 0.9 ms of CPU, a tenth of the read server's CPU in a cold sequential read of 4 MiB
   chunks. Such a file is cached, evicted and forgotten whole (a CRC failure in one of its
@@ -386,9 +388,10 @@ class ChunkCache:
         #: files evicted while still being written, by (file, write tag): counted until that
         #: write ends (a file fetched again may be evicted again while both writes run)
         self._doomed: dict[tuple[str, int], int] = {}
-        #: files evicted or forgotten that the filesystem refused to remove, and their sizes:
-        #: still on disk, so still in ``_bytes`` (see ``_remove``)
-        self._stranded: dict[str, int] = {}
+        #: files evicted or forgotten (or ``.tmp`` files whose rename failed) that the
+        #: filesystem refused to remove, and their sizes: still on disk, so still in ``_bytes``
+        #: (see ``_unlink``)
+        self._stranded: dict[Path, int] = {}
         self._writers: set[asyncio.Task[None]] = set()
         #: bytes held by the writes in flight, at most ``_max_pending`` (one write always may)
         self._pending_write_bytes = 0
@@ -1090,10 +1093,13 @@ class ChunkCache:
     async def _write(self, file: str, data: _Chunk, tag: int, direct: bool) -> None:
         path = self._path(file)
         current = False
+        #: the ``.tmp`` file while it is on disk under that name
+        tmp: Path | None = None
         try:
-            tmp, wrote_direct = await asyncio.get_running_loop().run_in_executor(
+            written, wrote_direct = await asyncio.get_running_loop().run_in_executor(
                 self._write_threads, _write_tmp, path, data, tag, direct
             )
+            tmp = written
             if direct and not wrote_direct and self._direct:
                 self._direct = False
                 log.warning(
@@ -1104,16 +1110,21 @@ class ChunkCache:
                 )
             current = self._write_tags.get(file) == tag and file in self._lru
             if current:  # a rename: a metadata operation of microseconds
-                tmp.replace(path)
-                stranded = self._stranded.pop(file, None)
+                written.replace(path)
+                tmp = None
+                stranded = self._stranded.pop(path, None)
                 if stranded is not None:  # the old copy that could not be removed is gone now
                     self._bytes -= stranded
             else:  # forgotten, evicted or fetched again meanwhile
-                tmp.unlink(missing_ok=True)
+                tmp = None
+                self._unlink(written, len(data))
         except OSError as exc:
             log.warning("read_cache_write_failed", error=str(exc))
             if self._write_tags.get(file) == tag:
                 self._forget_file(file)
+            if tmp is not None:  # the rename failed: its bytes are not the cache's any more
+                self._unlink(tmp, len(data))
+                self._gauge()
             return
         finally:
             if self._write_tags.get(file) == tag:
@@ -1146,29 +1157,34 @@ class ChunkCache:
             self._metrics.read_cache_evictions.inc(evicted)
 
     def _remove(self, file: str, size: int) -> None:
-        """Unlink ``file`` (``size`` bytes, just taken off the count). One the filesystem
-        refuses to remove (``EACCES``, ``EIO``, ``EROFS``) is logged and counted, and stays
-        counted while it stays on disk: the next eviction that needs room tries it again."""
+        """Unlink ``file`` (``size`` bytes, just taken off the count), see ``_unlink``."""
+        self._unlink(self._path(file), size)
+
+    def _unlink(self, path: Path, size: int) -> None:
+        """Unlink ``path`` (``size`` bytes, not in the count). One the filesystem refuses to
+        remove (``EACCES``, ``EIO``, ``EROFS``) is logged and counted, and counted in the
+        cache's bytes while it stays on disk: the next eviction that needs room tries it
+        again."""
         try:
-            self._path(file).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         except OSError as exc:
-            log.warning("read_cache_unlink_failed", file=file, error=str(exc))
+            log.warning("read_cache_unlink_failed", file=path.name, error=str(exc))
             if self._metrics is not None:
                 self._metrics.read_cache_unlink_errors.inc()
-            if file not in self._stranded:  # else the file on disk is the copy counted there
-                self._stranded[file] = size
+            if path not in self._stranded:  # else the file on disk is the copy counted there
+                self._stranded[path] = size
                 self._bytes += size
 
     def _remove_stranded(self) -> None:
         """Try again to unlink up to ``_RETRY_FILES`` files that could not be removed (the
         longest waiting first; a failing one goes to the back)."""
         for _ in range(min(_RETRY_FILES, len(self._stranded))):
-            file, size = next(iter(self._stranded.items()))
-            del self._stranded[file]
+            path, size = next(iter(self._stranded.items()))
+            del self._stranded[path]
             try:
-                self._path(file).unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             except OSError:
-                self._stranded[file] = size
+                self._stranded[path] = size
                 continue
             self._bytes -= size
 

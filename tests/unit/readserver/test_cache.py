@@ -1489,6 +1489,79 @@ class TestChunkCacheUnlinkFailures:
             assert cache.cached_bytes == _disk_bytes(tmp_path) == 2 * CHUNK
 
 
+class TestChunkCacheRenameFailures:
+    """A chunk written to ``.tmp`` whose rename fails leaves no file outside the byte count:
+    the ``.tmp`` is removed at once, or counted (as a file that cannot be removed) while the
+    filesystem keeps it."""
+
+    @staticmethod
+    def _broken_disk(monkeypatch: pytest.MonkeyPatch, *, unlink_too: bool) -> list[bool]:
+        """``Path.replace`` of a ``.tmp`` file fails (EIO), and with ``unlink_too`` so does
+        ``Path.unlink`` of an existing one (EACCES), while the returned flag is set."""
+        broken = [True]
+        real_replace, real_unlink = Path.replace, Path.unlink
+
+        def replace(path: Path, target: Path) -> Path:
+            if broken[0] and path.name.endswith(".tmp"):
+                raise OSError(errno.EIO, "Input/output error", str(path))
+            return real_replace(path, target)
+
+        def unlink(path: Path, missing_ok: bool = False) -> None:
+            if broken[0] and unlink_too and path.name.endswith(".tmp") and path.exists():
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            real_unlink(path, missing_ok=missing_ok)
+
+        monkeypatch.setattr(Path, "replace", replace)
+        monkeypatch.setattr(Path, "unlink", unlink)
+        return broken
+
+    async def test_a_failed_rename_removes_the_tmp_file(self, tmp_path, monkeypatch):
+        body = os.urandom(CHUNK)
+        store = await _store(obj=body)
+        self._broken_disk(monkeypatch, unlink_too=False)
+        async with _cache(store, tmp_path, memory_chunks=0) as cache:
+            obj = ObjectRef("obj", CHUNK)
+            with capture_logs() as logs:
+                assert body[:9] == await cache.read(obj, 0, 9)
+                await cache.idle()
+            assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+                "read_cache_write_failed"
+            ]
+            assert _files(tmp_path) == []
+            assert cache.cached_bytes == 0
+            assert not cache.is_cached(obj, 0)
+
+    async def test_a_tmp_file_that_cannot_be_removed_stays_counted(self, tmp_path, monkeypatch):
+        """The rename fails and so does the unlink: the ``.tmp`` counts in the budget, as an
+        evicted file that cannot be removed does, and goes at an eviction once it can."""
+        body = os.urandom(4 * CHUNK)
+        store = await _store(obj=body)
+        broken = self._broken_disk(monkeypatch, unlink_too=True)
+        metrics = Metrics()
+        async with _cache(
+            store, tmp_path, max_bytes=2 * CHUNK, memory_chunks=0, metrics=metrics
+        ) as cache:
+            obj = ObjectRef("obj", len(body))
+            with capture_logs() as logs:
+                assert body[:9] == await cache.read(obj, 0, 9)
+                await cache.idle()
+            assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+                "read_cache_write_failed",
+                "read_cache_unlink_failed",
+            ]
+            assert metrics.read_cache_unlink_errors._value.get() == 1.0
+            assert [p.name.endswith(".tmp") for p in _files(tmp_path)] == [True]
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == CHUNK
+            broken[0] = False
+            for index in (1, 2):  # the second needs room: the .tmp goes first
+                await cache.read(obj, index * CHUNK, 1)
+                await cache.idle()
+            assert not [p for p in _files(tmp_path) if p.name.endswith(".tmp")]
+            assert cache.cached_bytes == _disk_bytes(tmp_path) == 2 * CHUNK
+            assert cache.is_cached(obj, 1)
+            assert cache.is_cached(obj, 2)
+
+
 class _RefusingOs:
     """The cache module's ``os`` with an ``open`` that refuses (EACCES) every chunk file."""
 
