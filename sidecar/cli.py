@@ -91,6 +91,20 @@ def _start_offset(text: str) -> int:
     return value
 
 
+def _record_count(text: str) -> int:
+    """``--count``: how many records to print, 0 or more (no ``--count``: to the end)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{value} is not a number of records: give 0 or more, or leave --count out to"
+            " print to the end of the tiered data"
+        )
+    return value
+
+
 def _add_log_level_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level",
@@ -360,7 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="start at the first record at or after (ms); -2 earliest, -3 max timestamp",
     )
-    read.add_argument("--count", type=int, default=None, help="stop after this many records")
+    read.add_argument(
+        "--count",
+        type=_record_count,
+        default=None,
+        help="stop after this many records (default: to the end of the tiered data)",
+    )
     read.add_argument("--json", action="store_true", help="one JSON object per record (kcat -J)")
     read.add_argument(
         "--isolation",

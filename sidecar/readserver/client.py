@@ -344,7 +344,10 @@ class ReadClient:
         max_bytes: int | None = None,
         isolation: IsolationLevel | str = IsolationLevel.READ_UNCOMMITTED,
     ) -> AsyncIterator[Record]:
-        """Records from ``offset`` to the end of the tiered data (or ``count`` records)."""
+        """Records from ``offset`` to the end of the tiered data (or ``count`` records, 0 or
+        more: a negative count is a ValueError, not an empty answer)."""
+        if count is not None and count < 0:
+            raise ValueError(f"count must be 0 or more (None: to the end), not {count}")
         seen = 0
         while count is None or seen < count:
             try:

@@ -349,6 +349,23 @@ class TestSmallFixes:
         assert result.returncode == 2
         assert "-2 (beginning) or -1 (end)" in result.stderr
 
+    @pytest.mark.parametrize(
+        ("count", "words"),
+        [("-1", "-1 is not a number of records: give 0 or more"), ("ten", "'ten' is not")],
+    )
+    def test_read_count_is_zero_or_more(self, count, words):
+        """`read --count` takes 0 or more; a negative count is a usage error (exit 2) that
+        says what to give, not a command that prints nothing."""
+        parser = build_parser()
+        base = ["read", "--topic", "t", "--partition", "0", "--offset", "0", "--count"]
+        assert parser.parse_args([*base, "0"]).count == 0
+        assert parser.parse_args([*base, "5"]).count == 5
+        assert parser.parse_args(base[:-1]).count is None
+        result = _cli(*base, count)
+        assert result.returncode == 2
+        assert "argument --count" in result.stderr
+        assert words in result.stderr
+
     def test_read_without_a_socket_says_where_it_looked(self, tmp_path):
         """`sidecar read` with no running daemon names the socket path and what to pass."""
         path = _config(tmp_path)

@@ -626,6 +626,15 @@ class TestClientAndCli:
             log = b"".join([p async for p in client.stream_segment_log("orders", 0, sid)])
             assert log == remote.logs[remote.segments[0].segment_id.id]
 
+    async def test_a_negative_count_is_refused_not_an_empty_answer(self, remote, running):
+        """count=-1 is a ValueError; 0 is no record (None reads to the end)."""
+        await three_segments(remote)
+        async with ReadClient(socket_path=running.socket) as client:
+            with pytest.raises(ValueError, match="count must be 0 or more"):
+                [r async for r in client.iter_records("orders", 0, 0, count=-1)]
+            assert [r async for r in client.iter_records("orders", 0, 0, count=0)] == []
+            assert len([r async for r in client.iter_records("orders", 0, 0, count=2)]) == 2
+
     async def test_sidecar_read_prints_records_like_kcat(self, remote, running):
         """`sidecar read` prints offset, timestamp, key, headers and value per record."""
         expected = await three_segments(remote)
