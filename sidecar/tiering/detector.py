@@ -24,6 +24,12 @@ stat-only rescan the detector checks for these: the watcher is started again for
 appeared or a watcher that stopped, and new partition dirs are followed by a probe of the limit
 (a warning once). The stat-only rescans see every roll meanwhile, within ``rescan_interval_s``.
 
+A scan that fails with an ``OSError`` (a log dir that cannot be listed: ``EACCES``, the ``EIO`` of
+a failing disk) is counted (``log_dir_scans_total{outcome="error"}``) and logged
+(``log_dir_scan_failed``); no view is dropped for it, and a full scan tries again after
+``rescan_interval_s``. The daemon keeps serving everything else (reads, uploads of the partitions
+already seen); the failing scans are what the ``KafkaTieredSidecarLogDirScansFailing`` alert sees.
+
 All file work runs in a worker thread (``asyncio.to_thread``); the event loop only merges
 results, yielding to other tasks every ``_MERGE_CHUNK`` changed partitions (a first scan of a
 broker with ten thousand partitions reports ten thousand changes). The detector reads the log
@@ -489,30 +495,38 @@ class LogDirDetector(Generic[V]):
             next_stat = float("inf")  # stat-only rescans: with the hints on only
             while not stopping.is_set():
                 now = loop.time()
-                if now >= next_full:
-                    self._dirty.clear()
-                    first = self.full_scans == 0
-                    await self.scan_once(None)
-                    if first:  # the dirs there at the start: the start's probe covered them
-                        self._appeared = False
-                    took = loop.time() - now
-                    self.rescan_spacing_s = self._interval
-                    if self.watching:  # rolls are seen through the hints meanwhile
-                        self.rescan_spacing_s = max(self._interval, took * _FULL_RESCAN_SPACING)
-                        next_stat = loop.time() + self._interval
-                    next_full = loop.time() + self.rescan_spacing_s
-                elif now >= next_stat:
+                if now >= next_stat and now < next_full:
                     await self.check_hints(handler)
                     if not self.watching:  # the watcher could not start again: as without
                         next_stat = float("inf")
                         next_full = loop.time()
                         continue
-                    await self.rescan_stale()
-                    took = loop.time() - now
-                    next_stat = loop.time() + max(self._interval, took * _RESCAN_SPACING)
-                elif self._dirty:
-                    dirty, self._dirty = self._dirty, set()
-                    await self.scan_once(dirty)
+                try:
+                    if now >= next_full:
+                        self._dirty.clear()
+                        first = self.full_scans == 0
+                        await self.scan_once(None)
+                        if first:  # the dirs there at the start: the start's probe covered them
+                            self._appeared = False
+                        took = loop.time() - now
+                        self.rescan_spacing_s = self._interval
+                        if self.watching:  # rolls are seen through the hints meanwhile
+                            self.rescan_spacing_s = max(self._interval, took * _FULL_RESCAN_SPACING)
+                            next_stat = loop.time() + self._interval
+                        next_full = loop.time() + self.rescan_spacing_s
+                    elif now >= next_stat:
+                        await self.rescan_stale()
+                        took = loop.time() - now
+                        next_stat = loop.time() + max(self._interval, took * _RESCAN_SPACING)
+                    elif self._dirty:
+                        dirty, self._dirty = self._dirty, set()
+                        await self.scan_once(dirty)
+                except OSError:
+                    # counted and logged by the scan, and no view was dropped: a log dir that
+                    # cannot be listed (EACCES, EIO of a failing disk) stops neither the
+                    # daemon nor the hints; a full scan tries again after rescan_interval_s
+                    next_full = loop.time() + self._interval
+                    next_stat = float("inf")  # the full scan first; it sets the next one
                 self._wake.clear()
                 if self._dirty:
                     continue

@@ -149,6 +149,36 @@ class TestLogDirDetector:
         await asyncio.wait_for(task, 10)
         assert rec.changes == []
 
+    async def test_failing_scans_are_counted_and_retried_not_fatal(self, log_dir):
+        """A scan that fails with an OSError (a failing disk's EIO, EACCES) is counted as
+        ``log_dir_scans{outcome="error"}`` and logged; the detector goes on and its next full
+        scan, once the disk reads again, reports the partition."""
+        import errno
+
+        from structlog.testing import capture_logs
+
+        failures = [2]
+
+        def flaky(d: Path) -> object:
+            if failures[0]:
+                failures[0] -= 1
+                raise OSError(errno.EIO, "Input/output error", str(d))
+            return _files(d)
+
+        rec = Recorder()
+        det = _detector(log_dir, on_change=rec, scan=flaky, interval=0.01)
+        metrics = det._metrics
+        stopping = asyncio.Event()
+        with capture_logs() as logs:
+            task = asyncio.create_task(det.run(stopping))
+            await asyncio.wait_for(det.scanned.wait(), 10)
+            stopping.set()
+            await asyncio.wait_for(task, 10)
+        assert rec.changes == [("orders-0", None, ("00000000000000000000.log",))]
+        assert metrics.log_dir_scans.labels("error")._value.get() == 2
+        assert metrics.log_dir_scans.labels("ok")._value.get() >= 1
+        assert [e["event"] for e in logs].count("log_dir_scan_failed") == 2
+
 
 class TestWatchLimit:
     """The kernel refuses inotify watches (fs.inotify.max_user_watches too small for the
