@@ -287,8 +287,10 @@ class Metrics:
         )
         self.preempted_copies = Counter(
             "preempted_copies",
-            "Copies abandoned because leadership moved, another broker deleted them or the topic"
-            " turned broker-driven, by reason.",
+            "Copies abandoned, by reason: not_leader (another broker leads the partition now),"
+            " cluster_view_stale (leadership unknown), broker_driven (the topic turned"
+            " broker-driven), deleted_by_another_broker (it took the copy for dangling and"
+            " deleted it before FINISHED landed; also an upload error).",
             ["reason"],
             namespace=NAMESPACE,
             registry=r,

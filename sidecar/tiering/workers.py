@@ -87,6 +87,7 @@ from sidecar.tiering.quarantine import (
 from sidecar.tiering.uploader import (
     CopyNotStartedError,
     CorruptSegmentError,
+    SegmentCopyPreemptedError,
     SegmentUploader,
     UploadIOError,
     UploadOutcome,
@@ -786,6 +787,8 @@ class TieringEngine:
                 worker.retry_at = self._settings.monotonic() + delay
                 self.last_errors[key] = (time.time(), f"{type(exc).__name__}: {exc}")
                 self._metrics.upload_errors.labels(type(exc).__name__).inc()
+                if isinstance(exc, SegmentCopyPreemptedError):  # its objects are deleted
+                    self._metrics.preempted_copies.labels("deleted_by_another_broker").inc()
                 if classify(exc) is Verdict.UNREADABLE:
                     # the disk, not the bytes: the same segment is tried again after the wait
                     reason = read_error_reason(exc)

@@ -618,6 +618,8 @@ class TestEngineFailures:
         await r.until(r.all_tiered)
         await r.stop()
         assert r.metrics.upload_errors.labels("SegmentCopyPreemptedError")._value.get() == 1
+        deleted = r.metrics.preempted_copies.labels("deleted_by_another_broker")
+        assert deleted._value.get() == 1
         assert set(r.objects.objects) == r.expected_objects()
 
     async def test_a_non_monotonic_epoch_checkpoint_tiers_as_the_broker_loads_it(self, rig):
