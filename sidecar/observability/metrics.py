@@ -130,14 +130,16 @@ class Metrics:
         )
         self.log_dir_scans = Counter(
             "log_dir_scans",
-            "Full scans of the broker's log dirs, by outcome.",
+            "Scans that list the broker's log dirs (full scans and the stat-only rescans between"
+            " them), by outcome; rescans of the partition dirs an inotify hint named are not"
+            " counted.",
             ["outcome"],
             namespace=NAMESPACE,
             registry=r,
         )
         self.log_dir_scan_seconds = Histogram(
             "log_dir_scan_seconds",
-            "Time to scan the broker's log dirs.",
+            "Time of one scan counted in log_dir_scans_total.",
             namespace=NAMESPACE,
             registry=r,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),

@@ -340,7 +340,7 @@ class LogDirDetector(Generic[V]):
             await self._merge({**scanned, **dict.fromkeys(gone)})
         except Exception:
             self._metrics.log_dir_scans.labels("error").inc()
-            log.exception("log_dir_scan_failed")
+            log.exception("log_dir_scan_failed", scan="stat")
             raise
         self.stat_scans += 1
         self._metrics.log_dir_scans.labels("ok").inc()
@@ -369,7 +369,10 @@ class LogDirDetector(Generic[V]):
                 await asyncio.sleep(0)
 
     async def scan_once(self, dirs: set[Path] | None = None) -> None:
-        """Scan now: all partition dirs when ``dirs`` is None, else just those."""
+        """Scan now: all partition dirs when ``dirs`` is None, else just those.
+
+        Only a full scan counts in ``log_dir_scans``: a scan of the partition dirs a hint
+        named lists no log dir, and its success would hide full scans that keep failing."""
         started = time.perf_counter()
         try:
             if dirs is None:
@@ -377,13 +380,14 @@ class LogDirDetector(Generic[V]):
             else:
                 await self._merge(await asyncio.to_thread(self._scan, dirs))
         except Exception:
-            self._metrics.log_dir_scans.labels("error").inc()
-            log.exception("log_dir_scan_failed")
+            if dirs is None:
+                self._metrics.log_dir_scans.labels("error").inc()
+            log.exception("log_dir_scan_failed", scan="full" if dirs is None else "hinted")
             raise
         if dirs is None:
             self.full_scans += 1
-        self._metrics.log_dir_scans.labels("ok").inc()
-        self._metrics.log_dir_scan_seconds.observe(time.perf_counter() - started)
+            self._metrics.log_dir_scans.labels("ok").inc()
+            self._metrics.log_dir_scan_seconds.observe(time.perf_counter() - started)
         self.scanned.set()
 
     async def _full_scan(self) -> None:

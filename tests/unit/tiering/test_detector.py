@@ -179,6 +179,20 @@ class TestLogDirDetector:
         assert metrics.log_dir_scans.labels("ok")._value.get() >= 1
         assert [e["event"] for e in logs].count("log_dir_scan_failed") == 2
 
+    async def test_only_scans_that_list_the_log_dirs_count(self, log_dir):
+        """Full scans and stat-only rescans count in ``log_dir_scans``; a rescan of the
+        partition dirs a hint named does not, so its success cannot hide full scans that
+        keep failing."""
+        det = _detector(log_dir, on_change=Recorder())
+        ok = det._metrics.log_dir_scans.labels("ok")
+        await det.scan_once()
+        assert ok._value.get() == 1
+        (log_dir / "orders-0" / "00000000000000000100.log").write_bytes(b"")
+        await det.scan_once({log_dir / "orders-0"})
+        assert ok._value.get() == 1
+        await det.rescan_stale()
+        assert ok._value.get() == 2
+
 
 class TestWatchLimit:
     """The kernel refuses inotify watches (fs.inotify.max_user_watches too small for the
