@@ -30,6 +30,7 @@ import os
 import sys
 import time
 import traceback
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,18 +92,27 @@ def _start_offset(text: str) -> int:
     return value
 
 
-def _record_count(text: str) -> int:
-    """``--count``: how many records to print, 0 or more (no ``--count``: to the end)."""
+def _positive_int(text: str) -> int:
+    """``--count``, ``--max-messages``: 1 or more (0 or less would print nothing and exit 0,
+    which reads as success)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{value} is not a number of records: give 0 or more, or leave --count out to"
-            " print to the end of the tiered data"
-        )
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not 1 or more")
     return value
+
+
+def _http_url(text: str) -> str:
+    """``--url``: an ``http://`` or ``https://`` URL; anything else is a usage error, not a
+    failed connection."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http(s) URL (e.g. http://127.0.0.1:9400)"
+        )
+    return text
 
 
 def _add_log_level_arg(parser: argparse.ArgumentParser) -> None:
@@ -188,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the status document")
     status.add_argument("--all", action="store_true", help="also partitions not tiered")
     status.add_argument(
-        "--url", default=None, help="status URL (default: from metrics.host and metrics.port)"
+        "--url",
+        type=_http_url,
+        default=None,
+        help="status URL (default: from metrics.host and metrics.port)",
     )
 
     quarantine = sub.add_parser(
@@ -286,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decode.add_argument(
         "--max-messages",
-        type=int,
+        type=_positive_int,
         default=None,
         help="stop after this many records (default: read to the end)",
     )
@@ -357,7 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(read)
     where = read.add_mutually_exclusive_group()
     where.add_argument("--socket", type=Path, default=None, help="the read socket's path")
-    where.add_argument("--url", default=None, help="the loopback TCP URL of the read server")
+    where.add_argument(
+        "--url", type=_http_url, default=None, help="the loopback TCP URL of the read server"
+    )
     read.add_argument("--topic", required=True)
     read.add_argument("--partition", type=int, required=True)
     start = read.add_mutually_exclusive_group(required=True)
@@ -376,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     read.add_argument(
         "--count",
-        type=_record_count,
+        type=_positive_int,
         default=None,
         help="stop after this many records (default: to the end of the tiered data)",
     )

@@ -350,21 +350,28 @@ class TestSmallFixes:
         assert "-2 (beginning) or -1 (end)" in result.stderr
 
     @pytest.mark.parametrize(
-        ("count", "words"),
-        [("-1", "-1 is not a number of records: give 0 or more"), ("ten", "'ten' is not")],
+        ("args", "words"),
+        [
+            (["read", "--url", "localhost:9401"], "is not an http(s) URL"),
+            (["read", "--url", "http://"], "is not an http(s) URL"),
+            (["status", "--url", "127.0.0.1:9400/v1/status"], "is not an http(s) URL"),
+            (["read", "--url", "http://127.0.0.1:1", "--count", "0"], "0 is not 1 or more"),
+            (["read", "--url", "http://127.0.0.1:1", "--count", "-1"], "-1 is not 1 or more"),
+            (["metadata", "decode", "--hex", "00", "--max-messages", "0"], "not 1 or more"),
+        ],
     )
-    def test_read_count_is_zero_or_more(self, count, words):
-        """`read --count` takes 0 or more; a negative count is a usage error (exit 2) that
-        says what to give, not a command that prints nothing."""
-        parser = build_parser()
-        base = ["read", "--topic", "t", "--partition", "0", "--offset", "0", "--count"]
-        assert parser.parse_args([*base, "0"]).count == 0
-        assert parser.parse_args([*base, "5"]).count == 5
-        assert parser.parse_args(base[:-1]).count is None
-        result = _cli(*base, count)
-        assert result.returncode == 2
-        assert "argument --count" in result.stderr
-        assert words in result.stderr
+    def test_bad_read_and_status_flags_are_usage_errors(self, capsys, args, words):
+        """A --url without http(s) is a usage error (exit 2), not an "unexpected" connection
+        failure; a --count or --max-messages below 1 is refused rather than printing nothing
+        and exiting 0."""
+        from sidecar.cli import main
+
+        read_args = ["--topic", "t", "--partition", "0", "--offset", "0"]
+        argv = [*args, *read_args] if args[0] == "read" else args
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert words in capsys.readouterr().err
 
     def test_read_without_a_socket_says_where_it_looked(self, tmp_path):
         """`sidecar read` with no running daemon names the socket path and what to pass."""
