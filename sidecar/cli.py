@@ -680,6 +680,7 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    import http.client
     import urllib.error
     import urllib.request
 
@@ -692,24 +693,26 @@ def _status(args: argparse.Namespace) -> int:
         url = f"http://{config.metrics.host}:{config.metrics.port}/v1/status"
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url must be an http(s) URL, not {url!r}")
+    not_status = (
+        f"sidecar: error: {url} did not answer with a status document (is it the"
+        " daemon's /v1/status?)"
+    )
     try:
         with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - checked above
             document = json.load(response)
     except urllib.error.HTTPError as exc:
-        print(
-            f"sidecar: error: {url} answered {exc.code}: {exc.read().decode(errors='replace')}",
-            file=sys.stderr,
-        )
+        body = " ".join(exc.read().decode(errors="replace").split())  # an HTML page: one line
+        print(f"sidecar: error: {url} answered {exc.code}: {body[:300]}", file=sys.stderr)
         return 1
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:
+        # HTTPException: something answered that does not speak HTTP (a Kafka port, say)
         print(f"sidecar: error: cannot reach the running sidecar at {url}: {exc}", file=sys.stderr)
         return 1
+    except ValueError:  # not JSON (a web page, /metrics), or not UTF-8
+        print(not_status, file=sys.stderr)
+        return 1
     if not isinstance(document, dict) or not isinstance(document.get("partitions"), list):
-        print(
-            f"sidecar: error: {url} did not answer with a status document (is it the"
-            " daemon's /v1/status?)",
-            file=sys.stderr,
-        )
+        print(not_status, file=sys.stderr)
         return 1
     code = 0 if document.get("ready") else 1  # a sidecar that is not ready is a finding
     if args.json:

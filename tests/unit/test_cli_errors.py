@@ -327,6 +327,43 @@ class TestSmallFixes:
         assert result.stdout == ""
         assert "did not answer with a status document" in _one_line_error(result)
 
+    def test_status_of_a_page_that_is_not_json_is_one_line(self):
+        """`status --url` at /metrics (text, not JSON): the same one line as for another JSON
+        document, not an "unexpected JSONDecodeError"."""
+        page = OneDocumentServer(b"# HELP up 1\nup 1\n", path="/metrics", content_type="text/plain")
+        with page as server:
+            result = _cli("status", "--url", server.url)
+        assert result.returncode == 1
+        assert result.stdout == ""
+        line = _one_line_error(result)
+        assert "did not answer with a status document" in line
+        assert "unexpected" not in line
+
+    def test_status_of_a_port_that_does_not_speak_http_is_one_line(self):
+        """`status --url` at a port that answers bytes that are not HTTP (a Kafka listener,
+        say): "cannot reach", not an "unexpected BadStatusLine"."""
+        import socketserver
+        import threading
+
+        class Garbage(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                self.request.recv(65536)
+                self.request.sendall(b"\x00\x00\x00\x08not http\r\n")
+
+        with socketserver.TCPServer(("127.0.0.1", 0), Garbage) as server:
+            thread = threading.Thread(target=server.serve_forever, daemon=True)
+            thread.start()
+            try:
+                port = server.server_address[1]
+                result = _cli("status", "--url", f"http://127.0.0.1:{port}/v1/status")
+            finally:
+                server.shutdown()
+                thread.join()
+        assert result.returncode == 1
+        line = _one_line_error(result)
+        assert "cannot reach the running sidecar" in line
+        assert "unexpected" not in line
+
     def test_a_malformed_set_is_not_echoed(self, tmp_path):
         """A --set without '=' may be a secret typed with ':'; the error names its position."""
         result = _cli(
