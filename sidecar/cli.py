@@ -560,6 +560,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "broker-config":
         from sidecar.broker_config import DEFAULT_PLUGIN_JAR, broker_config_command
 
+        if not args.check and (args.json or args.broker_id is not None):
+            # without --check the output is properties text: --json would promise JSON
+            flag = "--json" if args.json else "--broker-id"
+            raise ConfigError(f"{flag} goes with --check (the properties print as text)")
         config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
         return broker_config_command(
             config,

@@ -148,6 +148,16 @@ class TestBrokerConfig:
         props = _properties(capsys.readouterr().out)
         assert props["remote.log.storage.manager.class.path"] == str(Path("/x.jar"))
 
+    @pytest.mark.parametrize("flag", [["--json"], ["--broker-id", "1"]])
+    def test_check_only_flags_without_check_are_usage_errors(self, tmp_path, capsys, flag):
+        """`--json` without `--check` would print properties text where JSON was asked for;
+        it (and `--broker-id`) is refused with exit 2, printing nothing on stdout."""
+        code = main(["broker-config", "--set", f"state_dir={tmp_path}", *flag])
+        captured = capsys.readouterr()
+        assert code == 2
+        assert captured.out == ""
+        assert f"{flag[0]} goes with --check" in captured.err
+
 
 def _entry(value: str | None, *, hidden: bool = False, default: bool = False) -> BrokerConfigEntry:
     return BrokerConfigEntry(value=value, hidden=hidden, default=default)
