@@ -328,21 +328,23 @@ def main() -> int:
     local.kafka.overrides.update(overrides)  # also on a stack created by an earlier run
     metrics_port = write_config(config, root, local)
     local.start()
-    say(
-        f"stack up in {time.monotonic() - started:.1f} s: Kafka {local.kafka.bootstrap_servers}, "
-        f"S3 {local.s3.endpoint} bucket {local.s3.bucket!r}"
-    )
-    say("the broker has them: `sidecar broker-config --check` (DescribeConfigs of the broker)")
-    checked = subprocess.run(
-        [sys.executable, "-m", "sidecar", "broker-config", "--config", str(config), "--check",
-         "--plugin-jar", str(plugin_jar())],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    print(f"    {(checked.stdout.strip().splitlines() or [''])[0]}")
-    if checked.returncode != 0:
-        raise SystemExit(f"the broker lacks properties:\n{checked.stdout}{checked.stderr}")
     sidecar_proc: subprocess.Popen[bytes] | None = None
+    # from here on every exit, a failed step or Ctrl-C included, goes through the finally
+    # below: the stack is stopped by PID unless --keep
     try:
+        say(
+            f"stack up in {time.monotonic() - started:.1f} s: Kafka"
+            f" {local.kafka.bootstrap_servers}, S3 {local.s3.endpoint} bucket {local.s3.bucket!r}"
+        )
+        say("the broker has them: `sidecar broker-config --check` (DescribeConfigs of the broker)")
+        checked = subprocess.run(
+            [sys.executable, "-m", "sidecar", "broker-config", "--config", str(config), "--check",
+             "--plugin-jar", str(plugin_jar())],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        print(f"    {(checked.stdout.strip().splitlines() or [''])[0]}")
+        if checked.returncode != 0:
+            raise SystemExit(f"the broker lacks properties:\n{checked.stdout}{checked.stderr}")
         say(
             f"creating topic {TOPIC!r} ({PARTITIONS} partitions, 1 MiB segments) and producing "
             f"{RECORDS} records of {VALUE_BYTES} bytes"

@@ -4,6 +4,7 @@ Java is missing or Maven cannot be fetched."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import os
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import types
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,53 @@ class TestPluginBuild:
         )
         assert result.returncode != 0
         assert "install Maven: sudo apt-get install -y maven" in result.stderr
+
+
+class TestDemo:
+    def test_a_step_that_fails_right_after_the_start_stops_the_stack(self, tmp_path, monkeypatch):
+        """`make demo` stops the stack it started when any later step fails, the broker
+        properties check (the first step after the start) included: no broker or S3 server
+        is left running."""
+        from tests.conftest import stack
+
+        spec = importlib.util.spec_from_file_location("demo", STACK.parent / "demo.py")
+        assert spec is not None
+        assert spec.loader is not None
+        demo = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(demo)
+
+        class FakeStack:
+            started = stopped = False
+            kafka = types.SimpleNamespace(
+                overrides={},
+                bootstrap_servers="127.0.0.1:1",
+                nodes=[types.SimpleNamespace(log_dir=tmp_path / "logs")],
+            )
+            s3 = types.SimpleNamespace(endpoint="http://127.0.0.1:2", bucket="tiered")
+
+            def start(self):
+                self.started = True
+                return self
+
+            def stop(self):
+                self.stopped = True
+
+        local = FakeStack()
+
+        def run(cmd, **kwargs):
+            # `broker-config` prints one property; `broker-config --check` finds it missing
+            failed = "--check" in cmd
+            out = "broker 1: 0 of 1 properties\n" if failed else "a.b=c\n"
+            return subprocess.CompletedProcess(cmd, 1 if failed else 0, stdout=out, stderr="")
+
+        monkeypatch.setattr(stack, "Stack", types.SimpleNamespace(create=lambda *a, **k: local))
+        monkeypatch.setattr(demo, "plugin_jar", lambda: tmp_path / "plugin.jar")
+        monkeypatch.setattr(demo.subprocess, "run", run)
+        monkeypatch.setattr(sys, "argv", ["demo.py", "--root", str(tmp_path / "demo")])
+        with pytest.raises(SystemExit, match="the broker lacks properties"):
+            demo.main()
+        assert local.started
+        assert local.stopped
 
 
 class TestClusterId:
