@@ -1277,6 +1277,9 @@ class SeaweedS3:
             f"-filer.port.grpc={p['filer_grpc']}",
             f"-filer.localSocket={self.root / 'filer.sock'}",
             f"-s3.port={self.s3_port}",
+            # by default /tmp/seaweedfs-s3-<port>.sock, never removed on exit: one more file in
+            # /tmp per start, and a start fails when another user's stack left that port's
+            f"-s3.localSocket={self.root / 's3.sock'}",
             f"-s3.port.grpc={p['s3_grpc']}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",

@@ -198,6 +198,29 @@ class TestDemo:
         assert local.stopped
 
 
+class TestSeaweed:
+    def test_its_unix_sockets_stay_in_the_stack_directory(self, tmp_path, monkeypatch):
+        """`weed mini` is told where to put every Unix socket it opens: inside the stack's
+        directory, not /tmp, where SeaweedFS leaves them behind (and where another user's
+        leftover of the same port would stop it)."""
+        from tests.conftest import stack
+
+        spawned: list[list[str]] = []
+
+        def spawn(cmd, **kwargs):
+            spawned.append(cmd)
+            raise stack.StackError("not started in a unit test")
+
+        monkeypatch.setattr(stack, "spawn", spawn)
+        server = stack.SeaweedS3.create(tmp_path / "s3")
+        with pytest.raises(stack.StackError, match="not started"):
+            server.start()
+        [cmd] = spawned
+        sockets = {a.split("=", 1)[0]: Path(a.split("=", 1)[1]) for a in cmd if "Socket=" in a}
+        assert set(sockets) == {"-filer.localSocket", "-s3.localSocket"}
+        assert all(path.parent == tmp_path / "s3" for path in sockets.values()), sockets
+
+
 class TestClusterId:
     def test_cluster_ids_never_start_with_a_dash(self):
         """Generated cluster ids are base64url UUIDs that StorageTool cannot mistake for flags."""
