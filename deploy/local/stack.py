@@ -1512,6 +1512,14 @@ def container_stack(root: Path, *, nodes: int = 1) -> Iterator[dict[str, Any]]:
 # command line
 
 
+def _property(text: str) -> tuple[str, str]:
+    """``--override KEY=VALUE``: a broker property; anything else is a usage error."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -1533,6 +1541,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--override",
         action="append",
+        type=_property,
         default=[],
         metavar="KEY=VALUE",
         help="extra broker property, e.g. log.roll.ms=5000",
@@ -1565,7 +1574,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(spark_kafka_jars()[0].parent)
             return 0
         if args.command == "up":
-            overrides = dict(kv.split("=", 1) for kv in args.override)
+            overrides = dict(args.override)
             root.mkdir(parents=True, exist_ok=True)
             kafka = KafkaCluster.create(
                 root / "kafka", nodes=args.nodes, base_port=args.kafka_port, overrides=overrides

@@ -221,6 +221,19 @@ class TestSeaweed:
         assert all(path.parent == tmp_path / "s3" for path in sockets.values()), sockets
 
 
+class TestCommandLine:
+    def test_an_override_without_a_value_is_a_usage_error(self, tmp_path, capsys):
+        """`stack.py up --override KEY` (no `=VALUE`) is refused with argparse's exit 2 and
+        one line naming it, before anything starts, instead of a ValueError traceback."""
+        from tests.conftest import stack
+
+        with pytest.raises(SystemExit) as exited:
+            stack.main(["--root", str(tmp_path / "stack"), "up", "--override", "log.roll.ms"])
+        assert exited.value.code == 2
+        assert "'log.roll.ms' is not KEY=VALUE" in capsys.readouterr().err
+        assert not (tmp_path / "stack").exists()
+
+
 class TestClusterId:
     def test_cluster_ids_never_start_with_a_dash(self):
         """Generated cluster ids are base64url UUIDs that StorageTool cannot mistake for flags."""
