@@ -14,6 +14,7 @@ documented code:
  2    usage or configuration error (bad flag, invalid config, unknown ``SIDECAR_*`` key)
  3    a required tool is missing (java, mvn, weed)
  130  interrupted (Ctrl-C)
+ 143  terminated (SIGTERM), after the same cleanup as Ctrl-C
 ====  ==============================================================================
 
 ``--debug`` (before the subcommand) prints the traceback as well. A closed stdout (``sidecar
@@ -27,11 +28,13 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sidecar import __version__
@@ -447,9 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             # would only repeat it
             logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        return _dispatch(args)
+        # the daemon handles SIGTERM itself
+        with _sigterm_as_interrupt(enabled=args.command != "run"):
+            return _dispatch(args)
     except BrokenPipeError:
         return _closed_pipe()
+    except _Terminated:
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the one place every failure becomes one line
@@ -460,6 +467,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             message += " (run with --debug for the traceback)"
         _print_error(message)
         return code
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM of a one-shot command, raised where the command is, as Ctrl-C is: its
+    ``finally`` blocks and context managers run (the scrub's temporary store is removed,
+    clients are closed) before the process exits 143."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(*, enabled: bool) -> Iterator[None]:
+    """While a one-shot command runs, SIGTERM raises :class:`_Terminated` instead of ending
+    the process at once (its default action), which would skip every cleanup."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _print_error(message: str) -> None:

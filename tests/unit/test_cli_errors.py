@@ -439,6 +439,44 @@ class TestSmallFixes:
         assert "broker_id is not set" not in result.stdout + result.stderr
 
 
+class TestTermination:
+    def test_sigterm_cleans_up_as_ctrl_c_does(self, tmp_path):
+        """SIGTERM (`timeout`, a CronJob's deadline) during `sidecar scrub` removes the
+        scrub's temporary metadata store, as Ctrl-C does, and exits 143, instead of dying
+        on the spot and leaving the store in the temporary directory."""
+        import signal
+        import socket
+
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        # a "broker" that accepts the scrub's connection and never answers
+        with socket.create_server(("127.0.0.1", 0)) as silent:
+            port = silent.getsockname()[1]
+            command = ["scrub", "-c", str(_config(tmp_path))]
+            command += ["--set", f"kafka.bootstrap_servers=127.0.0.1:{port}"]
+            scrub = subprocess.Popen(
+                [sys.executable, "-m", "sidecar", *command],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(TMPDIR=str(tmp)),
+            )
+            try:
+                silent.settimeout(60)
+                connection, _ = silent.accept()  # the store exists: it is made before this
+                with connection:
+                    assert [p.name[:14] for p in tmp.iterdir()] == ["sidecar-scrub-"]
+                    scrub.send_signal(signal.SIGTERM)
+                    _, stderr = scrub.communicate(timeout=60)
+            finally:
+                if scrub.poll() is None:
+                    scrub.kill()
+                    scrub.wait()
+        assert scrub.returncode == 143, stderr
+        assert "Traceback" not in stderr
+        assert list(tmp.iterdir()) == []
+
+
 class TestDescribeFailure:
     """The one line for failures that carry no text of their own."""
 
