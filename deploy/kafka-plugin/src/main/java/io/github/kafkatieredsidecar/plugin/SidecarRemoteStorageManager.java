@@ -69,13 +69,16 @@ import org.apache.kafka.server.log.remote.storage.RemoteStorageManager;
  * (HTTP 429, 503, 504) are {@code RetriableRemoteStorageException} (a plain
  * {@link RemoteStorageException} on Kafka 3.9, which retries on any; see {@link KafkaCompat}); a
  * missing segment or index
- * (HTTP 404) is {@link RemoteResourceNotFoundException}; anything else (a corrupt segment, bad
- * data in the bucket) is a plain {@link RemoteStorageException}.
+ * (HTTP 404) is {@link RemoteResourceNotFoundException} (for the transaction index, only an index
+ * the segment does not have: Kafka takes that as no aborted transactions); anything else (a
+ * corrupt segment, bad data in the bucket) is a plain {@link RemoteStorageException}.
  */
 public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     static final String DEFAULT_SOCKET = "/var/run/kafka-tiered-sidecar/read.sock";
     private static final String FETCH_SEGMENT = "/v1/rsm/fetch-segment";
+    /** The sidecar's code for an index the segment does not have. */
+    static final String INDEX_NOT_FOUND = "index_not_found";
     private static final Pattern CODE = Pattern.compile("\"code\"\\s*:\\s*\"([^\"]*)\"");
     private static final Pattern MESSAGE = Pattern.compile("\"message\"\\s*:\\s*\"((?:[^\"\\\\]|\\\\.)*)\"");
     private static final Pattern CUSTOM = Pattern.compile("\"custom_metadata\"\\s*:\\s*\"([A-Za-z0-9+/=]*)\"");
@@ -633,7 +636,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     @Override
     public InputStream fetchIndex(RemoteLogSegmentMetadata metadata, IndexType indexType) throws RemoteStorageException {
         Json body = metadataJson(metadata).field("index_type", indexType.name());
-        return stream("/v1/rsm/fetch-index", body, "fetch of the " + indexType + " index of " + describe(metadata));
+        String what = "fetch of the " + indexType + " index of " + describe(metadata);
+        return send("/v1/rsm/fetch-index", body, requestTimeoutMs, what, true, indexType == IndexType.TRANSACTION)
+                .body;
     }
 
     @Override
@@ -694,18 +699,22 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         }
     }
 
-    /** A read: idempotent, so it may go over a kept-alive connection. */
-    private InputStream stream(String path, Json body, String what) throws RemoteStorageException {
-        return send(path, body, requestTimeoutMs, what, true).body;
-    }
-
     private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what) throws RemoteStorageException {
         return send(path, body, timeoutMs, what, false);
     }
 
-    /** Send the request; a non-2xx answer becomes the matching exception (and is closed). */
     private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what, boolean reuse)
             throws RemoteStorageException {
+        return send(path, body, timeoutMs, what, reuse, false);
+    }
+
+    /**
+     * Send the request; a non-2xx answer becomes the matching exception (and is closed). With
+     * {@code reuse} (reads only: idempotent) it may go over a kept-alive connection;
+     * {@code txnIndex}: a fetch of the transaction index ({@link #errorFor}).
+     */
+    private SidecarHttp.Response send(String path, Json body, int timeoutMs, String what, boolean reuse,
+            boolean txnIndex) throws RemoteStorageException {
         if (http == null) {
             throw new RemoteStorageException("the sidecar plugin is not configured");
         }
@@ -725,7 +734,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         } catch (IOException e) {
             text = "";
         }
-        throw errorFor(response.status, text, what);
+        throw errorFor(response.status, text, what, txnIndex);
     }
 
     private RemoteStorageException unreachable(String what, IOException cause) {
@@ -733,14 +742,22 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 what + " failed: the sidecar at " + http.endpoint() + " did not answer (" + cause + ")", cause);
     }
 
-    static RemoteStorageException errorFor(int status, String body, String what) {
+    /**
+     * The exception for the sidecar's error answer. Kafka reads
+     * {@link RemoteResourceNotFoundException} from a fetch of the transaction index
+     * ({@code txnIndex}) as "the segment has none", that is no aborted transactions, and serves
+     * every record as committed: there it stands only for the sidecar's {@value #INDEX_NOT_FOUND};
+     * a segment or object missing from the bucket fails the read instead.
+     */
+    static RemoteStorageException errorFor(int status, String body, String what, boolean txnIndex) {
         Matcher code = CODE.matcher(body);
         Matcher message = MESSAGE.matcher(body);
-        String detail = (code.find() ? code.group(1) : "http_" + status)
-                + (message.find() ? ": " + message.group(1) : "");
+        String errorCode = code.find() ? code.group(1) : "http_" + status;
+        String detail = errorCode + (message.find() ? ": " + message.group(1) : "");
         String text = what + " failed: the sidecar answered HTTP " + status + " " + detail;
         if (status == 404) {
-            return new RemoteResourceNotFoundException(text);
+            return !txnIndex || errorCode.equals(INDEX_NOT_FOUND)
+                    ? new RemoteResourceNotFoundException(text) : new RemoteStorageException(text);
         }
         if (status == 429 || status == 503 || status == 504) {
             return KafkaCompat.retriable(text, null);

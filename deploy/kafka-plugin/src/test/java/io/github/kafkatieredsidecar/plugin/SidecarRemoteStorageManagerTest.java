@@ -542,6 +542,22 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
+    void aTransactionIndexOfASegmentMissingFromTheBucketIsNotAnAbsentIndex() {
+        // Kafka's RemoteIndexCache takes RemoteResourceNotFoundException from this fetch as "no
+        // aborted transactions" and would serve aborted records to read_committed consumers
+        sidecar.answer(404, "{\"code\":\"remote_object_not_found\",\"message\":\"not in the bucket\"}");
+        RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                () -> rsm.fetchIndex(metadata(), IndexType.TRANSACTION));
+        assertFalse(e instanceof RemoteResourceNotFoundException, e.toString());
+        assertFalse(e instanceof RetriableRemoteStorageException, e.toString());
+        assertTrue(e.getMessage().contains("remote_object_not_found: not in the bucket"), e.getMessage());
+        // the other indexes: a missing segment is still "not found"
+        sidecar.answer(404, "{\"code\":\"remote_object_not_found\",\"message\":\"not in the bucket\"}");
+        assertInstanceOf(RemoteResourceNotFoundException.class,
+                assertThrows(RemoteStorageException.class, () -> rsm.fetchIndex(metadata(), IndexType.OFFSET)));
+    }
+
+    @Test
     void storageDownIsRetriableAndCorruptDataIsNot() {
         sidecar.answer(503, "{\"code\":\"storage_unavailable\",\"message\":\"S3 down\"}");
         assertInstanceOf(RetriableRemoteStorageException.class,
