@@ -124,6 +124,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
 
     @Override
     public void configure(Map<String, ?> configs) {
+        SidecarHttp.Endpoint endpoint = endpointSetting(configs);
         int connectTimeoutMs = intSetting(configs, "connect.timeout.ms", 5_000);
         requestTimeoutMs = intSetting(configs, "request.timeout.ms", 30_000);
         copyTimeoutMs = intSetting(configs, "copy.timeout.ms", 600_000);
@@ -159,17 +160,25 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 return thread;
             }, new ThreadPoolExecutor.AbortPolicy());
         }
-        Object port = configs.get("tcp.port");
-        SidecarHttp.Endpoint endpoint;
-        if (port != null && !port.toString().isBlank()) {
-            Object host = configs.get("tcp.host");
-            endpoint = SidecarHttp.Endpoint.tcp(
-                    host == null ? "127.0.0.1" : host.toString(), Integer.parseInt(port.toString().trim()));
-        } else {
-            Object socket = configs.get("socket.path");
-            endpoint = SidecarHttp.Endpoint.unix(Path.of(socket == null ? DEFAULT_SOCKET : socket.toString()));
-        }
         http = new SidecarHttp(endpoint, connectTimeoutMs);
+    }
+
+    /**
+     * {@code tcp.port} (with {@code tcp.host}) or {@code socket.path}. A port out of range is
+     * refused here: the JDK would refuse it at every call, as an unchecked exception.
+     */
+    private static SidecarHttp.Endpoint endpointSetting(Map<String, ?> configs) {
+        Object port = configs.get("tcp.port");
+        if (port != null && !port.toString().isBlank()) {
+            long parsed = setting(configs, "tcp.port", 0, 1);
+            if (parsed > 65_535) {
+                throw new IllegalArgumentException("rsm.config.tcp.port must be a TCP port (1 to 65535), not " + port);
+            }
+            Object host = configs.get("tcp.host");
+            return SidecarHttp.Endpoint.tcp(host == null ? "127.0.0.1" : host.toString(), (int) parsed);
+        }
+        Object socket = configs.get("socket.path");
+        return SidecarHttp.Endpoint.unix(Path.of(socket == null ? DEFAULT_SOCKET : socket.toString()));
     }
 
     /** A setting that may be 0 (none); negative values are refused. */

@@ -623,6 +623,18 @@ class SidecarRemoteStorageManagerTest {
         other.close();
     }
 
+    @Test
+    void aPortOutOfRangeIsRefusedByConfigure() {
+        // else every call would fail with the JDK's IllegalArgumentException, not a RemoteStorageException
+        for (String port : List.of("0", "-1", "65536", "80x")) {
+            SidecarRemoteStorageManager other = new SidecarRemoteStorageManager();
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                    () -> other.configure(Map.of("tcp.port", port)), port);
+            assertTrue(e.getMessage().contains("rsm.config.tcp.port"), e.getMessage());
+            other.close();
+        }
+    }
+
     /** A scripted HTTP/1.1 server on a Unix socket: one queued answer per connection. */
     static final class FakeSidecar implements AutoCloseable {
         record Request(String path, String body, String head) { }
