@@ -13,6 +13,7 @@ import java.nio.ByteBuffer;
 import java.nio.channels.SelectionKey;
 import java.nio.channels.Selector;
 import java.nio.channels.SocketChannel;
+import java.nio.channels.UnresolvedAddressException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.Locale;
@@ -204,6 +205,11 @@ final class SidecarHttp {
             selector = Selector.open();
             connect(channel, selector);
             return new Connection(channel, selector, false);
+        } catch (UnresolvedAddressException e) {
+            // tcp.host did not resolve (a DNS failure may pass): the sidecar cannot be reached
+            closeQuietly(selector);
+            closeQuietly(channel);
+            throw new IOException("cannot resolve the sidecar's host " + endpoint.host, e);
         } catch (IOException | RuntimeException e) {
             closeQuietly(selector);
             closeQuietly(channel);

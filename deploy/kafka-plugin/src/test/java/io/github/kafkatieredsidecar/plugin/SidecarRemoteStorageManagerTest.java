@@ -578,6 +578,21 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
+    void aHostThatDoesNotResolveIsRetriable() {
+        // not the JDK's unchecked UnresolvedAddressException, which Kafka does not take as a storage error
+        SidecarRemoteStorageManager tcp = new SidecarRemoteStorageManager();
+        tcp.configure(Map.of("tcp.host", "no-such-host.invalid", "tcp.port", "9", "fetch.cache.bytes", "0"));
+        try {
+            RemoteStorageException e = assertThrows(RemoteStorageException.class,
+                    () -> tcp.deleteLogSegmentData(metadata()));
+            assertInstanceOf(RetriableRemoteStorageException.class, e);
+            assertTrue(e.getMessage().contains("no-such-host.invalid"), e.getMessage());
+        } finally {
+            tcp.close();
+        }
+    }
+
+    @Test
     void aSilentSidecarIsRetriableAtTheDeadline() {
         sidecar.silent = true;
         long started = System.nanoTime();
