@@ -132,7 +132,7 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
         fetchWindowBytes = windowSetting(configs, "fetch.window.bytes", 1024 * 1024);
         sequentialWindowBytes = windowSetting(configs, "fetch.sequential.window.bytes", 4 * 1024 * 1024);
         long cacheBytes = longSetting(configs, "fetch.cache.bytes", 64L * 1024 * 1024);
-        readAheadWindows = (int) longSetting(configs, "fetch.readahead.windows", 1);
+        readAheadWindows = countSetting(configs, "fetch.readahead.windows", 1);
         fileReads = new CacheFileReads(booleanSetting(configs, "fetch.files", true), nanoClock);
         long windowIdleMs = longSetting(configs, "fetch.cache.idle.ms", 30_000);
         stopReadAhead();
@@ -184,6 +184,15 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
     /** A setting that may be 0 (none); negative values are refused. */
     private static long longSetting(Map<String, ?> configs, String name, long fallback) {
         return setting(configs, name, fallback, 0);
+    }
+
+    /** A setting that may be 0 (none) and must fit an int. */
+    private static int countSetting(Map<String, ?> configs, String name, int fallback) {
+        long parsed = setting(configs, name, fallback, 0);
+        if (parsed > Integer.MAX_VALUE) {
+            throw new IllegalArgumentException("rsm.config." + name + " must be an integer, not " + configs.get(name));
+        }
+        return (int) parsed;
     }
 
     /** A setting that must be positive and fit an int. */

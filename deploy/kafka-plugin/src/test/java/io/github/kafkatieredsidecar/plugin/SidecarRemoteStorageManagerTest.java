@@ -627,6 +627,9 @@ class SidecarRemoteStorageManagerTest {
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("copy.timeout.ms", "soon")));
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("fetch.cache.bytes", "-1")));
         assertThrows(IllegalArgumentException.class, () -> other.configure(Map.of("fetch.cache.idle.ms", "-1")));
+        // past an int: not cut to its low 32 bits (this one to 1, 2^31 to a negative count)
+        assertThrows(IllegalArgumentException.class,
+                () -> other.configure(Map.of("fetch.readahead.windows", "4294967297")));
         // a window past 256 MiB would overflow once the overshoot is added to it
         String tooLarge = String.valueOf(Integer.MAX_VALUE - 1000);
         IllegalArgumentException refused = assertThrows(IllegalArgumentException.class,
