@@ -160,6 +160,9 @@ public class SidecarRemoteStorageManager implements RemoteStorageManager {
                 return thread;
             }, new ThreadPoolExecutor.AbortPolicy());
         }
+        if (http != null) {
+            http.close(); // the idle connections of the settings before, if any
+        }
         http = new SidecarHttp(endpoint, connectTimeoutMs);
     }
 

@@ -240,6 +240,19 @@ class SidecarRemoteStorageManagerTest {
     }
 
     @Test
+    void configuringAgainClosesTheIdleConnectionsOfTheSettingsBefore() throws Exception {
+        sidecar.keepAlive = true;
+        sidecar.answer(200, new byte[10]);
+        try (InputStream in = rsm.fetchIndex(metadata(), IndexType.OFFSET)) {
+            assertEquals(10, in.readAllBytes().length);
+        }
+        assertEquals(1, rsm.idleConnections());
+        rsm.configure(Map.of("socket.path", sidecar.path.toString(), "fetch.cache.bytes", "0"));
+        assertEquals(0, rsm.idleConnections());
+        assertEquals(Boolean.TRUE, sidecar.hangups.poll(10, TimeUnit.SECONDS), "the kept connection was not closed");
+    }
+
+    @Test
     void aReadClosedFarFromItsEndDoesNotGoBackToThePool() throws Exception {
         sidecar.keepAlive = true;
         int size = SidecarHttp.BodyStream.DRAIN_MAX_BYTES + 100_000;
@@ -666,6 +679,8 @@ class SidecarRemoteStorageManagerTest {
         /** Serve further requests on a connection unless the request says Connection: close. */
         volatile boolean keepAlive;
         final AtomicInteger accepted = new AtomicInteger();
+        /** One entry for each connection the client closed between requests. */
+        final BlockingQueue<Boolean> hangups = new ArrayBlockingQueue<>(16);
 
         FakeSidecar(Path path) throws IOException {
             this.path = path;
@@ -727,7 +742,12 @@ class SidecarRemoteStorageManagerTest {
             try (channel) {
                 Request request;
                 do {
-                    request = readRequest(channel);
+                    try {
+                        request = readRequest(channel);
+                    } catch (ClientClosedException e) {
+                        hangups.offer(true);
+                        return;
+                    }
                     if (silent) {
                         Thread.sleep(10_000);
                         return;
@@ -767,7 +787,7 @@ class SidecarRemoteStorageManagerTest {
                 }
                 buffer.clear();
                 if (channel.read(buffer) < 0) {
-                    throw new IOException("client closed");
+                    throw new ClientClosedException();
                 }
                 seen.write(buffer.array(), 0, buffer.position());
             }
@@ -777,6 +797,15 @@ class SidecarRemoteStorageManagerTest {
         public void close() {
             SidecarHttp.closeQuietly(server);
             thread.interrupt();
+        }
+
+        /** The client closed the connection before (or instead of) its next request. */
+        private static final class ClientClosedException extends IOException {
+            private static final long serialVersionUID = 1L;
+
+            ClientClosedException() {
+                super("client closed");
+            }
         }
     }
 }
