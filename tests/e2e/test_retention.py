@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.metadata.events import RemoteLogSegmentState, SegmentMetadata
 from tests.conftest import stack
 from tests.e2e._support import (
@@ -174,6 +175,30 @@ async def _start(config: Path, s3: Any, tmp_path: Path, name: str = "sidecar") -
     sidecar = await Sidecar.start(config, sidecar_env(s3), tmp_path / f"{name}.log", name=name)
     await sidecar.wait_for("sidecar_ready", timeout=60)
     return sidecar
+
+
+async def _delete_partition(config: Path, s3: Any, *args: str) -> str:
+    """`sidecar delete-partition --yes` with ``args``; its output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "delete-partition", "--config", str(config), *args,
+        "--yes", env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return out.decode()
+
+
+async def _scrub(config: Path, s3: Any, *args: str, rc: int = 0) -> dict[str, Any]:
+    """`sidecar scrub --json` with ``args``: its report (a refused scrub prints one too, with exit
+    1), or its stderr when it printed none."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json", *args,
+        env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await process.communicate()
+    assert process.returncode == rc, err.decode()
+    return json.loads(out) if out else {"stderr": err.decode()}
 
 
 def _expected_by_time(segments: list[SegmentMetadata], retention_ms: int, now_ms: int) -> list:
@@ -388,15 +413,10 @@ class TestDeletion:
             before = {
                 p: await _finished(kafka, topic_name, tmp_path / f"b{p}", p) for p in range(2)
             }
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sidecar", "delete-partition", "--config", str(config),
-                "--topic", topic_name, "--partition", "1", "--force", "--yes",
-                env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            out, err = await process.communicate()
-            assert process.returncode == 0, err.decode()
-            assert "DELETE_PARTITION_MARKED" in out.decode()
+            marked = await _delete_partition(
+                config, s3, "--topic", topic_name, "--partition", "1", "--force"
+            )
+            assert "DELETE_PARTITION_MARKED" in marked
             await sidecar.wait_for("partition_delete_finished", timeout=60, partition=1)
             async with MetadataTopic(bootstrap, f"__rlm_{topic_name}", tmp_path / "m") as log:
                 await log.read_to_end()
@@ -440,17 +460,7 @@ class TestScrubCommand:
             tip = topic_id_partition(kafka.log_dir, topic_name, 0)
             planted = _plant(s3, s3_prefix, tip)
 
-            async def scrub(*args: str, rc: int = 0) -> dict[str, Any]:
-                process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "sidecar", "scrub", "--config", str(config), "--json",
-                    *args, env=sidecar_env(s3), stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                out, err = await process.communicate()
-                assert process.returncode == rc, err.decode()
-                return json.loads(out) if out else {"stderr": err.decode()}
-
-            young = await scrub()  # default grace: a day
+            young = await _scrub(config, s3)  # default grace: a day
             assert young["orphans"] == 0
             assert young["young_orphans"] == len(planted["objects"])
             assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
@@ -460,7 +470,7 @@ class TestScrubCommand:
                 "--set",
                 "retention.multipart_grace_s=0.001",
             )
-            dry = await scrub("--dry-run", *graceless)
+            dry = await _scrub(config, s3, "--dry-run", *graceless)
             assert sorted(dry["orphan_keys"]) == sorted(planted["objects"])
             assert [u["key"] for u in dry["aborted_uploads"]] == [planted["upload"]]
             assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
@@ -469,21 +479,89 @@ class TestScrubCommand:
             # orphans are kept and reported
             metadata_topic = f"__rlm_{topic_name}"
             await _alter(bootstrap, metadata_topic, {"retention.ms": str(7 * 24 * HOUR_MS)})
-            refused = await scrub("--execute", *graceless, rc=1)
+            refused = await _scrub(config, s3, "--execute", *graceless, rc=1)
             assert "retention.ms=604800000" in refused["refused"]
             assert sorted(refused["withheld_keys"]) == sorted(planted["objects"])
             assert [u["key"] for u in refused["withheld_uploads"]] == [planted["upload"]]
             assert refused["orphan_keys"] == []
             assert set(bucket_keys(s3, s3_prefix)) == referenced | set(planted["objects"])
-            warned = await scrub("--dry-run", *graceless)
+            warned = await _scrub(config, s3, "--dry-run", *graceless)
             assert "retention.ms=604800000" in warned["refused"]
             assert sorted(warned["withheld_keys"]) == sorted(planted["objects"])
             await _alter(bootstrap, metadata_topic, {"retention.ms": "-1"})
-            done = await scrub("--execute", *graceless)
+            done = await _scrub(config, s3, "--execute", *graceless)
             assert sorted(done["orphan_keys"]) == sorted(planted["objects"])
             assert set(bucket_keys(s3, s3_prefix)) == referenced
             assert multipart_uploads(s3, s3_prefix) == []
             await _delete_topic_and_wait_empty(kafka, s3, sidecar, topic_name, s3_prefix)
+            assert await sidecar.stop() == 0
+        finally:
+            if sidecar.proc.returncode is None:
+                await sidecar.kill()
+            await delete_topic(bootstrap, topic_name)
+
+    async def test_scrub_deletes_the_leftovers_of_a_deleted_partition(
+        self, kafka, s3, topic_name, s3_prefix, tmp_path
+    ):
+        """Partition 1 of a deleted topic is deleted with `sidecar delete-partition`
+        (DELETE_PARTITION_FINISHED in the metadata topic), then objects and an upload appear
+        under its prefix, as a copy that raced the deletion leaves them: the scrub deletes them
+        and aborts the upload; partition 0, still tiered, keeps every object."""
+        bootstrap = kafka.bootstrap_servers
+        await create_topic(bootstrap, topic_name, partitions=2, configs={"retention.ms": "-1"})
+        for p in range(2):
+            await _produce(bootstrap, topic_name, count=3000, partition=p)
+        # the deleted topic's data waits for its grace period: partition 1 goes by the command
+        config = _config(
+            tmp_path, kafka, s3, topic_name, s3_prefix, topic_deletion_grace_s=24 * 3600.0
+        )
+        sidecar = await _start(config, s3, tmp_path)
+        try:
+            await _tier_everything(kafka, sidecar, topic_name, partitions=2)
+            tips = [topic_id_partition(kafka.log_dir, topic_name, p) for p in range(2)]
+            live = await _finished(kafka, topic_name, tmp_path / "m0", 0)
+            assert live
+            # a deleted topic: nothing of partition 1 is tiered again after its deletion
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+            await admin.start()
+            try:
+                await admin.delete_topics([topic_name])
+            finally:
+                await admin.close()
+            topic_id = encode_kafka_uuid(tips[1].topic_id)
+            await _delete_partition(
+                config, s3, "--topic", topic_name, "--topic-id", topic_id, "--partition", "1",
+                "--force",
+            )  # fmt: skip
+            await sidecar.wait_for("partition_delete_finished", timeout=60, partition=1)
+            async with MetadataTopic(bootstrap, f"__rlm_{topic_name}", tmp_path / "m1") as log:
+                await log.read_to_end()
+                assert [
+                    e.state.name
+                    for e in log.events
+                    if type(e).__name__ == "PartitionDeleteMetadata"
+                    and e.topic_id_partition == tips[1]
+                ][-1] == "DELETE_PARTITION_FINISHED"
+            referenced = set(bucket_keys(s3, s3_prefix))
+            assert referenced == expected_keys(s3_prefix, live)
+            planted = _plant(s3, s3_prefix, tips[1])
+
+            graceless = ("--set", "retention.orphan_grace_s=0.001")
+            graceless += ("--set", "retention.multipart_grace_s=0.001")
+            done = await _scrub(config, s3, "--execute", *graceless)
+            assert sorted(done["orphan_keys"]) == sorted(planted["objects"])
+            assert [u["key"] for u in done["aborted_uploads"]] == [planted["upload"]]
+            assert done["not_ours"] == 0
+            assert set(bucket_keys(s3, s3_prefix)) == referenced
+            assert multipart_uploads(s3, s3_prefix) == []
+
+            # the rest goes by the sidecar's own deletion: the prefix ends empty
+            await _delete_partition(
+                config, s3, "--topic", topic_name, "--topic-id", topic_id, "--partition", "0",
+                "--force",
+            )  # fmt: skip
+            await sidecar.wait_for("partition_delete_finished", timeout=60, partition=0)
+            assert bucket_keys(s3, s3_prefix) == []
             assert await sidecar.stop() == 0
         finally:
             if sidecar.proc.returncode is None:
