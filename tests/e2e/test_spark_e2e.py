@@ -11,6 +11,10 @@ partition's leader epoch in KRaft); the sidecar tiers every rolled segment. Then
 * Narrow offset and time queries go through a counting proxy in front of SeaweedFS: they fetch
   only a few small ranged GETs, never a whole `.log`.
 * The audit job (`sidecar spark verify`) finds a byte flipped in one tiered segment and names it.
+
+On a topic of its own, a segment that the running sidecar's remote retention deletes between a
+read's planning and its execution is data loss: ArchiveDataLossError with ``failOnDataLoss=true``,
+the other rows and a warning with ``failOnDataLoss=false``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,11 +37,12 @@ from urllib.parse import urlsplit
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
-from sidecar.kafka.checkpoints import read_leader_epoch_checkpoint
+from sidecar.kafka.checkpoints import encode_kafka_uuid, read_leader_epoch_checkpoint
 from sidecar.kafka.logdir import scan_partition_dir
 from tests.conftest import stack
-from tests.e2e._support import CODECS, clean_prefix, produce_per_codec
+from tests.e2e._support import CODECS, clean_prefix, delete_topic, produce_per_codec
 from tests.helpers import create_topic
 from tests.sidecar_runner import Sidecar, sidecar_config, sidecar_env
 
@@ -509,3 +515,123 @@ def test_audit_finds_a_planted_corrupt_byte(spark, s3, archive: Archive, tmp_pat
             client.put_object(Bucket=s3.bucket, Key=victim, Body=original)
     finally:
         client.close()
+
+
+# --- a segment that remote retention deletes between planning and the read
+
+WORKER_LOGGING_CONF = "spark.sql.pyspark.worker.logging.enabled"
+
+
+def _value(i: int) -> bytes:
+    return f"{i:08d}".encode() * 128
+
+
+async def _produce_numbered(bootstrap: str, topic: str, count: int) -> None:
+    """Records 0..count-1 to partition 0, each value naming its offset (1 KiB)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(count):
+            await producer.send(topic, value=_value(i), partition=0)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def test_a_segment_deleted_after_planning_is_data_loss(
+    spark, kafka, s3, topic_name, s3_prefix, tmp_path
+):
+    """Two reads are planned (``df.rdd`` runs the source's ``partitions()`` once, and its
+    collects reuse that plan); then a DeleteRecords makes the running sidecar's remote retention
+    delete the first tiered segment. The read with ``failOnDataLoss=true`` (the default) fails
+    with ArchiveDataLossError naming the segment; the one with ``failOnDataLoss=false`` returns
+    every other planned row and logs a warning. A read planned after the deletion starts past
+    it and fails nothing."""
+    from pyspark.errors import PythonException
+
+    bootstrap = kafka.bootstrap_servers
+    await create_topic(
+        bootstrap, topic_name, configs={"segment.bytes": "1048576", "retention.ms": "-1"}
+    )
+    await _produce_numbered(bootstrap, topic_name, 3500)  # three 1 MiB segments roll
+    scan = scan_partition_dir(kafka.log_dir / f"{topic_name}-0")
+    assert scan is not None
+    rolled = [s for s in scan.segments if not s.is_active]
+    assert len(rolled) >= 3
+    config = sidecar_config(
+        tmp_path / "sidecar.toml",
+        state_dir=tmp_path / "state",
+        log_dirs=[kafka.log_dir],
+        bootstrap=bootstrap,
+        s3=s3,
+        metrics_port=stack.free_port(),
+        metadata_topic=f"__rlm_{topic_name}",
+        include_topics=[topic_name],
+        prefix=s3_prefix,
+        extra="[retention]\ninterval_s = 1.0\nscrub_enabled = false\n",
+    )
+    sidecar = await Sidecar.start(config, sidecar_env(s3), tmp_path / "sidecar.log")
+    options = {
+        "subscribe": topic_name,
+        "kafka.bootstrap.servers": bootstrap,
+        "metadata.topic": f"__rlm_{topic_name}",
+        "s3.endpoint": s3.endpoint,
+        "s3.bucket": s3.bucket,
+        "s3.prefix": s3_prefix,
+        "s3.accessKeyId": s3.access_key,
+        "s3.secretAccessKey": s3.secret_key,
+    }
+    # the Python workers' log lines, for the warning; set before planning (the plan carries it)
+    spark.conf.set(WORKER_LOGGING_CONF, "true")
+    try:
+        await sidecar.wait_for("segment_tiered", count=len(rolled), timeout=180)
+
+        def planned(**extra: str) -> Any:
+            """The read's RDD: its partitions (the source's plan) are fixed from here on."""
+            return spark.read.format("kafka-tiered").options(**options, **extra).load().rdd
+
+        # planned on the test's thread: planned from another thread (asyncio.to_thread), the
+        # reads ran without the session's worker-logging setting
+        failing = planned()
+        lenient = planned(failOnDataLoss="false")
+        assert failing.getNumPartitions() >= len(rolled)
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=30000)
+        await admin.start()
+        try:
+            await admin.delete_records(
+                {TopicPartition(topic_name, 0): RecordsToDelete(rolled[1].base_offset)}
+            )
+        finally:
+            await admin.close()
+        (deleted,) = await sidecar.wait_for("remote_segment_deleted", timeout=60)
+        assert (deleted["start_offset"], deleted["end_offset"]) == (0, rolled[0].end_offset)
+        segment_id = encode_kafka_uuid(uuid.UUID(deleted["segment_id"]))
+
+        with pytest.raises(PythonException) as failed:
+            await asyncio.to_thread(failing.collect)
+        assert "ArchiveDataLossError" in str(failed.value)
+        assert f"segment {segment_id} is not in the bucket" in str(failed.value)
+
+        rows = await asyncio.to_thread(lenient.collect)
+        kept = list(range(rolled[1].base_offset, rolled[-1].end_offset + 1))
+        assert sorted(r.offset for r in rows) == kept
+        assert all(r.value == _value(r.offset) for r in rows)
+        warnings = [
+            r.msg
+            for r in spark.tvf.python_worker_logs()
+            .where("logger = 'sidecar.spark._read' AND level = 'WARNING'")
+            .collect()
+            if segment_id in r.msg
+        ]
+        assert warnings, spark.tvf.python_worker_logs().collect()
+        assert all("skipped (failOnDataLoss=false)" in w for w in warnings)
+
+        fresh = await asyncio.to_thread(planned().collect)
+        assert sorted(r.offset for r in fresh) == kept
+        assert await sidecar.stop() == 0
+    finally:
+        spark.conf.unset(WORKER_LOGGING_CONF)
+        if sidecar.proc.returncode is None:
+            await sidecar.kill()
+        await delete_topic(bootstrap, topic_name)
