@@ -26,6 +26,10 @@ __all__ = ["HealthServer", "Readiness"]
 log = get_logger(__name__)
 
 
+def _encode_json(document: Any) -> bytes:
+    return json.dumps(document).encode()
+
+
 class Readiness:
     """Named readiness checks; the sidecar is ready when every registered check is true."""
 
@@ -103,7 +107,11 @@ class HealthServer:
             return web.json_response(
                 {"code": "starting", "message": "the sidecar is still starting"}, status=503
             )
-        return web.json_response(await self.status_provider())
+        document = await self.status_provider()
+        # one row per partition: with thousands of partitions the JSON is megabytes, whose
+        # encoding would hold the loop for tens of milliseconds
+        body = await asyncio.to_thread(_encode_json, document)
+        return web.Response(body=body, content_type="application/json")
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         # gauges read from the loop's state are set here, on the loop; the render is off

@@ -1,11 +1,13 @@
-"""The health server's /metrics is rendered off the event loop: with many topic series a
-render takes tens of milliseconds to seconds, which on the loop would stall uploads, reads
-and /healthz alike. Gauges computed from state the loop owns are read on the loop."""
+"""The health server's /metrics is rendered, and its /v1/status document encoded, off the
+event loop: with many topic series or partitions either takes tens of milliseconds to seconds,
+which on the loop would stall uploads, reads and /healthz alike. Gauges computed from state the
+loop owns are read on the loop."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import types
 from typing import Any
 
 import aiohttp
@@ -89,3 +91,44 @@ async def test_the_tailer_gauges_are_read_on_the_loop() -> None:
     assert "kafka_tiered_sidecar_metadata_partitions_tracked 2.0" in body
     assert "kafka_tiered_sidecar_metadata_partitions_stalled 1.0" in body
     assert {threading.get_ident()} == tailer.readers
+
+
+async def test_the_loop_runs_while_the_status_document_is_encoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A status document of thousands of partitions is megabytes of JSON: encoding it must
+    leave the loop free."""
+    loop = asyncio.get_running_loop()
+    loop_ran = threading.Event()
+    seen: list[bool] = []
+    dumps = health.json.dumps
+
+    def slow_dumps(document: Any) -> str:
+        # the encoding waits for the loop to run a callback: only possible off the loop
+        loop.call_soon_threadsafe(loop_ran.set)
+        seen.append(loop_ran.wait(timeout=10))
+        return dumps(document)
+
+    monkeypatch.setattr(health, "json", types.SimpleNamespace(dumps=slow_dumps))
+    server = HealthServer(host="127.0.0.1", port=0, metrics=Metrics(), readiness=Readiness())
+    document = {"broker_id": 1, "partitions": [{"topic": "orders", "partition": 0}]}
+
+    async def status() -> dict[str, Any]:
+        return document
+
+    server.status_provider = status
+    stopping = asyncio.Event()
+    task = asyncio.create_task(server.run(stopping))
+    try:
+        await server.started.wait()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{server.bound_port}/v1/status") as response,
+        ):
+            assert response.status == 200
+            assert response.content_type == "application/json"
+            assert document == await response.json()
+    finally:
+        stopping.set()
+        await task
+    assert seen == [True]
