@@ -9,28 +9,39 @@
   graceful shutdown); a second one cancels the main task at once.
 * :func:`acquire_in_thread`: open a resource (a file, a descriptor) in a worker thread without
   leaking it when the caller is cancelled while the thread runs.
+* :data:`SEGMENT_READ_THREADS` and :func:`in_segment_thread`: the threads that read the
+  broker's segment files for uploads. Those reads take seconds per segment (a whole-file check,
+  a part of 16 MiB), longer on a slow disk or network storage; in the default executor
+  (``asyncio.to_thread``, a few threads) a handful of them held every thread, and the metadata
+  store's queries, the metadata tailer's batches, the log-dir scans and ``/metrics`` waited
+  behind them. In a pool of their own they only wait for each other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import gc
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from sidecar.errors import SidecarError
 from sidecar.observability.logging import get_logger
 
 __all__ = [
+    "SEGMENT_READ_THREADS",
     "RootTaskExitedError",
     "acquire_in_thread",
     "capture_signals",
     "failures",
     "freeze_startup_heap",
     "guard",
+    "in_segment_thread",
     "wait_any",
 ]
 
@@ -38,9 +49,28 @@ _T = TypeVar("_T")
 
 log = get_logger(__name__)
 
+#: the threads that read the broker's segment files for uploads (as many as the sendfile
+#: threads: more reads at once than that only queue in the disk)
+SEGMENT_READ_THREADS: Final = concurrent.futures.ThreadPoolExecutor(
+    max_workers=8, thread_name_prefix="segment-read"
+)
 
-async def acquire_in_thread(acquire: Callable[[], _T], release: Callable[[_T], None]) -> _T:
-    """``acquire()`` in a worker thread, handing its result to the caller.
+
+def in_segment_thread(func: Callable[..., _T], /, *args: Any) -> asyncio.Future[_T]:
+    """``func(*args)`` in :data:`SEGMENT_READ_THREADS`, with the caller's contextvars (as
+    ``asyncio.to_thread``); a future of its result."""
+    call = functools.partial(contextvars.copy_context().run, func, *args)
+    return asyncio.get_running_loop().run_in_executor(SEGMENT_READ_THREADS, call)
+
+
+async def acquire_in_thread(
+    acquire: Callable[[], _T],
+    release: Callable[[_T], None],
+    *,
+    executor: concurrent.futures.Executor | None = None,
+) -> _T:
+    """``acquire()`` in a worker thread (of ``executor``, else the default one), handing its
+    result to the caller.
 
     A cancellation cannot stop the thread, and the event loop may be gone by the time it is
     done: whichever of the thread and the cancelled caller comes second calls ``release`` on the
@@ -60,7 +90,10 @@ async def acquire_in_thread(acquire: Callable[[], _T], release: Callable[[_T], N
         return result
 
     try:
-        return await asyncio.to_thread(hand_over)
+        if executor is None:
+            return await asyncio.to_thread(hand_over)
+        call = functools.partial(contextvars.copy_context().run, hand_over)
+        return await asyncio.get_running_loop().run_in_executor(executor, call)
     except asyncio.CancelledError:
         with lock:
             abandoned = True

@@ -1,5 +1,7 @@
 """Shared by every backend: argument checks, the part plan of a multipart upload, and reading
 a local file in parts in a worker thread (``os.preadv``/``os.pread``), never on the event loop.
+The reads run in :data:`~sidecar._aio.SEGMENT_READ_THREADS`, not the default executor: a slow
+disk holds those threads only.
 
 Two ways to read a part:
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from sidecar._aio import acquire_in_thread
+from sidecar._aio import SEGMENT_READ_THREADS, acquire_in_thread, in_segment_thread
 from sidecar._sendfile import ShortFileError, send_file_range
 from sidecar.errors import ChecksumMismatchError, InvalidRangeError, TruncatedFileError
 from sidecar.storage._crc import crc32c, crc32c_combine
@@ -298,7 +300,7 @@ class PartReader:
         shrank is an error. The caller releases the body once it is sent."""
         buffer = self._pool.acquire(length)
         body = PartBody(buffer, length, self._pool)
-        fill = asyncio.ensure_future(asyncio.to_thread(self._fill, body.view, offset))
+        fill = in_segment_thread(self._fill, body.view, offset)
         try:
             crc = await asyncio.shield(fill)
         except BaseException:
@@ -318,7 +320,7 @@ class PartReader:
     async def checksum(self, offset: int, length: int) -> int:
         """CRC-32C of ``length`` bytes at ``offset``, read :data:`CHUNK_BYTES` at a time into a
         per-thread scratch buffer (nothing kept); a file that shrank is an error."""
-        return await asyncio.to_thread(self._checksum, offset, length)
+        return await in_segment_thread(self._checksum, offset, length)
 
     def _checksum(self, offset: int, length: int) -> int:
         scratch = _scratch()
@@ -544,10 +546,8 @@ class FilePartBody:
     ) -> asyncio.Future[tuple[bytes, int]] | None:
         if done >= end:
             return None
-        return asyncio.ensure_future(
-            asyncio.to_thread(
-                self._reader.read_chunk, self.offset + done, min(CHUNK_BYTES, end - done), crc
-            )
+        return in_segment_thread(
+            self._reader.read_chunk, self.offset + done, min(CHUNK_BYTES, end - done), crc
         )
 
 
@@ -582,7 +582,9 @@ async def open_parts(
     """Open ``path`` for positional reads; its size is taken once, at open."""
     file = Path(path)
     fd, size = await acquire_in_thread(
-        functools.partial(_open, file), lambda opened: os.close(opened[0])
+        functools.partial(_open, file),
+        lambda opened: os.close(opened[0]),
+        executor=SEGMENT_READ_THREADS,
     )
     try:
         yield PartReader(file, fd, size, pool)

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+from sidecar._aio import in_segment_thread
 from sidecar.brokerapi import (
     FILE_SUFFIXES,
     BrokerCopyRequest,
@@ -123,7 +124,7 @@ class BrokerCopier:
         try:
             if self._staging is not None:
                 await self._staging.settled(ident)  # a staging upload of it in flight
-            opened, crc = await asyncio.to_thread(self._open, request, self._staging is not None)
+            opened, crc = await in_segment_thread(self._open, request, self._staging is not None)
             adopted: str | None = None
             try:
                 log_info = None

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from sidecar._aio import wait_any
+from sidecar._aio import in_segment_thread, wait_any
 from sidecar.errors import KeyNotFoundError, SegmentVanishedError, SidecarError
 from sidecar.kafka.checkpoints import decode_kafka_uuid
 from sidecar.kafka.logdir import PartitionScan, Segment, open_segment_file
@@ -466,7 +466,7 @@ class EagerStager:
         self._ledger.begin(ident)
         started = time.monotonic()
         try:
-            fingerprint = await asyncio.to_thread(_fingerprint, segment.log_path, self._part_size)
+            fingerprint = await in_segment_thread(_fingerprint, segment.log_path, self._part_size)
             if fingerprint is None:
                 return False  # deleted meanwhile: nothing to stage
             size, crc, mtime_ns, part_crcs = fingerprint

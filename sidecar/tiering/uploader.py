@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sidecar import __version__
-from sidecar._aio import acquire_in_thread
+from sidecar._aio import SEGMENT_READ_THREADS, acquire_in_thread
 from sidecar.errors import (
     FormatError,
     SegmentVanishedError,
@@ -321,6 +321,7 @@ class SegmentUploader:
         opened = await acquire_in_thread(
             functools.partial(_open_segment, scan, segment, self._part_size),
             lambda o: o.log.close(),
+            executor=SEGMENT_READ_THREADS,
         )
         try:
             metadata = SegmentMetadata(

@@ -5,6 +5,7 @@ from bytes a caller read anyway."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from aiohttp import payload
 
 from sidecar.errors import TruncatedFileError
-from sidecar.storage import MemoryObjectStore
+from sidecar.storage import MemoryObjectStore, _parts
 from sidecar.storage._crc import crc32c
 from sidecar.storage._parts import (
     CHUNK_BYTES,
@@ -305,3 +306,69 @@ async def test_memory_store_checks_announced_part_crcs(tmp_path: Path) -> None:
     assert "b" not in store.objects
     await store.put_file("c", path, part_size=size, part_crcs=(1, 2))  # another plan: ignored
     assert await store.get("c") == data
+
+
+class TestSegmentReadThreads:
+    """Part reads of a segment file take seconds on a slow disk; they run in threads of their
+    own, so the default executor (the metadata store's queries, the metadata tailer, the
+    log-dir scans, /metrics) is never waiting behind them."""
+
+    @pytest.mark.parametrize("way", ["read", "checksum", "send"])
+    async def test_a_part_read_that_hangs_leaves_the_default_executor_free(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, way: str
+    ) -> None:
+        """With a read stuck in its thread, other work still gets a default executor thread
+        (the only one here): it is what lets the stuck read go on."""
+        loop = asyncio.get_running_loop()
+        default = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        loop.set_default_executor(default)
+        data = os.urandom(3 * CHUNK_BYTES // 2)
+        path = tmp_path / "f.log"
+        path.write_bytes(data)
+        started = asyncio.Event()
+        released = threading.Event()
+        seen: list[bool] = []
+        read_into = _parts._read_into
+        pread = os.pread
+
+        def hang() -> None:
+            if not seen:  # the first read only
+                loop.call_soon_threadsafe(started.set)
+                seen.append(released.wait(timeout=10))
+
+        def slow_read_into(fd: int, target: memoryview, offset: int) -> int:
+            hang()
+            return read_into(fd, target, offset)
+
+        def slow_pread(fd: int, length: int, offset: int) -> bytes:
+            hang()
+            return pread(fd, length, offset)
+
+        monkeypatch.setattr(_parts, "_read_into", slow_read_into)
+        monkeypatch.setattr(_parts.os, "pread", slow_pread)
+        sent: list[bytes] = []
+
+        async def write(chunk: bytes) -> None:
+            sent.append(bytes(chunk))
+
+        async with open_parts(path) as reader:
+            if way == "read":
+                work = reader.read(0, len(data))
+            elif way == "checksum":
+                work = reader.checksum(0, len(data))
+            else:
+                work = FilePartBody(reader, 0, len(data), crc32c(data)).send(write, None)
+            task = asyncio.ensure_future(work)
+            await started.wait()
+            await asyncio.to_thread(released.set)
+            result = await task
+        default.shutdown()
+        assert seen == [True]
+        if way == "read":
+            body, crc = result
+            assert (body.tobytes(), crc) == (data, crc32c(data))
+            body.release()
+        elif way == "checksum":
+            assert result == crc32c(data)
+        else:
+            assert b"".join(sent) == data

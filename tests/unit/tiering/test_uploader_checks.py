@@ -3,11 +3,15 @@ CRC-32Cs the same read gives the upload."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from sidecar.errors import SegmentVanishedError
 from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.metadata.events import RemoteLogSegmentId, SegmentMetadata, TopicIdPartition
 from sidecar.storage import MemoryObjectStore, plan_parts
@@ -15,7 +19,13 @@ from sidecar.storage._crc import crc32c
 from sidecar.storage.keys import KeyLayout
 from sidecar.storage.manifest import IndexKind
 from sidecar.testing import TestRecord, build_batch, write_partition
-from sidecar.tiering.uploader import CorruptSegmentError, _open_segment, write_segment_objects
+from sidecar.tiering import uploader
+from sidecar.tiering.uploader import (
+    CorruptSegmentError,
+    SegmentUploader,
+    _open_segment,
+    write_segment_objects,
+)
 
 
 def _partition(tmp_path: Path):
@@ -128,3 +138,38 @@ class TestPartChecksumsFromTheBatchCheck:
                 opened.log.close()
         assert seen == [opened.part_crcs, None]
         assert seen[0] == (crc32c(segment.log_path.read_bytes()),)
+
+
+async def test_a_segment_check_that_hangs_leaves_the_default_executor_free(tmp_path, monkeypatch):
+    """The check before an upload reads the whole segment (seconds on a slow disk): with it
+    stuck in its thread, other work still gets a default executor thread (the only one here),
+    which is what lets the check go on."""
+    loop = asyncio.get_running_loop()
+    default = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(default)
+    scan = _partition(tmp_path)
+    started = asyncio.Event()
+    released = threading.Event()
+    seen: list[bool] = []
+
+    def stuck_check(*args):
+        loop.call_soon_threadsafe(started.set)
+        seen.append(released.wait(timeout=10))
+        raise SegmentVanishedError("deleted by the broker meanwhile")
+
+    monkeypatch.setattr(uploader, "_open_segment", stuck_check)
+    segment_uploader = SegmentUploader(
+        objects=MemoryObjectStore(),
+        publisher=None,  # never reached
+        layout=KeyLayout(),
+        broker_id=1,
+        part_size=5 * 1024 * 1024,
+        concurrency=2,
+    )
+    upload = asyncio.ensure_future(segment_uploader.upload(scan, scan.segments[0]))
+    await started.wait()
+    await asyncio.to_thread(released.set)
+    with pytest.raises(SegmentVanishedError, match="deleted by the broker"):
+        await upload
+    default.shutdown()
+    assert seen == [True]
