@@ -241,13 +241,24 @@ class TestLintAndRender:
 
     @pytest.mark.parametrize("scenario", SCENARIOS)
     def test_custom_resources_have_required_fields(self, scenario):
-        """ServiceMonitor, PodMonitor and PrometheusRule objects have the fields the CRDs need."""
-        for doc in documents(scenario):
-            if doc["kind"] in CRD_SCHEMAS:
-                assert doc["apiVersion"] == "monitoring.coreos.com/v1"
-                assert doc["metadata"]["name"]
-                assert doc["metadata"]["namespace"] == NAMESPACE
-                jsonschema.validate(doc["spec"], {"type": "object", **CRD_SCHEMAS[doc["kind"]]})
+        """ServiceMonitor, PodMonitor and PrometheusRule objects are rendered exactly when their
+        values enable them (none by default), and have the fields the CRDs need."""
+        values = SCENARIOS[scenario]
+        metrics = values.get("metrics", {})
+        enabled = {
+            "ServiceMonitor": metrics.get("serviceMonitor", {}).get("enabled", False),
+            "PodMonitor": metrics.get("podMonitor", {}).get("enabled", False),
+            "PrometheusRule": values.get("prometheusRule", {}).get("enabled", False),
+        }
+        monitors = [doc for doc in documents(scenario) if doc["kind"] in CRD_SCHEMAS]
+        assert sorted(doc["kind"] for doc in monitors) == sorted(
+            kind for kind, on in enabled.items() if on
+        )
+        for doc in monitors:
+            assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+            assert doc["metadata"]["name"]
+            assert doc["metadata"]["namespace"] == NAMESPACE
+            jsonschema.validate(doc["spec"], {"type": "object", **CRD_SCHEMAS[doc["kind"]]})
 
     @pytest.mark.parametrize("scenario", SCENARIOS)
     def test_output_passes_yamllint(self, scenario):
