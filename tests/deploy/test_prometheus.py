@@ -186,8 +186,18 @@ class TestDashboard:
         assert result.returncode == 0, describe(result)
 
     def test_queries_filter_by_job_and_instance(self):
-        """Every selector of a panel query honours the job and instance variables."""
-        for where, expr in dashboard_exprs():
-            for selector in re.findall(r"\{([^{}]*)\}", expr):
-                assert 'job=~"$job"' in selector, where
-                assert 'instance=~"$instance"' in selector, where
+        """Every series a panel query reads is selected by the job and instance variables: a
+        metric without a selector would sum every sidecar Prometheus scrapes."""
+        exprs = dashboard_exprs()
+        assert exprs
+        for where, expr in exprs:
+            names = promql_metric_names(expr)
+            assert names, where
+            for name in names:
+                uses = re.findall(
+                    rf"(?<![\w:]){re.escape(name)}(?![\w:])\s*(\{{[^{{}}]*\}})?", expr
+                )
+                assert uses, (where, name)
+                for selector in uses:
+                    assert 'job=~"$job"' in selector, (where, name)
+                    assert 'instance=~"$instance"' in selector, (where, name)
