@@ -309,8 +309,10 @@ class TestEngineTiering:
         """While S3 is known to be down (pause reason), nothing is started; on resume it is."""
         r = rig()
         r.pause = "S3 is unreachable"
+        reconciles = r.count_reconciles()
         r.start()
-        await asyncio.sleep(0.2)
+        await r.until(lambda: reconciles() >= 3)
+        assert r.engine._workers == {}  # no worker was even started
         assert r.publisher.events == []
         r.pause = None
         r.engine.retry_now()
@@ -425,7 +427,10 @@ class TestBrokerDriven:
         first = next(e for _, e in r.publisher.events if isinstance(e, SegmentMetadata))
         await r.until(lambda: DELETE_FINISHED in r.states_of(first))
         r.objects.gate.set()
-        await asyncio.sleep(0.1)
+        await r.until(lambda: not r.engine.busy_partitions)  # the abandoned upload ended
+        # passes after it: a copy one of them started would be drained by stop(), FINISHED
+        reconciles = r.count_reconciles()
+        await r.until(lambda: reconciles() >= 3)
         await r.stop()
         assert r.states_of(first) == [STARTED, DELETE_STARTED, DELETE_FINISHED]
         assert r.finished() == []
@@ -519,8 +524,10 @@ class TestEngineRepair:
         """When the owner finishes its copy during the wait, tiering continues after it."""
         r = rig(foreign_copy_grace_s=30)
         theirs = r.copy_started(0, broker=OTHER)
+        key = (TOPIC, 0)
         r.start()
-        await asyncio.sleep(0.1)
+        # a worker looked at the partition and ended, waiting for the owner
+        await r.until(lambda: key in r.engine._workers and r.engine._workers[key].task.done())
         assert r.publisher.events == []
         r.update(theirs, FINISHED, broker=OTHER)
         await r.until(r.all_tiered)
@@ -571,7 +578,10 @@ class TestEngineFailures:
         first = next(e for _, e in r.publisher.events if isinstance(e, SegmentMetadata))
         await r.until(lambda: DELETE_FINISHED in r.states_of(first))
         r.objects.gate.set()
-        await asyncio.sleep(0.1)
+        await r.until(lambda: not r.engine.busy_partitions)  # the abandoned upload ended
+        # passes after it: a copy one of them started would be drained by stop(), FINISHED
+        reconciles = r.count_reconciles()
+        await r.until(lambda: reconciles() >= 3)
         await r.stop()
         assert r.states_of(first) == [STARTED, DELETE_STARTED, DELETE_FINISHED]
         assert r.finished() == []
