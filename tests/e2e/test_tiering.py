@@ -137,6 +137,8 @@ async def _tiered_run(kafka, s3, topic_name, tmp_path, *, kill_after: int | None
     sidecar = await Sidecar.start(config, env, tmp_path / "sidecar-1.log")
     try:
         if kill_after is not None:
+            # segments left to upload when the kill comes, or nothing is in flight to repair
+            assert total > kill_after, rolled
             await sidecar.wait_for("segment_tiered", count=kill_after, topic=topic_name)
             sidecar.proc.send_signal(signal.SIGKILL)
             await sidecar.proc.wait()
