@@ -22,6 +22,7 @@ The type carries the retry policy (``retriable``); workers decide from the type,
     - ChecksumMismatchError      the store rejected or returned data whose checksum did not match
       . ChecksumNotEchoedError   the store did not echo an upload's checksum and that is refused
     - StorageAccessError         credentials refused, access denied, no bucket (not retriable)
+    - ObjectTooLargeError        a whole-object GET of more bytes than the caller takes (not R)
   + MetadataPublishError (R)     publishing to the remote log metadata topic failed
   + StackError                   the local development stack could not be started or stopped
 """
@@ -44,6 +45,7 @@ __all__ = [
     "KeyNotFoundError",
     "MetadataPublishError",
     "MissingToolError",
+    "ObjectTooLargeError",
     "SegmentVanishedError",
     "SidecarError",
     "SnapshotFormatError",
@@ -187,6 +189,14 @@ class StorageAccessError(StorageError):
 
     Retrying at once cannot help; the worker backs off for long and readiness turns false.
     """
+
+    retriable: ClassVar[bool] = False
+
+
+class ObjectTooLargeError(StorageError):
+    """A whole-object GET found more bytes than the caller's limit (a manifest, a marker: a few
+    KB when the sidecar wrote them); refused before the body is read, so an object someone
+    else put at such a key cannot fill memory (not retriable: it is as large next time)."""
 
     retriable: ClassVar[bool] = False
 

@@ -66,7 +66,12 @@ from typing import Final, Generic, Literal, NamedTuple, Self, TypeVar, overload
 
 import crc32c
 
-from sidecar.errors import CheckpointFormatError, FormatError, KeyNotFoundError
+from sidecar.errors import (
+    CheckpointFormatError,
+    FormatError,
+    KeyNotFoundError,
+    ObjectTooLargeError,
+)
 from sidecar.kafka.checkpoints import (
     EpochEntry,
     encode_kafka_uuid,
@@ -106,7 +111,12 @@ from sidecar.readserver.errors import (
 )
 from sidecar.storage.base import ObjectStore
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
-from sidecar.storage.manifest import IndexKind, ManifestFormatError, SegmentManifest
+from sidecar.storage.manifest import (
+    MANIFEST_MAX_BYTES,
+    IndexKind,
+    ManifestFormatError,
+    SegmentManifest,
+)
 
 __all__ = [
     "Batch",
@@ -805,9 +815,12 @@ class ReadService:
         async def load() -> SegmentManifest | None:
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    data = await self._objects.get(key)
+                    data = await self._objects.get(key, max_bytes=MANIFEST_MAX_BYTES)
             except KeyNotFoundError:
                 return None
+            except ObjectTooLargeError as exc:
+                log.warning("manifest_too_large", key=key, error=str(exc))
+                raise RemoteDataError(f"manifest {key} is not a manifest: {exc}") from exc
             try:
                 manifest = SegmentManifest.from_json(data, key=key)
             except ManifestFormatError as exc:

@@ -10,6 +10,7 @@ Errors are the same for every backend (:mod:`sidecar.errors`):
   end, or beyond the object's last byte (an end beyond the last byte is clamped, as S3 does);
 * :class:`~sidecar.errors.ChecksumMismatchError`: the store rejected our CRC-32C, or returned
   bytes or a checksum that do not match;
+* :class:`~sidecar.errors.ObjectTooLargeError`: ``get`` of an object over its ``max_bytes``;
 * :class:`~sidecar.errors.StorageError` (retriable): everything else. Messages name the
   operation and the key, never a credential.
 
@@ -145,8 +146,10 @@ class ObjectStore(Protocol):
         any Kafka segment). A missing source is :class:`~sidecar.errors.KeyNotFoundError`."""
         ...
 
-    async def get(self, key: str) -> bytes:
-        """The whole object (for small objects: manifests, indexes)."""
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The whole object (for small objects: manifests, indexes). With ``max_bytes``, an
+        object larger than that is :class:`~sidecar.errors.ObjectTooLargeError`, raised before
+        its body is read."""
         ...
 
     async def get_range(

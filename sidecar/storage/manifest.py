@@ -24,6 +24,7 @@ from sidecar.kafka.checkpoints import decode_kafka_uuid, encode_kafka_uuid
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "MANIFEST_MAX_BYTES",
     "MANIFEST_VERSION",
     "IndexKind",
     "ManifestFormatError",
@@ -35,6 +36,9 @@ __all__ = [
 
 MANIFEST_FORMAT = "kafka-tiered-sidecar/segment-manifest"
 MANIFEST_VERSION = 1
+#: the most a reader takes of an object at a manifest's key: a manifest is a few KB (one line
+#: per object, one pair per leader epoch of the segment)
+MANIFEST_MAX_BYTES = 1024 * 1024
 
 
 class ManifestFormatError(FormatError):

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Literal, Self
 
-from sidecar.errors import InvalidRangeError, KeyNotFoundError
+from sidecar.errors import InvalidRangeError, KeyNotFoundError, ObjectTooLargeError
 from sidecar.storage._parts import (
     PartChangedError,
     batches,
@@ -198,10 +198,16 @@ class MemoryObjectStore:
         if self._throttle is not None:
             await self._throttle.acquire(size)
 
-    async def get(self, key: str) -> bytes:
-        """The whole object."""
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The whole object; one over ``max_bytes`` is ObjectTooLargeError."""
         await self._enter("get")
-        return self._lookup(key).body
+        body = self._lookup(key).body
+        if max_bytes is not None and len(body) > max_bytes:
+            raise ObjectTooLargeError(
+                f"{key}: the object has {len(body)} bytes, more than the {max_bytes}"
+                " its reader takes"
+            )
+        return body
 
     async def get_range(
         self, key: str, start: int, end_inclusive: int, *, arrivals: Arrivals | None = None

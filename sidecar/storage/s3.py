@@ -71,6 +71,7 @@ from sidecar.errors import (
     ConditionalWriteUnsupportedError,
     InvalidRangeError,
     KeyNotFoundError,
+    ObjectTooLargeError,
     StorageAccessError,
     StorageError,
 )
@@ -1069,13 +1070,24 @@ class S3ObjectStore:
         except (StorageError, RuntimeError) as exc:
             log.warning("object_delete_failed", key=key, error=str(exc))
 
-    async def get(self, key: str) -> bytes:
-        """The whole object; a full-object CRC-32C returned by the store is verified."""
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The whole object; a full-object CRC-32C returned by the store is verified. An object
+        over ``max_bytes`` is refused on the length the store announces, its body unread (or,
+        with no length announced, once ``max_bytes`` + 1 bytes are read)."""
 
         async def request(client: Any) -> bytes:
             response = await client.get_object(Bucket=self._bucket, Key=key, ChecksumMode="ENABLED")
             async with response["Body"] as stream:
-                body: bytes = await stream.read()
+                size = response.get("ContentLength")
+                announced = isinstance(size, int) and not isinstance(size, bool)
+                if max_bytes is not None and announced and size > max_bytes:
+                    raise self._too_large(key, str(size), max_bytes)
+                if max_bytes is None or announced:
+                    body: bytes = await stream.read()
+                else:
+                    body = await stream.read(max_bytes + 1)
+                if max_bytes is not None and len(body) > max_bytes:
+                    raise self._too_large(key, f"at least {len(body)}", max_bytes)
             expected = decode_checksum(response.get("ChecksumCRC32C"))
             if expected is not None and await crc32c_off_loop(body) != expected:
                 raise ChecksumMismatchError(
@@ -1084,6 +1096,12 @@ class S3ObjectStore:
             return body
 
         return await self._call("get", key, request)
+
+    def _too_large(self, key: str, size: str, max_bytes: int) -> ObjectTooLargeError:
+        return ObjectTooLargeError(
+            f"{self._where('get', key)}: the object has {size} bytes, more than the"
+            f" {max_bytes} its reader takes"
+        )
 
     async def get_range(
         self, key: str, start: int, end_inclusive: int, *, arrivals: Arrivals | None = None

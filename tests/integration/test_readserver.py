@@ -42,10 +42,10 @@ class _Switchable:
         self.inner = inner
         self.down = False
 
-    async def get(self, key: str) -> bytes:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         if self.down:
             raise StorageError(f"get {key}: connection refused")
-        return await self.inner.get(key)
+        return await self.inner.get(key, max_bytes=max_bytes)
 
     async def get_range(
         self, key: str, start: int, end_inclusive: int, *, arrivals: Any = None

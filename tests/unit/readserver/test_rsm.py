@@ -228,10 +228,10 @@ class TestCopyAndFetch:
         get = objects.get
         ranges_at_manifest: list[int] = []
 
-        async def recording_get(key: str) -> bytes:
+        async def recording_get(key: str, *, max_bytes: int | None = None) -> bytes:
             if key.endswith(".manifest.json"):
                 ranges_at_manifest.append(objects.calls["get_range"])
-            return await get(key)
+            return await get(key, max_bytes=max_bytes)
 
         monkeypatch.setattr(objects, "get", recording_get)
         before = objects.calls["get_range"]

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from sidecar.errors import StorageError
 from sidecar.kafka.checkpoints import (
@@ -48,7 +49,7 @@ from sidecar.readserver.service import (
     decode_batch,
 )
 from sidecar.storage.keys import ObjectSuffix
-from sidecar.storage.manifest import IndexKind
+from sidecar.storage.manifest import MANIFEST_MAX_BYTES, IndexKind
 from tests.unit.readserver._tiered import (
     BASE_TS,
     LAYOUT,
@@ -106,9 +107,9 @@ class _Held:
             self.waiting.set()
             await self.release.wait()
 
-    async def get(self, key: str) -> bytes:
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         await self._enter(key)
-        return await self.inner.get(key)
+        return await self.inner.get(key, max_bytes=max_bytes)
 
     async def get_range(
         self, key: str, start: int, end_inclusive: int, *, arrivals: object = None
@@ -682,6 +683,20 @@ class TestSegmentsAndIndexes:
         await remote.objects.put(key, json.dumps(doc).encode())
         with pytest.raises(RemoteDataError, match="offset_index"):
             await service.index(TP, segment.segment_id.id, IndexKind.OFFSET_INDEX)
+
+    async def test_an_object_too_large_for_a_manifest_is_refused(self, remote, service):
+        """An object over MANIFEST_MAX_BYTES at a manifest's key (corrupt, or put there by
+        someone else) is RemoteDataError and a log line, not read into memory and parsed;
+        the other segments are still served."""
+        bad = await remote.upload(0, data_batches(0, 10))
+        good = await remote.upload(10, data_batches(10, 10))
+        key = f"{_stem(remote, bad)}.manifest.json"
+        padded = remote.objects.objects[key] + b" " * MANIFEST_MAX_BYTES  # still valid JSON
+        await remote.objects.put(key, padded)
+        with capture_logs() as logs, pytest.raises(RemoteDataError, match="more than the"):
+            await service.index(TP, bad.segment_id.id, IndexKind.OFFSET_INDEX)
+        assert [e["key"] for e in logs if e["event"] == "manifest_too_large"] == [key]
+        assert await service.index(TP, good.segment_id.id, IndexKind.OFFSET_INDEX)
 
 
 class TestResolve:

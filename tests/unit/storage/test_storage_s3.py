@@ -31,6 +31,7 @@ from sidecar.errors import (
     ConditionalWriteUnsupportedError,
     InvalidRangeError,
     KeyNotFoundError,
+    ObjectTooLargeError,
     StorageAccessError,
     StorageError,
     TruncatedFileError,
@@ -673,6 +674,68 @@ class TestPerRequestWork:
                 await store.get("")
             assert [i async for i in store.list("")] == []  # a prefix may be empty
         assert [r[0].split()[0] for r in server.requests] == ["GET"]
+
+
+class _HugeObject(_AwaitedServer):
+    """Answers every GET with the head of a 1 GiB object and a few KB of its body, then sends
+    nothing more (``chunked``: with no Content-Length, in chunks), until the client goes."""
+
+    def __init__(self, *, chunked: bool = False) -> None:
+        super().__init__()
+        self.chunked = chunked
+        self.gets = 0
+
+    async def _answer(
+        self,
+        line: str,
+        headers: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.gets += 1
+        if self.chunked:
+            piece = b"x" * 1000
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"".join(b"3e8\r\n" + piece + b"\r\n" for _ in range(4))
+            )
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n" + b"x" * 4000)
+        await writer.drain()
+        while await reader.read(65536):  # the rest never comes: until the client goes away
+            pass
+
+
+class TestBoundedGet:
+    """``get(max_bytes=)`` refuses an object over the limit without reading it into memory."""
+
+    @pytest.mark.parametrize("chunked", [False, True], ids=["announced", "chunked"])
+    async def test_an_object_over_max_bytes_is_refused_unread(self, chunked: bool) -> None:
+        """A GET of an object larger than the caller takes (a corrupt or foreign object at a
+        manifest's key) is ObjectTooLargeError at once, on the announced length or after
+        ``max_bytes`` + 1 bytes: not the whole body, not retried, counted."""
+        metrics = Metrics()
+        async with (
+            _HugeObject(chunked=chunked) as server,
+            _store(
+                endpoint_url=f"http://127.0.0.1:{server.port}",
+                request_timeout_s=30.0,  # reading the whole body would hang the test
+                max_attempts=3,
+                metrics=metrics,
+            ) as store,
+        ):
+            with pytest.raises(
+                ObjectTooLargeError, match=r"get s3://unit/k\.manifest\.json"
+            ) as info:
+                await store.get("k.manifest.json", max_bytes=1024)
+        assert "more than the 1024" in str(info.value)
+        assert not info.value.retriable
+        assert server.gets == 1
+        errors = metrics.registry.get_sample_value(
+            "kafka_tiered_sidecar_s3_request_errors_total",
+            {"operation": "get_object", "reason": "other"},
+        )
+        assert errors == 1
 
 
 class TestStreamedParts:
