@@ -282,6 +282,7 @@ class RetentionManager:
         stored_ids = {tp.topic_id for tp in partitions}
         self._gone_since = {i: t for i, t in self._gone_since.items() if i in stored_ids}
         self._unconfirmed = {i: s for i, s in self._unconfirmed.items() if i in stored_ids}
+        self._broker_driven_ids &= stored_ids  # nothing of theirs left to leave to Kafka
         candidates: list[TopicIdPartition] = []
         # retention.enabled = false: no retention, partition or topic deletion (the scrub
         # has its own switch)
@@ -354,8 +355,8 @@ class RetentionManager:
         topic id only while the listing gives the name that id (a standalone topic deleted and
         re-created broker-driven under its name leaves the old id's data to the sidecar: the
         broker's RLM knows only the new id). Remembered by topic id, so the topic's deletion
-        does not hand its cleanup to the sidecar; without a listing, the config's topic is
-        taken to be ``tp``'s."""
+        does not hand its cleanup to the sidecar, until the store holds none of its
+        partitions; without a listing, the config's topic is taken to be ``tp``'s."""
         if tp.topic_id in self._broker_driven_ids:
             return True
         if not TopicSelector.broker_driven(self._cluster.view.configs.get(tp.topic)):

@@ -529,3 +529,43 @@ class TestRecreatedBrokerDriven:
             assert world.manager._broker_driven_ids == {recreated.topic_id}
         finally:
             world.close()
+
+    async def test_a_broker_driven_topic_is_forgotten_once_the_store_holds_none_of_it(
+        self, tmp_path
+    ):
+        """A broker-driven topic's id is remembered while the store holds its partitions (its
+        deletion stays Kafka's), and forgotten once the store dropped them: topics created and
+        deleted for the daemon's life do not each leave an id behind."""
+        world = _World(tmp_path, topic_deletion_grace_s=0.0, topic_deletion_max_share=1.0)
+        try:
+            events = await world.tier("events", 2)
+            view = world.manager._cluster.view
+            configs = {"events": TopicConfig(remote_storage_enable=True)}
+            world.manager._cluster.view = dataclasses.replace(view, configs=configs)
+            await world.manager.run_once()
+            assert world.manager._broker_driven_ids == {events.topic_id}
+            world.store.apply(  # Kafka deleted the topic's remote data, then the partition
+                [
+                    SegmentMetadataUpdate(
+                        segment_id=m.segment_id, broker_id=1, event_timestamp_ms=0, state=state
+                    )
+                    for state in (RemoteLogSegmentState.DELETE_SEGMENT_STARTED, DELETE_FINISHED)
+                    for m in world.topics["events"]
+                ]
+                + [
+                    PartitionDeleteMetadata(
+                        topic_id_partition=events,
+                        broker_id=1,
+                        event_timestamp_ms=0,
+                        state=state,
+                    )
+                    for state in RemotePartitionDeleteState
+                ]
+            )
+            world.kafka.listed.pop("events")
+            world.manager._cluster.view = view
+            assert events not in world.store.partitions()
+            await world.manager.run_once()
+            assert world.manager._broker_driven_ids == set()
+        finally:
+            world.close()
