@@ -129,8 +129,19 @@ def _s3_bucket_name(name: str) -> str:
 
 
 def _endpoint(url: str | None) -> str | None:
+    """An http(s) URL with a host and a valid port, without credentials: S3 requests are
+    signed with the keys, so a ``user:password@`` is of no use to S3, and botocore puts the
+    URL in its connection errors, which reach logs and /readyz. Errors never echo what comes
+    before an ``@``."""
     if url is None:
         return None
+    if "@" in url:
+        scheme, sep, _ = url.partition("://")
+        shown = f"{scheme}://***@{url.rpartition('@')[2]}" if sep else "***"
+        raise ValueError(
+            f"{shown!r} holds credentials (user:password@ before the host), which would show"
+            " in logs and errors: give the keys as access_key_id and secret_access_key"
+        )
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ValueError(
@@ -257,7 +268,9 @@ class S3Config(_Section):
     prefix: str = Field("", description="key prefix inside the bucket, e.g. 'prod/cluster-a/'")
     region: str = Field("us-east-1", description="S3 region")
     endpoint_url: str | None = Field(
-        None, description="S3 endpoint for S3-compatible stores (SeaweedFS, MinIO); None = AWS"
+        None,
+        description="S3 endpoint for S3-compatible stores (SeaweedFS, MinIO), without"
+        " user:password@ (the keys sign requests); None = AWS",
     )
     access_key_id: SecretStr | None = Field(
         None, description="access key; None = the default AWS credential chain (IRSA, env, ...)"

@@ -401,6 +401,13 @@ def parse_options(raw: Mapping[str, str]) -> ReadOptions:
     if strategy not in ("error", "latest"):
         raise SparkOptionError("option startingOffsetsByTimestampStrategy must be error or latest")
     prefix = options.get("s3.prefix", "")
+    endpoint = options.get("s3.endpoint") or None
+    if endpoint is not None and "@" in endpoint:
+        # botocore names the URL in its connection errors, which Spark shows with the task's
+        raise SparkOptionError(
+            "option s3.endpoint holds credentials (user:password@ before the host), which"
+            " would show in errors: give the keys as s3.accessKeyId and s3.secretAccessKey"
+        )
     return ReadOptions(
         selection=_selection(options),
         starting=_offsets(options, "startingOffsets", starting=True),
@@ -416,7 +423,7 @@ def parse_options(raw: Mapping[str, str]) -> ReadOptions:
         s3=S3Location(
             bucket=bucket,
             prefix=prefix,
-            endpoint=options.get("s3.endpoint") or None,
+            endpoint=endpoint,
             region=options.get("s3.region", "us-east-1"),
             path_style=_bool(options, "s3.pathStyle", True),
             hash_prefix=_bool(options, "s3.hashPrefix", False),

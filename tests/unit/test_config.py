@@ -395,6 +395,32 @@ class TestMaskedSecrets:
         assert key in str(info.value)
 
 
+class TestEndpointCredentials:
+    """An S3 endpoint never carries credentials: botocore names the URL in its connection
+    errors, which reach logs and /readyz, and `config check` prints it."""
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "http://user:hunter22pw@minio:9000",
+            "http://user:hunter22pw@minio:port",  # also a bad port
+            "ftp://user:hunter22pw@minio",  # also a bad scheme
+            "user:hunter22pw@minio:9000",  # no scheme
+            "http://user:hun/ter22pw@minio:9000",  # a '/' in the password
+        ],
+    )
+    def test_userinfo_is_refused_without_echoing_it(self, url):
+        with pytest.raises(ConfigError, match="holds credentials") as info:
+            load_config(None, environ={"SIDECAR_S3__ENDPOINT_URL": url})
+        assert "hunter22pw" not in str(info.value)
+        assert "ter22pw" not in str(info.value)
+        assert "s3.endpoint_url" in str(info.value)
+
+    def test_a_plain_endpoint_is_kept(self):
+        config = load_config(None, environ={"SIDECAR_S3__ENDPOINT_URL": "http://minio:9000"})
+        assert config.s3.endpoint_url == "http://minio:9000"
+
+
 class TestOwnPathsOutsideTheLogDirs:
     """The daemon never writes in the broker's log dirs: its state, socket and chunk cache
     are refused there, symlinks followed, and the cache (which removes the .tmp files below

@@ -106,6 +106,17 @@ class TestKafkaSecurity:
         assert kafka_security(spark).client_options() == kafka_client_options(kafka)
 
 
+class TestEndpointCredentials:
+    def test_credentials_in_the_endpoint_are_refused_unechoed(self):
+        """botocore names the endpoint in its connection errors, which Spark shows with the
+        failed task: an s3.endpoint with user:password@ is refused, the password not echoed."""
+        with pytest.raises(SparkOptionError, match=r"s3\.endpoint holds credentials") as info:
+            parse_options(
+                {"s3.bucket": "b", "s3.endpoint": "http://u:hunter22pw@h:9000", "subscribe": "t"}
+            )
+        assert "hunter22pw" not in str(info.value)
+
+
 class TestVerifyOptions:
     def _args(self, *argv: str) -> argparse.Namespace:
         parser = argparse.ArgumentParser()
