@@ -5,13 +5,17 @@ Context (broker id, topic, partition, segment) is bound through contextvars with
 stdlib logging (aiokafka, botocore) goes through the same processors; a library that repeats
 itself in a loop (aiokafka logs every reconnect attempt during a Kafka outage, ten a second) is
 let through once per message per 30 s, with a count of what was suppressed. A last-line defence
-redacts configured secret values from every event, whatever field they end up in.
+redacts configured secret values from every event, whatever field they end up in, and the
+values of credentials that are not configured but that libraries print when they debug: a
+session token of the AWS credential chain in a signed request's headers or a presigned URL, a
+signature, a password in a JAAS line or in a URL.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 import urllib.parse
@@ -40,10 +44,34 @@ def _written_forms(secret: str) -> set[str]:
     }
 
 
+#: names of credential-bearing fields: ``X-Amz-Security-Token``, ``X-Amz-Signature``,
+#: ``X-Amz-Credential``, ``aws_secret_access_key``, ``sasl_plain_password``, ``ssl.key.password``
+_CREDENTIAL_NAME = r"[\w.-]*(?:password|passwd|secret|token|signature|credential)[\w.-]*"
+_VALUE = r"""(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s&'",;\\]+)"""
+#: ``name=value`` (a query, a JAAS line, ``Signature=`` in an Authorization header),
+#: ``'name': b'value'`` and ``"name": "value"`` (a header dict's repr, JSON), ``name:value``
+#: (a header line of a canonical request, as botocore's signer logs it) and ``name:\nvalue``
+#: (its ``Signature:`` line)
+_CREDENTIAL_FIELD = re.compile(
+    rf"""(?i)(?P<name>{_CREDENTIAL_NAME})"""
+    rf"""(?P<sep>\s*=\s*|['"]\s*:\s*b?(?=['"])|:\n?(?=[^\s'"]))(?P<value>{_VALUE})"""
+)
+_CREDENTIAL_KEY = re.compile(rf"(?i){_CREDENTIAL_NAME}")
+#: the password of ``scheme://user:password@host``
+_URL_PASSWORD = re.compile(r"(?i)\b(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*):(?P<value>[^/\s@]+)@")
+
+
+def _mask_credentials(text: str) -> str:
+    """``text`` with the values of credential-bearing fields and URL passwords masked."""
+    text = _CREDENTIAL_FIELD.sub(rf"\g<name>\g<sep>{_REDACTED}", text)
+    return _URL_PASSWORD.sub(rf"\g<head>:{_REDACTED}@", text)
+
+
 class _SecretRedactor:
     """Replace any configured secret value that appears in an event's values, nested ones
-    (dicts, lists) too. It runs last, after exceptions are rendered to text, so tracebacks and
-    exception messages are redacted as well."""
+    (dicts, lists) too, and mask credentials no setting holds (:func:`_mask_credentials`). It
+    runs last, after exceptions are rendered to text, so tracebacks and exception messages
+    are redacted as well."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
         forms = {form for s in secrets if len(s) >= 4 for form in _written_forms(s)}
@@ -52,20 +80,25 @@ class _SecretRedactor:
     def __call__(
         self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
-        if not self._secrets:
-            return event_dict
         for key, value in list(event_dict.items()):
-            event_dict[key] = self._redact(value)
+            event_dict[key] = self._redact_field(key, value)
         return event_dict
+
+    def _redact_field(self, key: Any, value: Any) -> Any:
+        """A text value under a credential's name (``sasl_plain_password``) is masked whole."""
+        credential = isinstance(key, str) and _CREDENTIAL_KEY.fullmatch(key) is not None
+        if credential and isinstance(value, str | bytes):
+            return _REDACTED
+        return self._redact(value)
 
     def _redact(self, value: Any) -> Any:
         if isinstance(value, str):
             for secret in self._secrets:
                 if secret in value:
                     value = value.replace(secret, _REDACTED)
-            return value
+            return _mask_credentials(value)
         if isinstance(value, dict):
-            return {self._redact(k): self._redact(v) for k, v in value.items()}
+            return {self._redact(k): self._redact_field(k, v) for k, v in value.items()}
         if isinstance(value, list | tuple | set | frozenset):
             return [self._redact(v) for v in value]
         if value is None or isinstance(value, bool | int | float):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from urllib.parse import parse_qs, urlsplit
 
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
 
@@ -89,6 +90,63 @@ class TestLogging:
         text = out.getvalue()
         assert "EFGH" not in text, text
         assert len(text.splitlines()) == 4
+
+    def test_credentials_no_setting_holds_are_masked(self):
+        """A session token of the AWS credential chain (IRSA), which no setting holds, is
+        masked where botocore prints it when debugging: the signer's canonical request, a
+        presigned URL, a request's header dict; so are signatures, a JAAS line's password,
+        a URL's password and a value under a credential's name."""
+        import botocore.config
+        import botocore.session
+
+        token = "FwoGZXIvYXdzE+Tok3nQq/Xy=="
+        out = io.StringIO()
+        configure_logging(level="DEBUG", fmt="json", stream=out)
+        client = botocore.session.get_session().create_client(
+            "s3",
+            region_name="us-east-1",
+            endpoint_url="http://127.0.0.1:9",
+            aws_access_key_id="AKIDEXAMPLE",
+            aws_secret_access_key="wJalrXUtnFEMIbPxRfiCYEXAMPLEKEY",
+            aws_session_token=token,
+            config=botocore.config.Config(signature_version="s3v4"),
+        )
+        url = client.generate_presigned_url("get_object", Params={"Bucket": "b", "Key": "k"})
+        log = get_logger("x")
+        log.warning("presigned", url=url)
+        logging.getLogger("botocore.auth").debug(
+            "CanonicalRequest:\n%s", f"GET\n/b/k\n\nx-amz-security-token:{token}\n\nhost"
+        )
+        logging.getLogger("botocore.endpoint").debug(
+            "Sending http request: %s",
+            f"headers={{'X-Amz-Security-Token': b'{token}', 'Authorization':"
+            " b'AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20260101/us-east-1/s3/aws4_request,"
+            " SignedHeaders=host, Signature=fe5f80f77d5fa3beca038a248ff027'}",
+        )
+        log.warning(
+            "clients",
+            jaas="org.apache.kafka.common.security.plain.PlainLoginModule required"
+            ' username="u" password="pa ss\\"wQrd7";',
+            proxy="http://proxyuser:pr0xy-pass@proxy:3128/",
+            kwargs={"sasl_plain_password": "kafka-pass", "linger_ms": 5},
+        )
+        text = out.getvalue()
+        assert "X-Amz-Security-Token=**********" in text  # the signer's log was there
+        for leaked in (
+            "Tok3nQq",
+            "Tok3nQq%2FXy",
+            "fe5f80f77d5fa3beca038a248ff027",
+            "pa ss",
+            "wQrd7",
+            "pr0xy-pass",
+            "kafka-pass",
+        ):
+            assert leaked not in text, leaked
+        signature = parse_qs(urlsplit(url).query)["X-Amz-Signature"][0]
+        assert signature not in text
+        clients = json.loads(text.splitlines()[-1])
+        assert clients["kwargs"] == {"sasl_plain_password": "**********", "linger_ms": 5}
+        assert clients["proxy"] == "http://proxyuser:**********@proxy:3128/"
 
     def test_console_format(self):
         """fmt=console renders a human-readable line, not JSON."""
