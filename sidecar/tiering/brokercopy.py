@@ -140,6 +140,7 @@ class BrokerCopier:
                     log_info=log_info,
                 )
             except BaseException:
+                opened.log.close()  # the cleanup needs no byte of it (freed if unlinked)
                 # what was written under this attempt's keys is of no use to anyone
                 await asyncio.shield(self._delete_quietly(metadata))
                 raise

@@ -9,6 +9,8 @@ the same bytes (``/proc/self/fd``). Every record batch's CRC-32C is checked firs
 segment raises :class:`CorruptSegmentError` and is never uploaded. The ``.log`` is checked again
 after the upload (size and mtime unchanged), and every object carries a CRC-32C the store
 verifies, so FINISHED is published only for bytes that match the broker's files (invariant 1).
+The ``.log`` is closed as soon as its bytes are sent (or the upload failed), before FINISHED and
+before any cleanup: the space of a file the broker deleted is freed only when it is closed.
 
 A failure after STARTED and *before FINISHED may have been sent* deletes what was written, the
 way Kafka's RLM does (DELETE_SEGMENT_STARTED → delete the objects → DELETE_SEGMENT_FINISHED),
@@ -355,8 +357,12 @@ class SegmentUploader:
                     bytes=opened.size,
                 )
                 index_bytes = await self._write_objects(metadata, opened)
+                # every byte is sent: the broker may delete the file, and its space is
+                # freed now rather than after FINISHED's read-back, which waits out outages
+                opened.log.close()
                 _check_still_leader(metadata, may_continue)
             except BaseException as exc:
+                opened.log.close()  # nor does the cleanup need it
                 log.warning(
                     "segment_upload_failed",
                     base_offset=segment.base_offset,

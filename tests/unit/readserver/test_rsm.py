@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
+from sidecar.errors import StorageError
 from sidecar.kafka.checkpoints import encode_kafka_uuid
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.logdir import FileKind, segment_file_name
@@ -37,6 +38,7 @@ from sidecar.storage.memory import MemoryObjectStore
 from sidecar.testing import write_partition
 from sidecar.tiering.brokercopy import BrokerCopier
 from tests.unit.readserver._tiered import LAYOUT, data_batches
+from tests.unit.tiering.test_uploader_files import held_open
 
 BASE = "http://localhost"
 TOPIC_ID = uuid.UUID(int=0xABCD << 64 | 7)
@@ -285,6 +287,29 @@ class TestCopyRefusals:
         refused = [e for e in logs if e["event"] == "broker_copy_refused"]
         assert refused
         assert refused[0]["base_offset"] == 0
+
+    async def test_a_failed_copy_is_cleaned_up_with_the_log_closed(self, rsm, broker):
+        """What a failed copy wrote is deleted with the segment's ``.log`` already closed: a
+        file the broker deletes meanwhile is freed at once, not after the cleanup."""
+        log = broker.partition / segment_file_name(0, FileKind.LOG)
+        put, delete = rsm.objects.put, rsm.objects.delete
+        held: list[bool] = []
+
+        async def failing_put(key: str, data: Any, **kwargs: Any) -> Any:
+            if key.endswith(".manifest.json"):
+                raise StorageError(f"put {key} failed: the store is down")
+            return await put(key, data, **kwargs)
+
+        async def watched_delete(keys: Any) -> None:
+            held.append(held_open(log))
+            await delete(keys)
+
+        rsm.objects.put = failing_put
+        rsm.objects.delete = watched_delete
+        status, _ = await rsm.post("copy", _copy_body(broker, 0, 30, uuid.uuid4()))
+        assert status >= 500
+        assert held == [False]
+        assert rsm.objects.objects == {}
 
     async def test_copy_the_broker_gave_up_on_leaves_nothing(self, rsm, broker, monkeypatch):
         """The broker closes the connection while the sidecar uploads (its copy timeout, a
