@@ -36,9 +36,13 @@ import traceback
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar import __version__
 from sidecar.errors import CommandError, ConfigError, SidecarError
+
+if TYPE_CHECKING:
+    from sidecar.config import SidecarConfig
 
 __all__ = ["main"]
 
@@ -555,6 +559,17 @@ def _kafka_failure(exc: BaseException) -> str | None:
     return f"Kafka error {name}: {text}"
 
 
+def _load_config(path: Path | None, *, overrides: dict[str, str]) -> SidecarConfig:
+    """The configuration, its secrets added to what the logging set up in :func:`main`
+    redacts (a library's error or debug line may carry one)."""
+    from sidecar import config as cfg
+    from sidecar.observability.logging import redact_secrets
+
+    config = cfg.load_config(path, overrides=overrides)
+    redact_secrets(cfg.secret_values(config))
+    return config
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     from sidecar import config as cfg
 
@@ -567,7 +582,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         return _config_check(args)
     if args.command == "run":
-        config = cfg.load_config(args.file, overrides=_run_overrides(args))
+        config = _load_config(args.file, overrides=_run_overrides(args))
         from sidecar.app import run_daemon
 
         return run_daemon(config)
@@ -576,7 +591,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "quarantine":
         from sidecar.tiering import _cli as tiering_cli
 
-        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        config = _load_config(args.file, overrides=_parse_set(args.overrides))
         if args.quarantine_command == "list":
             return tiering_cli.quarantine_list_command(config, as_json=args.json, out=sys.stdout)
         return tiering_cli.quarantine_clear_command(
@@ -595,7 +610,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             # without --check the output is properties text: --json would promise JSON
             flag = "--json" if args.json else "--broker-id"
             raise ConfigError(f"{flag} goes with --check (the properties print as text)")
-        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        config = _load_config(args.file, overrides=_parse_set(args.overrides))
         return broker_config_command(
             config,
             plugin_jar=args.plugin_jar or DEFAULT_PLUGIN_JAR,
@@ -619,7 +634,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             overrides = _parse_set(args.overrides)
             if args.bootstrap_server is not None:
                 overrides["kafka.bootstrap_servers"] = args.bootstrap_server
-            decode_config = cfg.load_config(args.file, overrides=overrides)
+            decode_config = _load_config(args.file, overrides=overrides)
         return decode_command(
             hex_values=args.hex_values,
             config=decode_config,
@@ -640,7 +655,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command in ("scrub", "delete-partition"):
         from sidecar.retention import _cli as retention_cli
 
-        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        config = _load_config(args.file, overrides=_parse_set(args.overrides))
         level = "DEBUG" if args.debug else args.log_level
         if args.command == "scrub":
             return retention_cli.scrub_command(
@@ -668,7 +683,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if socket_path is None and args.url is None:
             from sidecar.readserver.app import socket_path_for
 
-            config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+            config = _load_config(args.file, overrides=_parse_set(args.overrides))
             socket_path = socket_path_for(config)
             if not socket_path.exists():
                 origin = f"the config {args.file}" if args.file else "the default state_dir"
@@ -704,7 +719,7 @@ def _config_check(args: argparse.Namespace) -> int:
     if args.file is not None and args.positional_file is not None:
         raise ConfigError("give the config file once: -c FILE or FILE")
     path = args.file or args.positional_file
-    config = cfg.load_config(path, overrides=_parse_set(args.overrides))
+    config = _load_config(path, overrides=_parse_set(args.overrides))
     for warning in cfg.check_warnings(config):
         print(f"sidecar: warning: {warning}", file=sys.stderr)
     data = cfg.masked(config)
@@ -724,7 +739,7 @@ def _status(args: argparse.Namespace) -> int:
 
     url = args.url
     if url is None:
-        config = cfg.load_config(args.file, overrides=_parse_set(args.overrides))
+        config = _load_config(args.file, overrides=_parse_set(args.overrides))
         url = f"http://{config.metrics.host}:{config.metrics.port}/v1/status"
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--url must be an http(s) URL, not {url!r}")

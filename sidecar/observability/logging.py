@@ -25,7 +25,7 @@ from typing import Any, Literal, TextIO
 
 import structlog
 
-__all__ = ["bind_context", "configure_logging", "get_logger"]
+__all__ = ["bind_context", "configure_logging", "get_logger", "redact_secrets"]
 
 _REDACTED = "**********"
 
@@ -74,8 +74,13 @@ class _SecretRedactor:
     are redacted as well."""
 
     def __init__(self, secrets: Iterable[str]) -> None:
+        self._secrets: list[str] = []
+        self.add(secrets)
+
+    def add(self, secrets: Iterable[str]) -> None:
+        """Redact these values too, from the next event on."""
         forms = {form for s in secrets if len(s) >= 4 for form in _written_forms(s)}
-        self._secrets = sorted(forms, key=len, reverse=True)
+        self._secrets = sorted(forms | set(self._secrets), key=len, reverse=True)
 
     def __call__(
         self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
@@ -180,6 +185,17 @@ def configure_logging(
     # chatty libraries stay at WARNING unless we debug
     for noisy in ("aiokafka", "botocore", "aiobotocore", "watchdog", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+
+
+def redact_secrets(secrets: Iterable[str]) -> None:
+    """Add ``secrets`` to what the configured logging redacts: for a command that set up its
+    logging before it loaded the configuration that holds them."""
+    for handler in logging.getLogger().handlers:
+        formatter = handler.formatter
+        if isinstance(formatter, structlog.stdlib.ProcessorFormatter):
+            for processor in formatter.processors:
+                if isinstance(processor, _SecretRedactor):
+                    processor.add(secrets)
 
 
 def get_logger(name: str) -> Any:

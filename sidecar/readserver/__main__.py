@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar._aio import capture_signals, failures, freeze_startup_heap, guard
-from sidecar.config import SidecarConfig, load_config
+from sidecar.config import SidecarConfig, load_config, secret_values
 from sidecar.errors import ConfigError, SidecarError
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.logging import configure_logging, get_logger
@@ -83,11 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(
             None if args.config is None else Path(args.config), overrides=overrides
         )
-        secrets = [config.s3.access_key_id, config.s3.secret_access_key]
         configure_logging(
             level=config.logging.level,
             fmt=config.logging.format,
-            secrets=[s.get_secret_value() for s in secrets if s is not None],
+            secrets=secret_values(config),
         )
         if sys.platform != "win32":
             import uvloop

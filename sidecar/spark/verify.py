@@ -284,10 +284,12 @@ def verify_options(args: argparse.Namespace) -> dict[str, str]:
     included), then the flags, then ``--option KEY=VALUE``."""
     options: dict[str, str] = {"s3.region": "us-east-1", "s3.prefix": ""}
     if args.file is not None:
-        from sidecar.config import load_config
+        from sidecar.config import load_config, secret_values
+        from sidecar.observability.logging import redact_secrets
         from sidecar.spark._options import spark_kafka_options
 
         config = load_config(args.file)
+        redact_secrets(secret_values(config))
         options.update(
             {
                 "s3.bucket": config.s3.bucket,
