@@ -75,10 +75,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         overrides: dict[str, str] = {}
-        for item in args.overrides:
+        for position, item in enumerate(args.overrides, 1):
             key, sep, value = item.partition("=")
             if not sep:
-                raise ConfigError(f"--set takes KEY=VALUE, got {item!r}")
+                # the item is not echoed: a mistyped KEY:VALUE may carry a secret
+                raise ConfigError(
+                    f"--set takes KEY=VALUE; item {position} has no '=' before its value"
+                )
             overrides[key.strip()] = value
         config = load_config(
             None if args.config is None else Path(args.config), overrides=overrides

@@ -326,10 +326,11 @@ def verify_options(args: argparse.Namespace) -> dict[str, str]:
         if key and secret:
             options["s3.accessKeyId"] = key
             options["s3.secretAccessKey"] = secret
-    for item in args.spark_options:
+    for position, item in enumerate(args.spark_options, 1):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"--option takes KEY=VALUE, got {item!r}")
+            # the item is not echoed: a mistyped s3.secretAccessKey:VALUE carries a secret
+            raise ConfigError(f"--option takes KEY=VALUE; option {position} is not one")
         options[key.strip()] = value
     if not options.get("s3.bucket"):
         raise ConfigError("give --bucket or -c FILE")

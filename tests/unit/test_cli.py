@@ -77,3 +77,12 @@ class TestSecretsInCommandLogs:
         err = capsys.readouterr().err
         assert "serving" in err
         assert "kafka-pass-9f3" not in err
+
+    def test_the_read_server_does_not_echo_a_malformed_set(self, capsys):
+        """A mistyped `--set s3.secret_access_key:VALUE` is refused without its text."""
+        from sidecar.readserver import __main__ as readserver_main
+
+        assert readserver_main.main(["--set", "s3.secret_access_key:s3-secret-7c1"]) == 2
+        err = capsys.readouterr().err
+        assert "item 1 has no '='" in err
+        assert "s3-secret-7c1" not in err

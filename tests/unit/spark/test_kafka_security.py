@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import load_config
+from sidecar.errors import ConfigError
 from sidecar.spark._options import (
     SparkOptionError,
     kafka_security,
@@ -122,6 +123,13 @@ class TestVerifyOptions:
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         return parser.parse_args(argv)
+
+    def test_a_malformed_option_is_not_echoed(self):
+        """A mistyped `--option s3.secretAccessKey:VALUE` is refused without its text."""
+        args = self._args("--bucket", "b", "--option", "s3.secretAccessKey:s3-secret-7c1")
+        with pytest.raises(ConfigError, match="option 1 is not one") as info:
+            verify_options(args)
+        assert "s3-secret-7c1" not in str(info.value)
 
     def test_config_file_supplies_bucket_cluster_and_security(self, tmp_path: Path, monkeypatch):
         """`spark verify -c FILE` reads the bucket, the metadata topic and the cluster with its
