@@ -34,7 +34,7 @@ from sidecar.metadata.store import RemoteSegmentStore, SegmentSpan
 from sidecar.spark._options import ReadOptions, SparkOptionError
 from sidecar.spark._s3 import S3Reader
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
-from sidecar.storage.manifest import SegmentManifest
+from sidecar.storage.manifest import MANIFEST_MAX_BYTES, SegmentManifest
 
 __all__ = ["Catalog", "PartitionSpans", "build_catalog", "manifest_events"]
 
@@ -107,7 +107,7 @@ def _read_manifests(
             keys.append(key)
 
     def load(key: str) -> SegmentManifest:
-        return SegmentManifest.from_json(reader.get(key), key=key)
+        return SegmentManifest.from_json(reader.get(key, max_bytes=MANIFEST_MAX_BYTES), key=key)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         manifests = list(pool.map(load, keys))

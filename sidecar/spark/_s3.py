@@ -20,6 +20,7 @@ from typing import Any
 from sidecar.errors import (
     InvalidRangeError,
     KeyNotFoundError,
+    ObjectTooLargeError,
     StorageAccessError,
     StorageError,
 )
@@ -75,9 +76,11 @@ class S3Reader:
         self.bucket = location.bucket
         self._client = _client(location)
 
-    def get(self, key: str) -> bytes:
-        """The whole object (one GET without a Range header)."""
-        return self._get(key, None)
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The whole object (one GET without a Range header). An object over ``max_bytes`` is
+        :class:`ObjectTooLargeError`, its body read no further than ``max_bytes`` + 1 bytes (a
+        corrupt or foreign object at a manifest's key cannot fill a task's memory)."""
+        return self._get(key, None, max_bytes=max_bytes)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         """Bytes ``[start, start + length)`` of ``key`` in one ranged GET."""
@@ -85,7 +88,7 @@ class S3Reader:
             return b""
         return self._get(key, f"bytes={start}-{start + length - 1}")
 
-    def _get(self, key: str, byte_range: str | None) -> bytes:
+    def _get(self, key: str, byte_range: str | None, *, max_bytes: int | None = None) -> bytes:
         import botocore.exceptions
 
         kwargs: dict[str, str] = {"Bucket": self.bucket, "Key": key}
@@ -95,7 +98,7 @@ class S3Reader:
             response = self._client.get_object(**kwargs)
             body = response["Body"]
             try:
-                return bytes(body.read())
+                data = bytes(body.read() if max_bytes is None else body.read(max_bytes + 1))
             finally:
                 body.close()
         except botocore.exceptions.ClientError as exc:
@@ -104,6 +107,12 @@ class S3Reader:
             raise StorageError(
                 f"GET s3://{self.bucket}/{key} failed: {type(exc).__name__}"
             ) from exc
+        if max_bytes is not None and len(data) > max_bytes:
+            raise ObjectTooLargeError(
+                f"GET s3://{self.bucket}/{key}: the object has more than the {max_bytes} bytes"
+                " its reader takes"
+            )
+        return data
 
     def list(self, prefix: str) -> list[tuple[str, int]]:
         """Every (key, size) under ``prefix``."""

@@ -37,7 +37,7 @@ from sidecar.kafka.records import (
 from sidecar.metadata.store import SegmentSpan
 from sidecar.spark._s3 import S3Reader
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
-from sidecar.storage.manifest import IndexKind, Range, SegmentManifest
+from sidecar.storage.manifest import MANIFEST_MAX_BYTES, IndexKind, Range, SegmentManifest
 
 __all__ = ["IndexRanges", "RemoteDataError", "SegmentFiles", "SegmentRef", "segment_ref"]
 
@@ -142,7 +142,7 @@ class SegmentFiles:
 
     def manifest(self) -> SegmentManifest:
         ref = self.ref
-        data = self.reader.get(ref.manifest_key)
+        data = self.reader.get(ref.manifest_key, max_bytes=MANIFEST_MAX_BYTES)
         manifest = SegmentManifest.from_json(data, key=ref.manifest_key)
         if (
             encode_kafka_uuid(manifest.segment_id) != ref.segment_id

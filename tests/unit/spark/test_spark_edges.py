@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from sidecar.errors import ObjectTooLargeError
 from sidecar.kafka.records import BatchHeader, Record, TimestampType
 from sidecar.spark import _catalog
 from sidecar.spark._catalog import build_catalog, catalog_from_events
@@ -25,7 +26,13 @@ from sidecar.spark._read import (
     read_task,
 )
 from sidecar.storage.keys import KeyLayout, ObjectSuffix
-from sidecar.storage.manifest import IndexKind, ObjectEntry, SegmentManifest, pack_indexes
+from sidecar.storage.manifest import (
+    MANIFEST_MAX_BYTES,
+    IndexKind,
+    ObjectEntry,
+    SegmentManifest,
+    pack_indexes,
+)
 from sidecar.testing import TestRecord, build_batch, write_segment
 from tests.unit.spark.test_spark_source import BASE, TOPIC_ID, FakeReader, _segment
 
@@ -403,7 +410,7 @@ class _DeletingReader(FakeReader):
             del self.objects[key]
         return data
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         return self._take(key)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
@@ -453,3 +460,37 @@ class TestSegmentDeletedAfterPlanning:
         monkeypatch.setattr(_segments, "WINDOW_BYTES", len(_batch(30)))
         doomed = _DeletingReader(dict(archive.reader.objects), self._second_log(archive))
         assert self._read(archive, doomed, lenient) == list(range(40))
+
+
+class TestOversizedManifest:
+    """An object at a manifest's key larger than any manifest (a corrupt or foreign object) is
+    refused with ObjectTooLargeError, never read whole into the driver's or a task's memory."""
+
+    KEY = KeyLayout(prefix="p/").segment_key(
+        topic="orders",
+        topic_id=TOPIC_ID,
+        partition=0,
+        base_offset=0,
+        segment_id=uuid.UUID(int=5),
+        suffix=ObjectSuffix.MANIFEST,
+    )
+
+    def _reader(self) -> FakeReader:
+        return FakeReader({self.KEY: b"{" + b" " * MANIFEST_MAX_BYTES + b"}"})
+
+    def test_planning_from_the_manifests(self):
+        reader = self._reader()
+        options = parse_options({**BASE, "metadata": "manifests"})
+        with pytest.raises(ObjectTooLargeError, match="more than"):
+            build_catalog(options, reader)  # type: ignore[arg-type]
+        assert reader.gets == [(self.KEY, None)]
+
+    def test_a_task_reading_the_segment_manifest(self):
+        from types import SimpleNamespace
+
+        from sidecar.spark._segments import SegmentFiles
+
+        ref = SimpleNamespace(manifest_key=self.KEY, indexes=None)
+        files = SegmentFiles(self._reader(), ref)  # type: ignore[arg-type]
+        with pytest.raises(ObjectTooLargeError, match="more than"):
+            files.manifest()

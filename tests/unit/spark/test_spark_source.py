@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.errors import ObjectTooLargeError
 from sidecar.kafka.indexes import AbortedTxn
 from sidecar.kafka.records import ControlRecordType
 from sidecar.metadata.events import (
@@ -42,9 +43,12 @@ class FakeReader:
         self.objects = objects
         self.gets: list[tuple[str, tuple[int, int] | None]] = []
 
-    def get(self, key: str) -> bytes:
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
         self.gets.append((key, None))
-        return self.objects[key]
+        data = self.objects[key]
+        if max_bytes is not None and len(data) > max_bytes:  # as S3Reader, unread past it
+            raise ObjectTooLargeError(f"GET s3://b/{key}: more than {max_bytes} bytes")
+        return data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         self.gets.append((key, (start, length)))
