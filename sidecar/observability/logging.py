@@ -45,8 +45,15 @@ def _written_forms(secret: str) -> set[str]:
 
 
 #: names of credential-bearing fields: ``X-Amz-Security-Token``, ``X-Amz-Signature``,
-#: ``X-Amz-Credential``, ``aws_secret_access_key``, ``sasl_plain_password``, ``ssl.key.password``
-_CREDENTIAL_NAME = r"[\w.-]*(?:password|passwd|secret|token|signature|credential)[\w.-]*"
+#: ``X-Amz-Credential``, ``aws_secret_access_key``, ``sasl_plain_password``, ``ssl.key.password``.
+#: A name is a whole run of ``[\w.-]`` (it starts where no such character precedes it, and is
+#: taken possessively) that holds one of the words: every run is read a bounded number of
+#: times, so a line costs time in proportion to its length (a name free to start anywhere in
+#: a run backtracks over the rest of the run from every start: seconds for a line of a few KB
+#: of word characters, a hex dump say, held on the event loop).
+_CREDENTIAL_NAME = (
+    r"(?<![\w.-])(?=[\w.-]*?(?:password|passwd|secret|token|signature|credential))[\w.-]*+"
+)
 _VALUE = r"""(?:"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^\s&'",;\\]+)"""
 #: ``name=value`` (a query, a JAAS line, ``Signature=`` in an Authorization header),
 #: ``'name': b'value'`` and ``"name": "value"`` (a header dict's repr, JSON), ``name:value``
@@ -57,8 +64,9 @@ _CREDENTIAL_FIELD = re.compile(
     rf"""(?P<sep>\s*=\s*|['"]\s*:\s*b?(?=['"])|:\n?(?=[^\s'"]))(?P<value>{_VALUE})"""
 )
 _CREDENTIAL_KEY = re.compile(rf"(?i){_CREDENTIAL_NAME}")
-#: the password of ``scheme://user:password@host``
-_URL_PASSWORD = re.compile(r"(?i)\b(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]*):(?P<value>[^/\s@]+)@")
+#: the password of ``scheme://user:password@host`` (found from its ``://``: a scheme matched
+#: from every start in a run of scheme characters backtracks as the names did)
+_URL_PASSWORD = re.compile(r"(?P<head>://[^/\s:@]*+):(?P<value>[^/\s@]++)@")
 
 
 def _mask_credentials(text: str) -> str:

@@ -7,6 +7,8 @@ import json
 import logging
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
+
 from sidecar.observability.logging import bind_context, configure_logging, get_logger
 
 
@@ -147,6 +149,29 @@ class TestLogging:
         clients = json.loads(text.splitlines()[-1])
         assert clients["kwargs"] == {"sasl_plain_password": "**********", "linger_ms": 5}
         assert clients["proxy"] == "http://proxyuser:**********@proxy:3128/"
+
+    @pytest.mark.timeout(20)
+    def test_masking_long_runs_of_word_characters_takes_linear_time(self):
+        """A long line of word characters (a hex dump, a repeated name) is masked in time
+        proportional to its length: a pattern that backtracked over every start of a run held
+        the event loop for hours on a line of a few tens of KB (the timeout catches that)."""
+        out = io.StringIO()
+        configure_logging(level="INFO", fmt="json", stream=out)
+        dump = "0123456789abcdef" * 4096
+        names = "x-token." * 8192
+        schemes = "a." * 32768
+        get_logger("x").warning(
+            "long",
+            dump=dump,
+            names=names,
+            url=f"{schemes}http://u:pa55word@h/",
+            query=f"{names}=s3cr3t-value&{dump}",
+        )
+        record = json.loads(out.getvalue())
+        assert record["dump"] == dump
+        assert record["names"] == names
+        assert record["url"] == f"{schemes}http://u:**********@h/"
+        assert record["query"] == f"{names}=**********&{dump}"
 
     def test_console_format(self):
         """fmt=console renders a human-readable line, not JSON."""
