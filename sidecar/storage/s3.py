@@ -234,6 +234,21 @@ def _http_status(exc: ClientError) -> int | None:
     return int(status) if status is not None else None
 
 
+async def _read_at_most(stream: Any, limit: int) -> bytes:
+    """The body of ``stream`` up to its end or ``limit`` bytes, whichever comes first: a
+    ``read(n)`` returns what has arrived, up to ``n`` bytes, so one read may stop anywhere in
+    the body."""
+    pieces: list[bytes] = []
+    taken = 0
+    while taken < limit:
+        piece: bytes = await stream.read(limit - taken)
+        if not piece:
+            break
+        pieces.append(piece)
+        taken += len(piece)
+    return b"".join(pieces)
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Whether another attempt may succeed: server trouble, throttling, timeouts, broken
     connections, damaged bytes. Never a missing key, a bad range, a refused signature or
@@ -1085,7 +1100,7 @@ class S3ObjectStore:
                 if max_bytes is None or announced:
                     body: bytes = await stream.read()
                 else:
-                    body = await stream.read(max_bytes + 1)
+                    body = await _read_at_most(stream, max_bytes + 1)
                 if max_bytes is not None and len(body) > max_bytes:
                     raise self._too_large(key, f"at least {len(body)}", max_bytes)
             expected = decode_checksum(response.get("ChecksumCRC32C"))

@@ -737,6 +737,51 @@ class TestBoundedGet:
         )
         assert errors == 1
 
+    @pytest.mark.parametrize(
+        ("size", "max_bytes", "whole"),
+        [(3000, 1024 * 1024, True), (3000, 3000, True), (5000, 2048, False)],
+        ids=["small", "exactly-the-limit", "too-large"],
+    )
+    async def test_a_body_without_a_length_is_read_to_its_end(
+        self, monkeypatch: pytest.MonkeyPatch, size: int, max_bytes: int, whole: bool
+    ) -> None:
+        """With no Content-Length, a body that arrives in pieces (each read returns what has
+        arrived) is read to its end or past ``max_bytes``: never cut at the first piece,
+        which would make a whole manifest look truncated or a large object look small."""
+        data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+
+        class Trickle:
+            """A body that hands out at most 1000 bytes a read."""
+
+            def __init__(self) -> None:
+                self.rest = data
+
+            async def __aenter__(self) -> Trickle:
+                return self
+
+            async def __aexit__(self, *exc: object) -> None:
+                return None
+
+            async def read(self, amt: int | None = None) -> bytes:
+                take = len(self.rest) if amt is None or amt < 0 else amt
+                piece, self.rest = self.rest[: min(take, 1000)], self.rest[min(take, 1000) :]
+                return piece
+
+        class Client:
+            async def get_object(self, **kwargs: Any) -> dict[str, Any]:
+                return {"Body": Trickle()}
+
+        async def client() -> Client:
+            return Client()
+
+        async with _store(max_attempts=1) as store:
+            monkeypatch.setattr(store, "_ensure_client", client)
+            if whole:
+                assert await store.get("k.manifest.json", max_bytes=max_bytes) == data
+            else:
+                with pytest.raises(ObjectTooLargeError, match="at least 2049 bytes"):
+                    await store.get("k.manifest.json", max_bytes=max_bytes)
+
 
 class TestStreamedParts:
     """Parts go streamed from the file, with CRC-32Cs computed before or handed in (multipart
