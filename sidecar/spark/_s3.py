@@ -98,7 +98,7 @@ class S3Reader:
             response = self._client.get_object(**kwargs)
             body = response["Body"]
             try:
-                data = bytes(body.read() if max_bytes is None else body.read(max_bytes + 1))
+                data = bytes(body.read()) if max_bytes is None else _read_at_most(body, max_bytes)
             finally:
                 body.close()
         except botocore.exceptions.ClientError as exc:
@@ -132,6 +132,18 @@ class S3Reader:
                 f"LIST s3://{self.bucket}/{prefix} failed: {type(exc).__name__}"
             ) from exc
         return found
+
+
+def _read_at_most(body: Any, max_bytes: int) -> bytes:
+    """The body to its end, or its first ``max_bytes`` + 1 bytes when it is longer (a read may
+    return fewer bytes than asked for before the end)."""
+    data = bytearray()
+    while len(data) <= max_bytes:
+        piece = body.read(max_bytes + 1 - len(data))
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
 
 
 _ACCESS_CODES = frozenset(

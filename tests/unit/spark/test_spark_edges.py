@@ -494,3 +494,49 @@ class TestOversizedManifest:
         files = SegmentFiles(self._reader(), ref)  # type: ignore[arg-type]
         with pytest.raises(ObjectTooLargeError, match="more than"):
             files.manifest()
+
+
+class _Trickle:
+    """A response body that returns at most 100 bytes per read, as a socket may."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.closed = False
+
+    def read(self, amt: int | None = None) -> bytes:
+        n = 100 if amt is None else min(amt, 100)
+        piece, self.data = self.data[:n], self.data[n:]
+        return piece
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class TestBoundedGetOfTheS3Reader:
+    """S3Reader.get(max_bytes=) reads a body that arrives in pieces to its end, and refuses
+    one past the limit after at most one byte more."""
+
+    def _reader(self, data: bytes) -> tuple[Any, _Trickle]:
+        from types import SimpleNamespace
+
+        from sidecar.spark._s3 import S3Reader
+
+        body = _Trickle(data)
+        reader = S3Reader.__new__(S3Reader)
+        reader.bucket = "b"
+        reader._client = SimpleNamespace(get_object=lambda **kwargs: {"Body": body})
+        return reader, body
+
+    @pytest.mark.parametrize("size", [1, 999, 1000])
+    def test_a_body_within_the_limit_comes_whole(self, size: int) -> None:
+        data = bytes(range(256)) * 4
+        reader, body = self._reader(data[:size])
+        assert reader.get("k", max_bytes=1000) == data[:size]
+        assert body.closed
+
+    def test_a_body_past_the_limit_is_refused(self) -> None:
+        reader, body = self._reader(b"x" * 5000)
+        with pytest.raises(ObjectTooLargeError, match="more than the 1000 bytes"):
+            reader.get("k", max_bytes=1000)
+        assert len(body.data) == 5000 - 1001  # read no further than one byte past the limit
+        assert body.closed
