@@ -20,13 +20,14 @@ instead of uploading the bytes again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from sidecar._aio import in_segment_thread
+from sidecar._aio import SEGMENT_READ_THREADS, acquire_in_thread
 from sidecar.brokerapi import (
     FILE_SUFFIXES,
     BrokerCopyRequest,
@@ -124,7 +125,12 @@ class BrokerCopier:
         try:
             if self._staging is not None:
                 await self._staging.settled(ident)  # a staging upload of it in flight
-            opened, crc = await in_segment_thread(self._open, request, self._staging is not None)
+            # a cancellation while the thread opens the files closes them when it is done
+            opened, crc = await acquire_in_thread(
+                functools.partial(self._open, request, self._staging is not None),
+                lambda result: result[0].log.close(),
+                executor=SEGMENT_READ_THREADS,
+            )
             adopted: str | None = None
             try:
                 log_info = None

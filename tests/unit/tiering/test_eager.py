@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +41,7 @@ from sidecar.tiering.detector import ViewMap
 from sidecar.tiering.eager import EagerStager, StagingLedger, file_crc32c
 from sidecar.tiering.uploader import segment_keys
 from tests.unit.readserver._tiered import data_batches
+from tests.unit.tiering.test_uploader_files import held_open
 
 LAYOUT = KeyLayout(prefix="test/")
 TOPIC_ID = uuid.UUID(int=0xE6E7 << 64 | 3)
@@ -825,3 +827,43 @@ async def test_a_pass_that_fails_midway_leaves_the_rest_to_the_next(
         assert all(ledger.staged_key((TOPIC_ID, i, 0)) is not None for i in range(6))
     finally:
         store.close()
+
+
+async def test_a_copy_cancelled_while_its_files_open_closes_them(
+    partition: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy cancelled (the broker gave up) while a worker thread opens its files: once the
+    thread is done, the ``.log`` it opened is closed, not left to the garbage collector."""
+    objects, ledger, metrics = MemoryObjectStore(), StagingLedger(), Metrics()
+    copier = _copier(objects, partition, ledger, metrics)
+    log = partition / segment_file_name(0, FileKind.LOG)
+    opening, release, closed = threading.Event(), threading.Event(), threading.Event()
+    real_open = BrokerCopier._open
+
+    class _Watched:
+        """The opened ``.log``, telling when it is closed."""
+
+        def __init__(self, file: Any) -> None:
+            self.file = file
+
+        def close(self) -> None:
+            self.file.close()
+            closed.set()
+
+    def slow_open(self: BrokerCopier, request: BrokerCopyRequest, with_crc: bool) -> Any:
+        opened, crc = real_open(self, request, with_crc)
+        opening.set()
+        release.wait(30)
+        return dataclasses.replace(opened, log=_Watched(opened.log)), crc
+
+    monkeypatch.setattr(BrokerCopier, "_open", slow_open)
+    copy = asyncio.create_task(copier.copy(_request(partition, 0, 30)))
+    assert await asyncio.to_thread(opening.wait, 30)
+    assert held_open(log)
+    copy.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await copy
+    release.set()
+    assert await asyncio.to_thread(closed.wait, 30)
+    assert not held_open(log)
+    assert objects.objects == {}
