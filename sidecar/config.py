@@ -592,7 +592,8 @@ class RetentionOverride(_Section):
     an override lets the bucket keep more (or less) than the broker's disks. For a topic with an
     override, the broker's log start offset deletes remote segments only when it lies strictly
     inside the first local segment (a DeleteRecords; local retention always leaves it on a
-    segment's base offset). README: "Remote retention"."""
+    segment's base offset) and moved while the broker leads the partition. README: "Remote
+    retention"."""
 
     topics: list[str] = Field(
         min_length=1,

@@ -25,7 +25,9 @@ Every ``interval_s`` (Kafka's ``remote.log.manager.task.interval.ms``, 30 s by d
    checkpoint, the log start offset comes from ListOffsets EARLIEST, ``retention.*`` from
    DescribeConfigs, or from a ``[[retention.overrides]]`` entry. For an overridden topic the log
    start offset counts only when it lies strictly inside a local segment (a DeleteRecords),
-   checked against a listing of the partition dir made after ListOffsets answered.
+   checked against a listing of the partition dir made after ListOffsets answered, and only
+   once it moved while the broker leads the partition (a new leader inherits its log start
+   from the previous one, whose segment boundaries differ).
 4. **Local-retention safety** (:mod:`sidecar.retention.safety`): at-risk gauge and warnings;
    segments the broker deleted before they were tiered are counted as lost (``note_change`` is
    the log-dir detector's callback; the check itself runs in the pass).
@@ -228,6 +230,9 @@ class RetentionManager:
         # thousand led partitions, three thread hand-offs each every pass were most of an
         # idle daemon's work)
         self._facts: dict[TopicIdPartition, _Remembered] = {}
+        # overridden topics: (latest epoch of the broker's cache, log start offset) first seen
+        # since the broker leads the partition (see _delete_records)
+        self._first_starts: dict[TopicIdPartition, tuple[int | None, int]] = {}
         self._at_risk_topics: set[str] = set()
         #: deleted topics whose partitions were forgotten -> when their series are dropped
         self._series_due: dict[str, float] = {}
@@ -629,6 +634,7 @@ class RetentionManager:
                 led.append((scan, tp))
         led_now = {tp for _, tp in led}
         self._facts = {tp: f for tp, f in self._facts.items() if tp in led_now}
+        self._first_starts = {tp: f for tp, f in self._first_starts.items() if tp in led_now}
         if not led:
             self._publish_at_risk(at_risk)
             return
@@ -677,6 +683,8 @@ class RetentionManager:
         now_ms = self._clock_ms()
         self._check_at_risk(scan, highest, known.coverage, config, now_ms, summary, at_risk)
         override = self._config.override_for(scan.topic)
+        # recorded at every pass, before anything returns early
+        first_start = None if override is None else self._first_start(tp, scan, log_start_offset)
         if (
             override is None
             and known.planned == (log_start_offset, config)
@@ -696,9 +704,10 @@ class RetentionManager:
                 retention_ms = override.retention_ms
             if override.retention_bytes != -2:
                 retention_bytes = override.retention_bytes
-            # listed after ListOffsets answered (see delete_records_offset)
-            bases = await asyncio.to_thread(_local_base_offsets, scan.path)
-            delete_records = delete_records_offset(log_start_offset, bases)
+            if log_start_offset != first_start:
+                # listed after ListOffsets answered (see delete_records_offset)
+                bases = await asyncio.to_thread(_local_base_offsets, scan.path)
+                delete_records = delete_records_offset(log_start_offset, bases)
         facts = PartitionFacts(
             # the broker's loaded epoch cache: the lineage Kafka's retention walks
             lineage=[(e.epoch, e.start_offset) for e in load_epoch_cache(scan.leader_epochs)],
@@ -724,6 +733,21 @@ class RetentionManager:
                 # first: tiering must not take these deletions for holes and upload them again
                 await asyncio.to_thread(self._store.raise_remote_floor, tp, floor)
             await self._delete(tp, list(plan.deletions), summary, stop)
+
+    def _first_start(self, tp: TopicIdPartition, scan: PartitionScan, log_start_offset: int) -> int:
+        """The log start offset first seen since the broker leads ``tp`` (in the latest epoch
+        of its leader-epoch cache). An overridden topic's log start counts as a DeleteRecords
+        only once it has moved past this one: the broker took the one it had when it became
+        leader from the previous leader's (followers follow the leader's log start), which
+        the previous leader's own retention may have set inside one of this broker's
+        segments (segment boundaries differ between replicas)."""
+        epochs = load_epoch_cache(scan.leader_epochs)
+        epoch = epochs[-1].epoch if epochs else None
+        known = self._first_starts.get(tp)
+        if known is None or known[0] != epoch:
+            known = (epoch, log_start_offset)
+            self._first_starts[tp] = known
+        return known[1]
 
     def _read_store_facts(self, scan: PartitionScan, tp: TopicIdPartition, lso: int) -> _StoreFacts:
         """(worker thread) The highest remote offset of the lineage, the remote coverage and

@@ -27,8 +27,9 @@ without KIP-405, so its log start offset is its *local* log start, moved by its 
 and its leader-epoch cache is truncated there too. For such a topic
 
 * the log-start rule applies only when ``delete_records_offset`` is set: the caller sets it when
-  the log start offset lies strictly inside a local segment (a DeleteRecords; local retention
-  always leaves it on a segment's base offset, see :func:`delete_records_offset`);
+  the log start offset moved while the broker leads the partition and lies strictly inside a
+  local segment (a DeleteRecords; local retention always leaves it on a segment's base offset,
+  see :func:`delete_records_offset`);
 * the lineage is extended below the local one with the epochs of the remote segments
   (:func:`extended_lineage`), so remote data older than the local log is not taken for
   unreferenced epochs; it goes by the override's time and size rules.
@@ -214,11 +215,13 @@ def delete_records_offset(log_start_offset: int, local_base_offsets: Iterable[in
     """``log_start_offset`` if it lies strictly inside a local segment, else None.
 
     Kafka's own retention (time, size) deletes whole segments and sets the log start offset to
-    the next segment's base offset; only DeleteRecords (or a follower's truncation to the
-    leader's start, itself from DeleteRecords) leaves it past the base offset of the segment
-    that holds it. ``local_base_offsets`` must be listed *after* the log start offset was read,
-    so that a segment the broker deleted meanwhile cannot make a base offset look like an inner
-    one. A DeleteRecords exactly at a segment boundary is not told apart from local retention."""
+    the next segment's base offset; on the leader, only DeleteRecords leaves it past the base
+    offset of the segment that holds it. A follower takes the leader's log start offset, which
+    may lie inside one of its own segments whatever moved it: the caller must not take the log
+    start a broker brought along when it became leader for a DeleteRecords.
+    ``local_base_offsets`` must be listed *after* the log start offset was read, so that a
+    segment the broker deleted meanwhile cannot make a base offset look like an inner one. A
+    DeleteRecords exactly at a segment boundary is not told apart from local retention."""
     below = [b for b in local_base_offsets if b <= log_start_offset]
     if not below:
         return None
