@@ -351,6 +351,7 @@ class RetentionManager:
         try:
             return await self._kafka.topic_ids()
         except SidecarError as exc:
+            self._metrics.retention_errors.labels(type(exc).__name__).inc()
             log.warning("topic_ids_unavailable", error=str(exc))
             return None
 
@@ -459,6 +460,7 @@ class RetentionManager:
             states = await self._kafka.topic_id_states(names)
         except SidecarError as exc:
             # no answer is no proof, and the grace period needs proof at each pass
+            self._metrics.retention_errors.labels(type(exc).__name__).inc()
             log.warning("topic_id_states_unavailable", error=str(exc))
             for topic_id in names:
                 self._gone_since.pop(topic_id, None)
@@ -643,6 +645,7 @@ class RetentionManager:
                 [(tp.topic, tp.partition) for _, tp in led]
             )
         except SidecarError as exc:
+            self._metrics.retention_errors.labels(type(exc).__name__).inc()
             log.warning("log_start_offsets_unavailable", error=str(exc))
             return
         for scan, tp in led:

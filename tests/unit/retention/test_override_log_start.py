@@ -30,7 +30,7 @@ from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import PassSummary, RetentionManager
 from sidecar.storage.memory import MemoryObjectStore
-from sidecar.tiering.cluster import ClusterView, TopicConfig
+from sidecar.tiering.cluster import ClusterUnavailableError, ClusterView, TopicConfig
 from tests.unit.retention.test_safety_and_scrub import _scan
 from tests.unit.retention.test_topic_deletion import _keys
 
@@ -178,3 +178,18 @@ async def test_leading_again_takes_the_log_start_as_brought_along(rig: _Rig, how
     await rig.one_pass()
     assert rig.remote_starts() == [0, 5]
     assert _deleted_by_log_start(rig) == 0
+
+
+async def test_a_failed_listoffsets_counts_as_a_retention_error(rig: _Rig) -> None:
+    """Without log start offsets no partition is retained: the pass's skip is counted."""
+
+    async def unavailable(partitions: Any) -> dict[tuple[str, int], int]:
+        raise ClusterUnavailableError("ListOffsets (earliest) failed")
+
+    rig.manager._kafka.log_start_offsets = unavailable  # type: ignore[method-assign]
+    await rig.one_pass()
+    await rig.one_pass()
+    value = rig.metrics.registry.get_sample_value(
+        "kafka_tiered_sidecar_retention_errors_total", {"kind": "ClusterUnavailableError"}
+    )
+    assert value == 2

@@ -270,10 +270,12 @@ class TestGracePeriod:
             async def unavailable(*args: Any) -> Any:
                 raise ClusterUnavailableError("Metadata v12 failed")
 
-            for failing in ("topic_id_states", "topic_ids"):
+            for failed, failing in enumerate(("topic_id_states", "topic_ids"), 1):
                 setattr(world.kafka, failing, unavailable)
                 world.now[0] += 1900
                 assert (await world.manager.run_once()).deleted == 0
+                errors = world.value("retention_errors_total", kind="ClusterUnavailableError")
+                assert errors == failed  # the skipped step is counted
                 world.kafka.topic_id_states, world.kafka.topic_ids = answer, listing
                 world.now[0] += 1900  # 3800 s after the first answer
                 assert (await world.manager.run_once()).deleted == 0  # the clock starts again
