@@ -777,6 +777,7 @@ class RetentionManager:
     ) -> None:
         retention = LocalRetention.of(
             remote_storage_enable=config.remote_storage_enable,
+            remote_log_copy_disable=config.remote_log_copy_disable,
             retention_ms=config.retention_ms,
             retention_bytes=config.retention_bytes,
             local_retention_ms=config.local_retention_ms,

@@ -1,8 +1,9 @@
 """Local-retention safety: segments the broker may delete (or did delete) before they were tiered.
 
 The broker deletes local segments by its *local* retention: ``local.retention.ms/bytes`` when the
-topic has ``remote.storage.enable=true`` (a value of -2 means "use ``retention.*``"), otherwise
-``retention.ms/bytes`` (``UnifiedLog.localRetentionMs/Size``, kafka-kip405-internals.md §3.7). A
+topic has ``remote.storage.enable=true`` and not ``remote.log.copy.disable=true`` (a value of -2
+means "use ``retention.*``"), otherwise ``retention.ms/bytes`` (``UnifiedLog.localRetentionMs/Size``
+with ``remoteLogEnabledAndRemoteCopyEnabled``, kafka-kip405-internals.md §3.7). A
 broker without tiered storage does not wait for the sidecar, so a lagging sidecar can lose data:
 
 * **lost**: a rolled segment that disappeared from the log dir while its end offset was past
@@ -44,9 +45,10 @@ class LocalRetention:
         retention_bytes: int,
         local_retention_ms: int,
         local_retention_bytes: int,
+        remote_log_copy_disable: bool = False,
     ) -> LocalRetention:
         """Kafka's ``localRetentionMs``/``localRetentionSize`` for a topic's configs."""
-        if not remote_storage_enable:
+        if not remote_storage_enable or remote_log_copy_disable:
             return cls(retention_ms, retention_bytes)
         ms = retention_ms if local_retention_ms == -2 else local_retention_ms
         size = retention_bytes if local_retention_bytes == -2 else local_retention_bytes

@@ -58,6 +58,18 @@ class TestLocalRetention:
             remote_storage_enable=True, local_retention_ms=5, local_retention_bytes=-2, **kw
         ) == LocalRetention(5, 200)
 
+    def test_copy_disabled_falls_back_to_retention(self):
+        # KIP-950: with remote.log.copy.disable=true nothing more is copied, and the broker
+        # deletes local segments by retention.* (remoteLogEnabledAndRemoteCopyEnabled)
+        assert LocalRetention.of(
+            remote_storage_enable=True,
+            remote_log_copy_disable=True,
+            retention_ms=100,
+            retention_bytes=200,
+            local_retention_ms=5,
+            local_retention_bytes=6,
+        ) == LocalRetention(100, 200)
+
     def test_at_risk_by_time(self, tmp_path):
         scan = _scan(tmp_path)
         rolled = [s for s in scan.segments if s.end_offset is not None]
