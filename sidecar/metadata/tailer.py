@@ -30,7 +30,9 @@ resuming from the offsets stored with the state instead of re-reading from offse
   them, and a partition behind its end whose position has not moved since the last check is
   ``stalled`` (``metadata_partition_stalled``, then ``metadata_partition_resumed``). A check
   that fails (a partition without a leader fails the whole request) is logged and counted, and
-  the reading goes on.
+  the reading goes on. Likewise at assignment: a partition whose beginning and end offsets
+  cannot be read (``metadata_partition_offsets_failed``) is paused and asked again after a
+  backoff, while the others are read; the tailer is not ``healthy`` meanwhile.
 * **Scopes** (selective tailing): ``want(partitions)`` limits what a metadata partition's
   events are applied for to the user partitions wanted (Kafka's ``ConsumerTask`` applies only
   those of its assigned partitions); the other events are read and skipped
@@ -205,6 +207,9 @@ class MetadataTailer:
         self._checked_positions: dict[int, int] = {}
         #: metadata partitions behind their end whose position did not move between two checks
         self.stalled: frozenset[int] = frozenset()
+        #: when the partitions whose bounds Kafka could not give are asked again (_bounds)
+        self._bounds_retry_at: float | None = None
+        self._bounds_backoff = self._backoff_initial_s
         self._state = _State.NEW
         self._consumer: AIOKafkaConsumer | None = None
         self._tracked: set[int] = set()
@@ -587,7 +592,8 @@ class MetadataTailer:
 
     async def _step(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
         """One round: (re-)assign if needed, then one fetch applied to the store."""
-        if self._changed.is_set():
+        retry = self._bounds_retry_at
+        if self._changed.is_set() or (retry is not None and time.monotonic() >= retry):
             await self._assign(consumer)
         for mp, replay in list(self._replays.items()):
             if replay.done >= replay.until:  # its end was stored, not yet its new scope
@@ -605,7 +611,7 @@ class MetadataTailer:
             return
         if records:
             await self._ingest(records)
-        if self.last_error is not None:
+        if self.last_error is not None and self._bounds_retry_at is None:
             log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
             self.last_error = None
             self._notify()
@@ -788,6 +794,7 @@ class MetadataTailer:
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
         self._changed.clear()
+        self._bounds_retry_at = None  # every partition without bounds is asked below
         restart = await self._rescope()
         tracked = frozenset(self._tracked)
         partitions = {p: TopicPartition(self.topic, p) for p in sorted(tracked)}
@@ -813,11 +820,12 @@ class MetadataTailer:
             await consumer.seek_to_beginning(*from_beginning)
         new = [p for p in partitions if p not in self._targets]
         if new:
-            tps = [partitions[p] for p in new]
-            beginnings = await consumer.beginning_offsets(tps)
-            ends = await consumer.end_offsets(tps)
+            beginnings, ends = await self._bounds(consumer, [partitions[p] for p in new])
             for p in new:
                 tp = partitions[p]
+                if tp not in ends:
+                    consumer.pause(tp)  # read once its bounds are known (_bounds)
+                    continue
                 position = self._consumed.get(p, -1) + 1
                 if position > ends[tp]:
                     # The topic was recreated or truncated (an unclean leader election): new
@@ -885,6 +893,54 @@ class MetadataTailer:
             )
         self._assigned = tracked
         self._notify()
+
+    async def _bounds(
+        self, consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """The beginning and end offsets of ``tps``, without those Kafka cannot give. One
+        partition without a reachable leader fails a whole ListOffsets (after the request
+        timeout): the partitions are then asked one by one, so that the others are read
+        meanwhile; those that fail are logged and reported (the tailer is not ``healthy``
+        until they answer), and asked again by an assignment due after a backoff."""
+        try:
+            return await _ask_bounds(consumer, tps)
+        except KafkaError as exc:
+            if len(tps) == 1:
+                answers: list[Any] = [exc]
+            else:
+                answers = await asyncio.gather(
+                    *(_ask_bounds(consumer, [tp]) for tp in tps), return_exceptions=True
+                )
+        beginnings: dict[TopicPartition, int] = {}
+        ends: dict[TopicPartition, int] = {}
+        failed: dict[int, KafkaError] = {}
+        for tp, answer in zip(tps, answers, strict=True):
+            if isinstance(answer, KafkaError):
+                failed[tp.partition] = answer
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                beginnings.update(answer[0])
+                ends.update(answer[1])
+        if failed:
+            log.warning(
+                "metadata_partition_offsets_failed",
+                topic=self.topic,
+                metadata_partitions=sorted(failed),
+                error=repr(next(iter(failed.values()))),
+                detail="their beginning and end offsets could not be read (no reachable"
+                " leader?): they are not read until they can be; the others are",
+                retry_in_s=self._bounds_backoff,
+            )
+            error = next(iter(failed.values()))
+            self.last_error = f"{type(error).__name__}: {error}"
+            if self._on_error is not None:
+                self._on_error(error)
+            self._bounds_retry_at = time.monotonic() + self._bounds_backoff
+            self._bounds_backoff = min(self._bounds_backoff * 2, self._backoff_max_s)
+        else:
+            self._bounds_backoff = self._backoff_initial_s
+        return beginnings, ends
 
     async def _fetch(
         self, consumer: AIOKafkaConsumer, stopping: asyncio.Event
@@ -1040,6 +1096,13 @@ def _store_may_recover(exc: MetadataStoreError) -> bool:
     if isinstance(cause, sqlite3.OperationalError) and isinstance(code, int):
         return code & 0xFF in _RECOVERABLE_SQLITE
     return isinstance(cause, OSError)
+
+
+async def _ask_bounds(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """The beginning and end offsets of ``tps`` (two ListOffsets)."""
+    return await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
 
 
 def _fetched_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:

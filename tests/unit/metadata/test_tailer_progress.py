@@ -5,6 +5,7 @@ reported without stopping the reading."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from structlog.testing import capture_logs
 
 from sidecar.metadata import MetadataTailer, RemoteSegmentStore
+from sidecar.metadata import tailer as tailer_module
 
 TOPIC = "__remote_log_metadata"
 
@@ -165,3 +167,81 @@ async def test_a_new_store_records_that_the_partition_lost_records_before_it_rea
             assert store.history_gaps() == gaps
         warned = [e for e in logs if e["event"] == "metadata_history_incomplete"]
         assert [e["begins_at"] for e in warned] == list(gaps.values())
+
+
+class _Leaderless(_Assigning):
+    """An assignment where some partitions have no reachable leader: a ListOffsets that
+    names one of them fails as a whole (aiokafka, after its request timeout)."""
+
+    def __init__(self, beginning: int, end: int, leaderless: set[int]) -> None:
+        super().__init__(beginning, end)
+        self.leaderless = leaderless
+        self.paused: set[int] = set()
+        self.fetched: list[set[int]] = []
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        super().assign(tps)
+        self.paused = set()  # aiokafka: a new assignment has no paused partition
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self.paused |= {tp.partition for tp in tps}
+
+    def _check(self, tps: list[TopicPartition]) -> None:
+        dead = sorted(tp.partition for tp in tps if tp.partition in self.leaderless)
+        if dead:
+            raise KafkaTimeoutError(f"no leader for partitions {dead}")
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._check(tps)
+        return await super().beginning_offsets(tps)
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._check(tps)
+        return await super().end_offsets(tps)
+
+    async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
+        self.fetched.append({tp.partition for tp in self.tps} - self.paused)
+        return {}
+
+
+async def test_a_partition_without_a_leader_does_not_stop_the_reading_of_the_others(
+    tmp_path: Path,
+) -> None:
+    """The bounds of a partition without a reachable leader cannot be read: the other
+    partitions are assigned, caught up and fetched all the same, that one waits (not read,
+    not caught up, the tailer not healthy) and is asked again once the retry is due, then
+    read like the others."""
+    errors: list[KafkaError] = []
+    with RemoteSegmentStore(tmp_path) as store, capture_logs() as logs:
+        tailer = MetadataTailer(
+            bootstrap_servers="127.0.0.1:9",
+            store=store,
+            broker_id=1,
+            num_partitions=3,
+            on_error=errors.append,
+            retry_backoff_s=(3600.0, 3600.0),
+        )
+        tailer.track([0, 1, 2])
+        tailer._state = tailer_module._State.STARTED
+        assert tailer.healthy
+        consumer: Any = _Leaderless(0, 0, leaderless={1})
+        stopping = asyncio.Event()
+        await tailer._step(consumer, stopping)
+        assert consumer.paused == {1}
+        assert consumer.fetched == [{0, 2}]
+        assert [tailer.caught_up(p) for p in (0, 1, 2)] == [True, False, True]
+        failed = [e for e in logs if e["event"] == "metadata_partition_offsets_failed"]
+        assert [e["metadata_partitions"] for e in failed] == [[1]]
+        assert len(errors) == 1
+        assert not tailer.healthy  # a partition cannot be read
+        await tailer._step(consumer, stopping)  # the retry is not due: no new assignment
+        assert consumer.fetched[-1] == {0, 2}
+        assert not tailer.healthy
+        consumer.leaderless.clear()  # a leader is back
+        tailer._bounds_retry_at = 0.0  # and the retry is due
+        await tailer._step(consumer, stopping)
+        assert consumer.paused == set()
+        assert consumer.fetched[-1] == {0, 1, 2}
+        assert [tailer.caught_up(p) for p in (0, 1, 2)] == [True, True, True]
+        assert tailer._bounds_retry_at is None
+        assert tailer.healthy

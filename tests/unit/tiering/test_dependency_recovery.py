@@ -28,10 +28,19 @@ class FakeConsumer:
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = partitions
 
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.assigned)
+
+    async def position(self, partition: TopicPartition) -> int:
+        return 0
+
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         return None
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
+        return None
+
+    def pause(self, *partitions: TopicPartition) -> None:
         return None
 
     async def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[Any, int]:
