@@ -362,16 +362,20 @@ class RetentionManager:
         re-created broker-driven under its name leaves the old id's data to the sidecar: the
         broker's RLM knows only the new id). Remembered by topic id, so the topic's deletion
         does not hand its cleanup to the sidecar, until the store holds none of its
-        partitions; without a listing, the config's topic is taken to be ``tp``'s."""
-        if tp.topic_id in self._broker_driven_ids:
-            return True
-        if not TopicSelector.broker_driven(self._cluster.view.configs.get(tp.topic)):
-            return False
+        partitions or the listing shows the same topic turned remote.storage.enable=false
+        (Kafka deleted its remote data then; what is remote since is the sidecar's own
+        standalone copies); without a listing, the config's topic is taken to be ``tp``'s."""
+        config = self._cluster.view.configs.get(tp.topic)
         current = None if listed is None else listed.get(tp.topic)
         if current is not None and current != tp.topic_id:
-            return False  # an earlier topic of that name
-        self._broker_driven_ids.add(tp.topic_id)
-        return True
+            return tp.topic_id in self._broker_driven_ids  # an earlier topic of that name
+        if TopicSelector.broker_driven(config):
+            self._broker_driven_ids.add(tp.topic_id)
+            return True
+        if config is not None and current == tp.topic_id:
+            self._broker_driven_ids.discard(tp.topic_id)
+            return False
+        return tp.topic_id in self._broker_driven_ids
 
     def _caught_up(self, tp: TopicIdPartition) -> bool:
         return self._tailer.caught_up(metadata_partition(tp, self._num_mp))

@@ -3,6 +3,7 @@ Kafka's RLM: the sidecar publishes no event and deletes nothing for them."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -97,5 +98,49 @@ async def test_partition_delete_of_a_broker_driven_topic_is_left_to_kafka(tmp_pa
         control = _Publisher()
         await _manager(store, control, broker_driven=False).run_once()
         assert control.events  # the standalone path publishes DELETE_PARTITION_STARTED
+    finally:
+        store.close()
+
+
+async def test_a_topic_turned_standalone_again_has_its_deletions_run_here(tmp_path):
+    """A topic seen broker-driven and then set to remote.storage.enable=false (Kafka deletes
+    its remote data then, and the sidecar tiers it standalone if selected) is no longer left
+    to Kafka: a partition deletion of it is processed by this same process, without a
+    restart."""
+    store = RemoteSegmentStore(tmp_path / "state")
+    try:
+        segment = _metadata(0)
+        store.apply(
+            [
+                segment,
+                SegmentMetadataUpdate(
+                    segment_id=segment.segment_id,
+                    broker_id=1,
+                    event_timestamp_ms=1,
+                    state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+                ),
+            ]
+        )
+        publisher = _Publisher()
+        manager = _manager(store, publisher, broker_driven=True)
+        await manager.run_once()  # seen broker-driven
+        manager._cluster.view = dataclasses.replace(
+            manager._cluster.view, configs={TP.topic: TopicConfig(remote_storage_enable=False)}
+        )
+        store.apply(
+            [
+                PartitionDeleteMetadata(
+                    topic_id_partition=TP,
+                    broker_id=1,
+                    event_timestamp_ms=2,
+                    state=RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                )
+            ]
+        )
+        await manager.run_once()
+        assert [e.state for e in publisher.events if isinstance(e, PartitionDeleteMetadata)] == [
+            RemotePartitionDeleteState.DELETE_PARTITION_STARTED,
+            RemotePartitionDeleteState.DELETE_PARTITION_FINISHED,
+        ]
     finally:
         store.close()
