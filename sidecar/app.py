@@ -641,6 +641,8 @@ class Daemon:
             concurrency=config.s3.max_concurrency,
             staging=staging,
             metrics=self.metrics,
+            # the broker tiers what it copies, whatever the last config read says
+            on_copy=cluster.note_broker_copy,
         )
         if staging is not None:
             self.stager = EagerStager(

@@ -23,7 +23,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -73,7 +73,10 @@ class BrokerCopier:
         concurrency: int,
         staging: StagingLedger | None = None,
         metrics: Metrics | None = None,
+        on_copy: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_copy`` is told the topic of every copy call: proof that the broker tiers it."""
+        self._on_copy = on_copy
         self._objects = objects
         self._staging = staging
         self._metrics = metrics
@@ -117,6 +120,8 @@ class BrokerCopier:
         the bytes of its ``.log``."""
         metadata = request.metadata
         tip = metadata.segment_id.topic_id_partition
+        if self._on_copy is not None:
+            self._on_copy(tip.topic)
         ident = (tip.topic_id, tip.partition, metadata.start_offset)
         started = time.monotonic()
         copied = False

@@ -403,6 +403,8 @@ class ClusterWatcher:
         self.last_error: str | None = None
         #: partitions whose LSO this broker refused, not for leadership (logged once)
         self._lso_refused: dict[tuple[str, int], int] = {}
+        #: topic → when the broker last asked the plugin to copy one of its segments (monotonic)
+        self._copied_by_broker: dict[str, float] = {}
         self._pair = AdminAndConsumer(
             bootstrap_servers=bootstrap_servers,
             client_id="kafka-tiered-sidecar",
@@ -451,6 +453,7 @@ class ClusterWatcher:
             configs.update(
                 {t: self.view.configs[t] for t in refused if t in self.view.configs}
             )  # an answer refused now: the topic's configs as last read
+            self._apply_broker_copies(configs, refused, asked_at)
             broker_id = self.view.broker_id
             # the LSOs of the partitions this broker copies (standalone) or stages ahead of
             # the broker's copies (broker-driven): one request, not one per partition
@@ -608,6 +611,44 @@ class ClusterWatcher:
                 view, last_stable_offsets={**view.last_stable_offsets, key: lso}
             )
         return lso
+
+    def note_broker_copy(self, topic: str) -> None:
+        """The broker asked the plugin to copy a segment of ``topic``: its RLM tiers the topic,
+        whatever the last config read says (a refresh behind the change, or DescribeConfigs
+        refused). Until a config answer asked after this says otherwise, the topic counts as
+        broker-driven: the sidecar copies, repairs and expires none of it. Its crash repair
+        would otherwise take the broker's copy in flight (COPY_SEGMENT_STARTED under the same
+        broker id) for its own and delete it, and the broker then deletes its local segment."""
+        self._copied_by_broker[topic] = time.monotonic()
+        view = self.view
+        config = view.configs.get(topic)
+        if config is None or config.remote_storage_enable:
+            return  # never tiered here, or already broker-driven
+        log.warning(
+            "topic_copied_by_broker",
+            topic=topic,
+            detail="the broker copies this topic through the plugin while its last config"
+            " read says remote.storage.enable=false: it is left to the broker until a config"
+            " read says otherwise",
+        )
+        configs = dict(view.configs)
+        configs[topic] = dataclasses.replace(config, remote_storage_enable=True)
+        self.view = dataclasses.replace(view, configs=configs)
+        self.request_refresh()
+
+    def _apply_broker_copies(
+        self, configs: dict[str, TopicConfig], refused: Mapping[str, int], asked_at: float
+    ) -> None:
+        """Make the topics the broker copies broker-driven in ``configs`` (a refresh asked at
+        ``asked_at``): those whose answer is refused, or older than the broker's copy call. An
+        answer asked after the copy call decides from then on."""
+        for topic, noted_at in list(self._copied_by_broker.items()):
+            if topic not in refused and noted_at < asked_at:
+                del self._copied_by_broker[topic]
+                continue
+            config = configs.get(topic)
+            if config is not None and not config.remote_storage_enable:
+                configs[topic] = dataclasses.replace(config, remote_storage_enable=True)
 
     def selected(self, topic: str) -> bool:
         return self._selector.selected(topic, self.view.configs.get(topic))

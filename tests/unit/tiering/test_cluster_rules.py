@@ -352,3 +352,44 @@ class TestRefusedTopicConfigs:
             view = await watcher.refresh()
         assert view.refused_configs == {}
         assert not [e for e in logs if e["event"] == "topic_configs_refused"]
+
+
+class TestBrokerCopies:
+    """A copy call from the broker proves that its RLM tiers the topic: the topic is
+    broker-driven from then on, whatever a config read asked before it (or refused) says, so
+    the sidecar's own copies and crash repair (which would delete the broker's copy in flight,
+    STARTED under the same broker id) leave it alone."""
+
+    async def test_a_copy_call_makes_a_standalone_topic_broker_driven(self, monkeypatch):
+        admin = _TopicAdmin({})
+        watcher, _ = TestRefusedTopicConfigs._watcher(admin, monkeypatch)
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "standalone"
+        with capture_logs() as logs:
+            watcher.note_broker_copy("orders")
+        assert not watcher.selected("orders")
+        assert watcher.tiering_mode("orders") == "broker-driven"
+        assert [e["event"] for e in logs] == ["topic_copied_by_broker"]
+        admin.topic = 29  # refused: the copy call still decides
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "broker-driven"
+        admin.topic = {}  # asked after the copy call: the topic was turned off since
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "standalone"
+
+    async def test_an_answer_asked_before_the_copy_call_does_not_undo_it(self, monkeypatch):
+        admin = _TopicAdmin({})
+        watcher, _ = TestRefusedTopicConfigs._watcher(admin, monkeypatch)
+        await watcher.refresh()
+        answer = admin.describe_configs
+
+        async def copy_call_meanwhile(resources: list[Any]) -> list[_Response]:
+            watcher.note_broker_copy("orders")  # the broker's copy arrives during the refresh
+            return await answer(resources)
+
+        monkeypatch.setattr(admin, "describe_configs", copy_call_meanwhile)
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "broker-driven"
+        monkeypatch.setattr(admin, "describe_configs", answer)
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "standalone"

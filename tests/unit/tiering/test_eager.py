@@ -143,6 +143,23 @@ async def test_a_staged_log_is_adopted_with_a_copy_not_uploaded_again(partition:
     assert ledger.taken((TOPIC_ID, 0, 30))  # not staged again before FINISHED is read
 
 
+async def test_a_copy_call_tells_whose_topic_the_broker_copies(partition: Path) -> None:
+    """Every copy call names its topic to ``on_copy`` (the cluster watcher then treats the topic
+    as broker-driven), before any byte is read."""
+    copied: list[str] = []
+    copier = BrokerCopier(
+        objects=MemoryObjectStore(),
+        layout=LAYOUT,
+        log_dirs=[partition.parent],
+        part_size=8 * 1024 * 1024,
+        concurrency=2,
+        on_copy=copied.append,
+    )
+    request = _request(partition, 30, 60)
+    await copier.copy(request)
+    assert copied == [request.metadata.segment_id.topic_id_partition.topic]
+
+
 async def test_nothing_staged_or_other_bytes_staged_means_an_upload(partition: Path) -> None:
     objects, ledger, metrics = MemoryObjectStore(), StagingLedger(), Metrics()
     log = (partition / segment_file_name(0, FileKind.LOG)).read_bytes()
