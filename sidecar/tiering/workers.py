@@ -1085,9 +1085,15 @@ class TieringEngine:
         return metadata.broker_id == self._uploader.broker_id
 
     async def _repair_own(self, tip: TopicIdPartition) -> None:
-        """Crash repair of this broker's copies: redo STARTED copies, finish STARTED deletes."""
+        """Crash repair of this broker's copies: redo STARTED copies, finish STARTED deletes.
+        A partition no longer tiered here (its topic turned broker-driven while its metadata
+        was read) deletes no STARTED copy: under this broker's id, it may be the broker's
+        RLM's copy in flight."""
+        key = (tip.topic, tip.partition)
         for metadata in await asyncio.to_thread(self._store.unfinished_copies, tip):
             if self._owned(metadata):
+                if not self._may_upload(key):
+                    return
                 await self._delete_unfinished(metadata, kind="unfinished_copy")
         for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):
             if self._owned(metadata):

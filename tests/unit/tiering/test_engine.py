@@ -463,6 +463,27 @@ class TestBrokerDriven:
         assert list(r.store.unfinished_copies(r.tip)) == []
         assert r.finished() == []
 
+    async def test_crash_repair_spares_a_copy_once_the_topic_is_the_brokers(self, rig):
+        """The topic turns broker-driven while a worker reads the partition's metadata before
+        its crash repair: a STARTED copy under this broker's id may be the broker's own copy in
+        flight, so it is not deleted (the broker would drop its local segment after it)."""
+        r = rig()
+        brokers_copy = r.copy_started(0, broker=ME)  # what the broker's RLM writes first
+        sync = r.tailer.sync
+
+        async def turned_meanwhile(metadata_partition: int) -> None:
+            r.cluster.turn_broker_driven(TOPIC)  # the broker's copy call told the watcher
+            await sync(metadata_partition)
+
+        r.tailer.sync = turned_meanwhile  # type: ignore[method-assign]
+        r.start()
+        await r.until(lambda: r.tailer.syncs > 0)
+        reconciles = r.count_reconciles()
+        await r.until(lambda: reconciles() >= 3 and not r.engine.busy_partitions)
+        await r.stop()
+        assert r.states_of(brokers_copy) == []
+        assert [m.segment_id for m in r.store.unfinished_copies(r.tip)] == [brokers_copy.segment_id]
+
     async def test_a_broker_driven_topics_copy_lag_is_the_brokers(self, rig):
         """The broker copies the topic: its copy lag counts the rolled segments without a
         FINISHED copy in the store and falls as the broker's copies finish, so the copy-lag
