@@ -739,7 +739,16 @@ class RetentionManager:
             if floor is not None and not self._config.dry_run:
                 # first: tiering must not take these deletions for holes and upload them again
                 await asyncio.to_thread(self._store.raise_remote_floor, tp, floor)
-            await self._delete(tp, list(plan.deletions), summary, stop)
+            await self._delete(
+                tp, list(plan.deletions), summary, stop, still=functools.partial(self._retains, tp)
+            )
+
+    def _retains(self, tp: TopicIdPartition) -> bool:
+        """This sidecar still applies remote retention to ``tp``: its topic is standalone and
+        its broker leads it on a fresh view (a topic turned broker-driven is Kafka's to expire)."""
+        return self._cluster.selected(tp.topic) and self._cluster.view.may_upload(
+            tp.topic, tp.partition
+        )
 
     def _first_start(self, tp: TopicIdPartition, scan: PartitionScan, log_start_offset: int) -> int:
         """The log start offset first seen since the broker leads ``tp`` (in the latest epoch
@@ -871,10 +880,13 @@ class RetentionManager:
         items: Sequence[Expiry],
         summary: PassSummary,
         stop: asyncio.Event,
+        *,
+        still: Callable[[], bool] | None = None,
     ) -> bool:
         """Delete ``items`` in rounds of :data:`_DELETE_BATCH`, in their order; True once all
         are deleted, False when ``stop`` ended it between rounds (every round is whole, and
-        the rest is left for the next pass)."""
+        the rest is left for the next pass), or ``still`` said no before a round (the
+        partition's retention is no longer this sidecar's: another leader, or Kafka's)."""
         for first in range(0, len(items), _DELETE_BATCH):
             if first and stop.is_set():
                 log.info(
@@ -882,6 +894,15 @@ class RetentionManager:
                     deleted=first,
                     left=len(items) - first,
                     detail="the daemon is stopping: the next pass deletes the rest",
+                )
+                return False
+            if still is not None and not still():
+                log.info(
+                    "remote_segment_deletion_stopped",
+                    deleted=first,
+                    left=len(items) - first,
+                    detail="no longer this sidecar's to expire: another broker leads the"
+                    " partition, or its topic turned broker-driven",
                 )
                 return False
             await self._delete_round(tp, items[first : first + _DELETE_BATCH], summary)

@@ -5,22 +5,30 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import sidecar.retention.manager as manager_module
 from sidecar.config import RetentionConfig
+from sidecar.kafka.checkpoints import decode_kafka_uuid
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
+    RemoteLogSegmentId,
     RemoteLogSegmentState,
     RemotePartitionDeleteState,
+    SegmentMetadata,
     SegmentMetadataUpdate,
+    TopicIdPartition,
 )
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import RetentionManager
+from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView, TopicConfig
-from tests.unit.retention.test_safety_and_scrub import TP, _metadata
+from tests.unit.retention.test_safety_and_scrub import TP, _metadata, _scan
+from tests.unit.retention.test_topic_deletion import _keys
 
 META = "__remote_log_metadata"
 
@@ -142,5 +150,83 @@ async def test_a_topic_turned_standalone_again_has_its_deletions_run_here(tmp_pa
             RemotePartitionDeleteState.DELETE_PARTITION_STARTED,
             RemotePartitionDeleteState.DELETE_PARTITION_FINISHED,
         ]
+    finally:
+        store.close()
+
+
+async def test_retention_stops_between_rounds_once_the_topic_is_the_brokers(tmp_path, monkeypatch):
+    """Remote retention deletes in rounds; a topic that turns broker-driven meanwhile (the
+    broker's copy call, or a refresh, says so) is Kafka's to expire from the next round on."""
+    monkeypatch.setattr(manager_module, "_DELETE_BATCH", 1)
+    scan = _scan(tmp_path)  # 4 segments, max timestamps 1000 .. 4000
+    assert scan.topic_id is not None
+    tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), "orders", 0)
+    store = RemoteSegmentStore(tmp_path / "state")
+    try:
+        rolled = [s for s in scan.segments if s.end_offset is not None]
+        copies = [
+            SegmentMetadata(
+                segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
+                start_offset=s.base_offset,
+                end_offset=s.base_offset + 4,
+                broker_id=1,
+                max_timestamp_ms=1000 * (i + 1),
+                event_timestamp_ms=0,
+                segment_leader_epochs=((0, s.base_offset),),
+                segment_size_in_bytes=s.size,
+            )
+            for i, s in enumerate(rolled)
+        ]
+        store.apply(copies)
+        store.apply(
+            [
+                SegmentMetadataUpdate(
+                    segment_id=c.segment_id,
+                    broker_id=1,
+                    event_timestamp_ms=0,
+                    state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+                )
+                for c in copies
+            ]
+        )
+        view = ClusterView(
+            broker_id=1,
+            leaders={("orders", 0): 1},
+            configs={"orders": TopicConfig(retention_ms=1, retention_bytes=-1)},
+            last_stable_offsets={("orders", 0): 20},
+            refreshed_at=time.monotonic(),
+            stale_after_s=3600,
+        )
+        standalone = {"orders"}
+        stub: Any = SimpleNamespace
+
+        async def log_start_offsets(partitions: Any) -> dict[tuple[str, int], int]:
+            return {p: 0 for p in partitions}
+
+        async def publish_and_wait(event: Any) -> tuple[int, int]:
+            store.apply([event])
+            if getattr(event, "state", None) is RemoteLogSegmentState.DELETE_SEGMENT_FINISHED:
+                standalone.clear()  # remote.storage.enable=true after the first round
+            return 0, 0
+
+        manager = RetentionManager(
+            config=RetentionConfig(scrub_enabled=False, topic_deletion=False),
+            views=lambda: {scan.path: scan},
+            cluster=stub(view=view, selected=lambda topic: topic in standalone),
+            kafka=stub(log_start_offsets=log_start_offsets),
+            store=store,
+            tailer=stub(caught_up=lambda p: True),
+            publisher=stub(publish_and_wait=publish_and_wait),
+            uploader=stub(broker_id=1, keys=_keys),
+            objects=MemoryObjectStore(),
+            scrubber=stub(),
+            metrics=Metrics(),
+            metadata_topic=META,
+            num_metadata_partitions=2,
+            clock_ms=lambda: 1_000_000,
+        )
+        summary = await manager.run_once()
+        assert summary.deleted == 1
+        assert len(store.segments(tp)) == len(copies) - 1
     finally:
         store.close()
