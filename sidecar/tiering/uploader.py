@@ -30,6 +30,11 @@ If another broker deleted the copy as dangling before our FINISHED landed (its
 DELETE_SEGMENT_STARTED won), our FINISHED was dropped and the objects we wrote are deleted with
 :class:`SegmentCopyPreemptedError`; the planner sees the range uncovered and uploads it again.
 
+The uploader remembers the copies it published COPY_SEGMENT_STARTED for (``started_here``) until
+the topic shows them past STARTED (FINISHED, being deleted, gone): the engine's crash repair
+deletes at once only such a copy, or one of an earlier run, since a STARTED copy under this
+broker's id may also be the broker's own RLM copying a topic just turned broker-driven.
+
 Every delete of a copy re-checks the copy's current state on the topic first (after ``sync``): a
 delete of an unfinished copy is skipped when the copy turned out FINISHED, and a delete of a
 finished copy when it is already being deleted. That narrows the race with a FINISHED in flight
@@ -287,6 +292,8 @@ class SegmentUploader:
         self._part_size = part_size
         self._concurrency = concurrency
         self._clock_ms = clock_ms
+        #: copies this uploader published COPY_SEGMENT_STARTED for that may still be STARTED
+        self._started_here: set[RemoteLogSegmentId] = set()
 
     @property
     def broker_id(self) -> int:
@@ -296,6 +303,18 @@ class SegmentUploader:
     def keys(self, metadata: SegmentMetadata) -> dict[ObjectSuffix, str]:
         """Every object key of a segment, derived from its metadata alone."""
         return segment_keys(self._layout, metadata)
+
+    def started_here(self, segment_id: RemoteLogSegmentId) -> bool:
+        """Whether this uploader published the copy's COPY_SEGMENT_STARTED and has not seen it
+        leave that state since (a copy that failed, or is still running)."""
+        return segment_id in self._started_here
+
+    def forget_started(self, keep: Callable[[RemoteLogSegmentId], bool]) -> None:
+        """Forget the copies started here for which ``keep`` says no: the engine's pruning of
+        copies no longer STARTED on the topic (a STARTED that never landed, after its cleanup
+        failed) or of partitions no longer tiered here. A copy forgotten while still STARTED
+        is repaired too, after the grace period of a copy not started here."""
+        self._started_here = {i for i in self._started_here if keep(i)}
 
     async def upload(
         self,
@@ -348,6 +367,7 @@ class SegmentUploader:
                 # STARTED may be on the topic as soon as it is sent: a failure or cancellation
                 # while it is read back is cleaned up like one during the upload (a STARTED
                 # that never landed is left alone by the cleanup's re-check)
+                self._started_here.add(metadata.segment_id)
                 await self._publisher.publish_and_wait(metadata)
                 log.info(
                     "segment_upload_started",
@@ -453,6 +473,7 @@ class SegmentUploader:
                     continue
             else:
                 state = await self._stored_state(metadata)
+            self._started_here.discard(metadata.segment_id)  # FINISHED, or deleted by another
             if state is RemoteLogSegmentState.COPY_SEGMENT_FINISHED:
                 return
             await self._preempted(metadata, state)
@@ -528,6 +549,8 @@ class SegmentUploader:
             else RemoteLogSegmentState.COPY_SEGMENT_FINISHED
         )
         state = await self.current_state(metadata)
+        if state is not RemoteLogSegmentState.COPY_SEGMENT_STARTED:
+            self._started_here.discard(metadata.segment_id)  # no longer a copy to repair
         if state is RemoteLogSegmentState.DELETE_SEGMENT_STARTED:
             await self.finish_delete(metadata, unfinished=unfinished)
             return True
@@ -541,6 +564,7 @@ class SegmentUploader:
             )
             return False
         await self._publish_state(metadata, RemoteLogSegmentState.DELETE_SEGMENT_STARTED)
+        self._started_here.discard(metadata.segment_id)  # crash repair finishes the delete
         await self.finish_delete(metadata, unfinished=unfinished)
         return True
 

@@ -31,12 +31,16 @@ Leadership changes (kafka-kip405-internals.md §2.6, §3.3):
   starts from the previous leader's last FINISHED copy, as Kafka's ``findHighestRemoteOffset``
   does on the new leader. A segment whose boundaries differ from the previous leader's may
   overlap its last copy; the store resolves that by leader-epoch lineage, as Kafka does.
-* Crash repair: this broker's own COPY_SEGMENT_STARTED copies are deleted (and redone by
-  planning) and its DELETE_SEGMENT_STARTED ones finished, at once. Another broker's unfinished
-  copy may still be finished or cleaned up by its owner: the partition waits for it (no upload
-  that could duplicate it) for ``foreign_copy_grace_s`` after this broker became the leader,
-  then deletes it as dangling. Another broker's unfinished deletes are finished after the same
-  grace, without blocking uploads.
+* Crash repair: this sidecar's own COPY_SEGMENT_STARTED copies are deleted (and redone by
+  planning) and this broker's DELETE_SEGMENT_STARTED ones finished, at once. A STARTED copy is
+  the sidecar's own when this process started it (the uploader's ``started_here``) or it is
+  stamped before this process started (an earlier run's, left by a crash). Any other unfinished
+  copy may still be finished or cleaned up by its owner: another broker's, or one under this
+  broker's id that the broker's own RLM started (a topic just turned broker-driven, before the
+  copy call or the next config refresh says so). The partition waits for it (no upload that
+  could duplicate it) for ``foreign_copy_grace_s`` after this broker became the leader (and,
+  under this broker's id, after the copy was first seen), then deletes it as dangling. Another
+  broker's unfinished deletes are finished after the same grace, without blocking uploads.
 
 On stop, no new segment starts; uploads in flight get ``drain_timeout_s`` to finish, then are
 cancelled (the uploader aborts the multipart upload and deletes the copy); that cleanup gets
@@ -61,7 +65,7 @@ from sidecar.errors import SidecarError, UnreadableFileError
 from sidecar.kafka.checkpoints import decode_kafka_uuid, load_epoch_cache
 from sidecar.kafka.logdir import NotReadyReason, PartitionScan, Segment
 from sidecar.metadata.errors import MetadataTailError
-from sidecar.metadata.events import SegmentMetadata, TopicIdPartition
+from sidecar.metadata.events import RemoteLogSegmentId, SegmentMetadata, TopicIdPartition
 from sidecar.metadata.partitioner import metadata_partition
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.metadata.tailer import MetadataTailer
@@ -107,6 +111,9 @@ _LagInput = tuple[PartitionScan, TopicIdPartition, int | None]
 #: millisecond, and waits nothing)
 _PASS_SPACING = 4.0
 _MIN_SPACING_S = 0.001
+#: A STARTED copy under this broker's id stamped this long before the engine was built is an
+#: earlier run's (repaired at once); a later one may be the broker's RLM's (see ``_own_copy``)
+_EARLIER_RUN_MARGIN_MS = 1_000
 
 
 class MetadataSync:
@@ -250,7 +257,8 @@ class EngineSettings:
     the copy lag, and at least this often (a safety net)."""
     clock_ms: Callable[[], int] = field(default=lambda: time.time_ns() // 1_000_000)
     monotonic: Callable[[], float] = field(default=time.monotonic)
-    """The clock of backoffs, idle looks, handover and grace periods (tests move it)."""
+    """The clock of backoffs, idle looks, handover and grace periods (tests move it);
+    ``clock_ms``, the wall clock, dates this run's start against the events' timestamps."""
 
 
 class TieringEngine:
@@ -284,8 +292,17 @@ class TieringEngine:
         self._workers: dict[_PartitionKey, _Worker] = {}
         self._repaired: set[_PartitionKey] = set()
         self._led_since: dict[_PartitionKey, float] = {}  # monotonic time leadership was seen
-        # foreign copies already reported → their partition
-        self._waiting_for: dict[uuid.UUID, _PartitionKey] = {}
+        # copies not this sidecar's, already reported → their partition and when first seen
+        self._waiting_for: dict[uuid.UUID, tuple[_PartitionKey, float]] = {}
+        # This run's start on the wall clock, which the events' timestamps use: a STARTED
+        # copy under this broker's id stamped before it is an earlier run's, left by a crash.
+        # Taken here, before the cluster watcher asks for any topic config: a broker's copy
+        # stamped earlier is of a topic already broker-driven then, which the first config
+        # read shows (so its partition is never repaired). The broker's JVM stamps its events
+        # with the same host clock; the margin covers a config read answered by a broker
+        # whose metadata lags the change, and a small step of the clock. Misjudged the other
+        # way, an earlier run's copy only waits out the grace period before its repair.
+        self._started_ms = settings.clock_ms() - _EARLIER_RUN_MARGIN_MS
         self._paths: dict[_PartitionKey, Path] = {}  # partition → its dir, as of the last reconcile
         # the partitions whose copy lag counts (led, handed over, caught up), as of their last
         # visit: the copy-lag update reads these instead of walking every partition
@@ -593,7 +610,7 @@ class TieringEngine:
             self.last_errors.pop(key, None)
             self._led_since.pop(key, None)
         self._drop_stalls(keys)
-        self._waiting_for = {i: k for i, k in self._waiting_for.items() if k not in keys}
+        self._waiting_for = {i: w for i, w in self._waiting_for.items() if w[0] not in keys}
 
     async def _reload_quarantine(self) -> None:
         """Pick up a ``sidecar quarantine clear`` (it rewrites the file): plan every partition
@@ -656,7 +673,13 @@ class TieringEngine:
         running = self._workers.keys()
         self._repaired = {k for k in self._repaired if k in kept or k in running}
         self._led_since = {k: t for k, t in self._led_since.items() if k in kept}
-        self._waiting_for = {i: k for i, k in self._waiting_for.items() if k in kept}
+        self._waiting_for = {i: w for i, w in self._waiting_for.items() if w[0] in kept}
+
+        def tiered_here(segment_id: RemoteLogSegmentId) -> bool:
+            tip = segment_id.topic_id_partition
+            return (tip.topic, tip.partition) in kept or (tip.topic, tip.partition) in running
+
+        self._uploader.forget_started(tiered_here)
 
     def _handed_to_broker(self, key: _PartitionKey) -> None:
         """A partition this sidecar tiered whose topic turned broker-driven
@@ -1084,47 +1107,81 @@ class TieringEngine:
     def _owned(self, metadata: SegmentMetadata) -> bool:
         return metadata.broker_id == self._uploader.broker_id
 
+    def _own_copy(self, metadata: SegmentMetadata) -> bool:
+        """A copy under this broker's id that this sidecar started: in this run, or in an
+        earlier one (stamped before this run started). Another under this broker's id may be
+        the broker's RLM's, copying a topic turned broker-driven that this sidecar still takes
+        for standalone (until the copy call or the next config refresh)."""
+        return self._owned(metadata) and (
+            self._uploader.started_here(metadata.segment_id)
+            or metadata.event_timestamp_ms < self._started_ms
+        )
+
     async def _repair_own(self, tip: TopicIdPartition) -> None:
-        """Crash repair of this broker's copies: redo STARTED copies, finish STARTED deletes.
-        A partition no longer tiered here (its topic turned broker-driven while its metadata
-        was read) deletes no STARTED copy: under this broker's id, it may be the broker's
-        RLM's copy in flight."""
+        """Crash repair of this sidecar's copies: redo STARTED copies, finish STARTED deletes.
+        A STARTED copy under this broker's id that this sidecar did not start waits out the
+        grace period (:meth:`_foreign_copy_pending`). A partition no longer tiered here (its
+        topic turned broker-driven while its metadata was read) deletes no STARTED copy: under
+        this broker's id, it may be the broker's RLM's copy in flight."""
         key = (tip.topic, tip.partition)
-        for metadata in await asyncio.to_thread(self._store.unfinished_copies, tip):
+        unfinished = await asyncio.to_thread(self._store.unfinished_copies, tip)
+        ids = {m.segment_id for m in unfinished}
+        # a copy started here that the topic, read up to its end, does not show STARTED
+        # (a STARTED that never landed, whose cleanup failed) needs no repair
+        self._uploader.forget_started(lambda i: i.topic_id_partition != tip or i in ids)
+        for metadata in unfinished:
             if self._owned(metadata):
                 if not self._may_upload(key):
                     return
+                if not self._own_copy(metadata):
+                    continue  # waits out the grace period, like another broker's
                 await self._delete_unfinished(metadata, kind="unfinished_copy")
         for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):
             if self._owned(metadata):
                 await self._finish_delete(metadata, kind="unfinished_delete")
 
     async def _foreign_copy_pending(self, key: _PartitionKey, tip: TopicIdPartition) -> bool:
-        """Whether another broker's unfinished copy may still be finished by its owner. Past
-        the grace period, its leftovers are deleted (copies) or finished (deletes) here."""
+        """Whether an unfinished copy that is not this sidecar's (another broker's, or the
+        broker's own RLM's) may still be finished by its owner. Past the grace period, its
+        leftovers are deleted (copies) or finished (deletes) here."""
         now = self._settings.monotonic()
-        grace_over = now >= self._led_since.get(key, now) + self._settings.foreign_copy_grace_s
+        led_since = self._led_since.get(key, now)
+        grace_s = self._settings.foreign_copy_grace_s
+        grace_over = now >= led_since + grace_s
         pending = False
         unfinished = await asyncio.to_thread(self._store.unfinished_copies, tip)
         ids = {m.segment_id.id for m in unfinished}
-        for gone in [i for i, k in self._waiting_for.items() if k == key and i not in ids]:
+        for gone in [i for i, w in self._waiting_for.items() if w[0] == key and i not in ids]:
             del self._waiting_for[gone]  # finished or deleted by its owner
         for metadata in unfinished:
-            if self._owned(metadata):
+            if self._own_copy(metadata):
                 continue  # ours: repaired above, or in flight in this very worker
-            if not grace_over:
+            seen = self._waiting_for.get(metadata.segment_id.id)
+            over = grace_over
+            if self._owned(metadata):
+                # the broker's RLM copies under this broker's id: the grace runs from when the
+                # copy was first seen, so the copy call or a config refresh can tell first
+                over = now >= max(led_since, now if seen is None else seen[1]) + grace_s
+            if not over:
                 pending = True
-                if metadata.segment_id.id not in self._waiting_for:
-                    self._waiting_for[metadata.segment_id.id] = key
+                if seen is None:
+                    self._waiting_for[metadata.segment_id.id] = (key, now)
                     log.info(
                         "waiting_for_foreign_copy",
                         segment_id=str(metadata.segment_id.id),
                         owner=metadata.broker_id,
                         start_offset=metadata.start_offset,
                         end_offset=metadata.end_offset,
-                        grace_s=self._settings.foreign_copy_grace_s,
+                        grace_s=grace_s,
+                        **(
+                            {"detail": "under this broker's id, not started by this sidecar"}
+                            if self._owned(metadata)
+                            else {}
+                        ),
                     )
                 continue
+            if self._owned(metadata) and not self._may_upload(key):
+                continue  # turned broker-driven meanwhile: the broker's copy, left alone
             await self._delete_unfinished(metadata, kind="dangling_copy")
         if grace_over:
             for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):

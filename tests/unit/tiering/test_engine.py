@@ -173,6 +173,8 @@ class Rig:
             part_size=5 * 1024 * 1024,
             concurrency=1,
             store=self.store,
+            # one wall clock for the engine and the events it publishes, as in the daemon
+            **({"clock_ms": settings["clock_ms"]} if "clock_ms" in settings else {}),
         )
         defaults: dict[str, Any] = {
             "backoff_initial_s": 0.01,
@@ -254,7 +256,9 @@ class Rig:
             keys |= self.keys_of(m)
         return keys
 
-    def copy_started(self, segment_index: int, *, broker: int) -> SegmentMetadata:
+    def copy_started(
+        self, segment_index: int, *, broker: int, stamped_ms: int = 1
+    ) -> SegmentMetadata:
         segment = self.rolled[segment_index]
         assert segment.end_offset is not None
         event = SegmentMetadata(
@@ -263,7 +267,7 @@ class Rig:
             end_offset=segment.end_offset,
             broker_id=broker,
             max_timestamp_ms=segment.max_timestamp_ms or 0,
-            event_timestamp_ms=1,
+            event_timestamp_ms=stamped_ms,
             segment_leader_epochs=((0, segment.base_offset),),
             segment_size_in_bytes=segment.size,
         )

@@ -37,7 +37,7 @@ async def _tiered_with_state(r: Rig) -> None:
     assert key in r.engine._led_since
     # what a failure and a foreign copy waited for leave behind
     r.engine.last_errors[key] = (0.0, "StorageError: S3 down")
-    r.engine._waiting_for[uuid.uuid4()] = key
+    r.engine._waiting_for[uuid.uuid4()] = (key, 0.0)
 
 
 async def test_a_partition_gone_from_the_log_dir_is_forgotten(rig):
