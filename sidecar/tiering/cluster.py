@@ -490,6 +490,9 @@ class ClusterWatcher:
         if self.last_error is not None:
             log.info("cluster_refresh_recovered", after=self.last_error)
         self.last_error = None
+        # again: a copy call noted while the LSOs and the broker's configs were asked changed
+        # the view this one replaces
+        self._apply_broker_copies(configs, refused, asked_at)
         previous = self.view
         if refused != previous.refused_configs:
             self._report_refused(refused, previous.refused_configs, previous.configs)

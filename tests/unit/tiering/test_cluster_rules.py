@@ -10,6 +10,7 @@ from aiokafka.admin.config_resource import ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 from structlog.testing import capture_logs
 
+from sidecar.tiering import cluster as cluster_module
 from sidecar.tiering.cluster import (
     BrokerTiering,
     ClusterView,
@@ -392,4 +393,25 @@ class TestBrokerCopies:
         assert watcher.tiering_mode("orders") == "broker-driven"
         monkeypatch.setattr(admin, "describe_configs", answer)
         await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "standalone"
+
+    async def test_a_copy_call_while_the_lsos_are_asked_is_kept(self, monkeypatch):
+        """The copy call comes after the refresh read the configs, while it asks the LSOs: the
+        view the refresh ends with still counts the topic as broker-driven (the copy call is
+        newer than the config answer)."""
+        admin = _TopicAdmin({})
+        watcher, _ = TestRefusedTopicConfigs._watcher(admin, monkeypatch)
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "standalone"
+        asked = cluster_module.own_last_stable_offsets
+
+        async def copy_call_meanwhile(*args: Any) -> Any:
+            watcher.note_broker_copy("orders")
+            return await asked(*args)
+
+        monkeypatch.setattr(cluster_module, "own_last_stable_offsets", copy_call_meanwhile)
+        await watcher.refresh()
+        assert watcher.tiering_mode("orders") == "broker-driven"
+        monkeypatch.setattr(cluster_module, "own_last_stable_offsets", asked)
+        await watcher.refresh()  # asked after the copy call: its answer decides
         assert watcher.tiering_mode("orders") == "standalone"
