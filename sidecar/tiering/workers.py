@@ -876,6 +876,8 @@ class TieringEngine:
             if key not in self._repaired:
                 await self._catch_up(tip)
                 await self._repair_own(tip)
+                if not self._may_upload(key):
+                    return False  # turned broker-driven (or lost) while it was repaired
                 self._repaired.add(key)
             if await self._foreign_copy_pending(key, tip):
                 return True  # its owner may still finish it: look again soon
@@ -1121,8 +1123,8 @@ class TieringEngine:
         """Crash repair of this sidecar's copies: redo STARTED copies, finish STARTED deletes.
         A STARTED copy under this broker's id that this sidecar did not start waits out the
         grace period (:meth:`_foreign_copy_pending`). A partition no longer tiered here (its
-        topic turned broker-driven while its metadata was read) deletes no STARTED copy: under
-        this broker's id, it may be the broker's RLM's copy in flight."""
+        topic turned broker-driven while its metadata was read) is repaired no further: under
+        this broker's id, a STARTED copy or delete may be the broker's RLM's in flight."""
         key = (tip.topic, tip.partition)
         unfinished = await asyncio.to_thread(self._store.unfinished_copies, tip)
         ids = {m.segment_id for m in unfinished}
@@ -1138,12 +1140,15 @@ class TieringEngine:
                 await self._delete_unfinished(metadata, kind="unfinished_copy")
         for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):
             if self._owned(metadata):
+                if not self._may_upload(key):
+                    return
                 await self._finish_delete(metadata, kind="unfinished_delete")
 
     async def _foreign_copy_pending(self, key: _PartitionKey, tip: TopicIdPartition) -> bool:
         """Whether an unfinished copy that is not this sidecar's (another broker's, or the
         broker's own RLM's) may still be finished by its owner. Past the grace period, its
-        leftovers are deleted (copies) or finished (deletes) here."""
+        leftovers are deleted (copies) or finished (deletes) here, while the partition is still
+        tiered here (True once it is not: the worker ends)."""
         now = self._settings.monotonic()
         led_since = self._led_since.get(key, now)
         grace_s = self._settings.foreign_copy_grace_s
@@ -1180,12 +1185,14 @@ class TieringEngine:
                         ),
                     )
                 continue
-            if self._owned(metadata) and not self._may_upload(key):
-                continue  # turned broker-driven meanwhile: the broker's copy, left alone
+            if not self._may_upload(key):
+                return True
             await self._delete_unfinished(metadata, kind="dangling_copy")
         if grace_over:
             for metadata in await asyncio.to_thread(self._store.unfinished_deletes, tip):
                 if not self._owned(metadata):
+                    if not self._may_upload(key):
+                        return True
                     await self._finish_delete(metadata, kind="dangling_delete")
         return pending
 

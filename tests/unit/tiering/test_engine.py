@@ -488,6 +488,33 @@ class TestBrokerDriven:
         assert r.states_of(brokers_copy) == []
         assert [m.segment_id for m in r.store.unfinished_copies(r.tip)] == [brokers_copy.segment_id]
 
+    async def test_no_repair_once_the_topic_is_the_brokers(self, rig):
+        """The topic turns broker-driven while a worker reads the partition's metadata: a
+        DELETE_SEGMENT_STARTED under this broker's id may be the broker's own delete in
+        flight, and another broker's STARTED copy its RLM's; neither is finished or deleted
+        here, even past the grace period."""
+        r = rig(foreign_copy_grace_s=0.0)
+        brokers_delete = r.copy_started(0, broker=ME)
+        r.update(brokers_delete, DELETE_STARTED, broker=ME)
+        other_copy = r.copy_started(1, broker=OTHER)
+        sync = r.tailer.sync
+
+        async def turned_meanwhile(metadata_partition: int) -> None:
+            r.cluster.turn_broker_driven(TOPIC)  # the broker's copy call told the watcher
+            await sync(metadata_partition)
+
+        r.tailer.sync = turned_meanwhile  # type: ignore[method-assign]
+        r.start()
+        await r.until(lambda: r.tailer.syncs > 0)
+        reconciles = r.count_reconciles()
+        await r.until(lambda: reconciles() >= 3 and not r.engine.busy_partitions)
+        await r.stop()
+        assert r.publisher.events == []
+        assert [m.segment_id for m in r.store.unfinished_deletes(r.tip)] == [
+            brokers_delete.segment_id
+        ]
+        assert [m.segment_id for m in r.store.unfinished_copies(r.tip)] == [other_copy.segment_id]
+
     async def test_a_broker_driven_topics_copy_lag_is_the_brokers(self, rig):
         """The broker copies the topic: its copy lag counts the rolled segments without a
         FINISHED copy in the store and falls as the broker's copies finish, so the copy-lag
