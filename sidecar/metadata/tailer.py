@@ -31,8 +31,11 @@ resuming from the offsets stored with the state instead of re-reading from offse
   ``stalled`` (``metadata_partition_stalled``, then ``metadata_partition_resumed``). A check
   that fails (a partition without a leader fails the whole request) is logged and counted, and
   the reading goes on. Likewise at assignment: a partition whose beginning and end offsets
-  cannot be read (``metadata_partition_offsets_failed``) is paused and asked again after a
-  backoff, while the others are read; the tailer is not ``healthy`` meanwhile.
+  cannot be read (``metadata_partition_offsets_failed``) is left out of the consumer's
+  assignment (assigned, a partition without a leader has aiokafka's fetcher ask for metadata
+  back to back) and asked again beside the reading, with a backoff, until it answers
+  (``metadata_partition_offsets_answered``); the others are read meanwhile, and the tailer is
+  not ``healthy``.
 * **Scopes** (selective tailing): ``want(partitions)`` limits what a metadata partition's
   events are applied for to the user partitions wanted (Kafka's ``ConsumerTask`` applies only
   those of its assigned partitions); the other events are read and skipped
@@ -207,9 +210,15 @@ class MetadataTailer:
         self._checked_positions: dict[int, int] = {}
         #: metadata partitions behind their end whose position did not move between two checks
         self.stalled: frozenset[int] = frozenset()
-        #: when the partitions whose bounds Kafka could not give are asked again (_bounds)
-        self._bounds_retry_at: float | None = None
+        #: tracked partitions whose bounds Kafka could not give: not assigned, asked again by
+        #: the probe beside the reading (_bounds, _probe_bounds)
+        self._unanswered: set[int] = set()
         self._bounds_backoff = self._backoff_initial_s
+        self._probe_task: asyncio.Task[None] | None = None
+        #: of those, the ones a scope change has to read again from their beginning
+        self._restart_held: set[int] = set()
+        #: partition → (beginning, end) the probe got, for the next assignment
+        self._probed: dict[int, tuple[int, int]] = {}
         self._state = _State.NEW
         self._consumer: AIOKafkaConsumer | None = None
         self._tracked: set[int] = set()
@@ -568,6 +577,7 @@ class MetadataTailer:
             raise
         finally:
             await self._stop_progress_check()
+            await self._stop_probe()
         self._fail(MetadataPublishError("the metadata tailer stopped"))
 
     def _start_progress_check(self, consumer: AIOKafkaConsumer) -> None:
@@ -592,8 +602,11 @@ class MetadataTailer:
 
     async def _step(self, consumer: AIOKafkaConsumer, stopping: asyncio.Event) -> None:
         """One round: (re-)assign if needed, then one fetch applied to the store."""
-        retry = self._bounds_retry_at
-        if self._changed.is_set() or (retry is not None and time.monotonic() >= retry):
+        probe = self._probe_task
+        if probe is not None and probe.done():
+            self._probe_task = None
+            probe.result()  # what the probe could not handle itself ends the reading too
+        if self._changed.is_set():
             await self._assign(consumer)
         for mp, replay in list(self._replays.items()):
             if replay.done >= replay.until:  # its end was stored, not yet its new scope
@@ -611,7 +624,7 @@ class MetadataTailer:
             return
         if records:
             await self._ingest(records)
-        if self.last_error is not None and self._bounds_retry_at is None:
+        if self.last_error is not None and not self._unanswered:
             log.info("metadata_tail_recovered", topic=self.topic, after=self.last_error)
             self.last_error = None
             self._notify()
@@ -794,10 +807,29 @@ class MetadataTailer:
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> None:
         self._changed.clear()
-        self._bounds_retry_at = None  # every partition without bounds is asked below
-        restart = await self._rescope()
+        restart = await self._rescope() | self._restart_held
         tracked = frozenset(self._tracked)
-        partitions = {p: TopicPartition(self.topic, p) for p in sorted(tracked)}
+        skipped = self._unanswered & tracked  # the probe asks those
+        # asked before the assignment: one whose bounds Kafka cannot give is left out of it
+        new = [p for p in sorted(tracked - skipped) if p not in self._targets]
+        probed = {p: self._probed.pop(p) for p in new if p in self._probed}
+        self._probed.clear()  # of partitions no longer tracked
+        beginnings, ends = await self._bounds(
+            consumer, [TopicPartition(self.topic, p) for p in new if p not in probed]
+        )
+        for p, (beginning, end) in probed.items():
+            beginnings[TopicPartition(self.topic, p)] = beginning
+            ends[TopicPartition(self.topic, p)] = end
+        failed = {p for p in new if TopicPartition(self.topic, p) not in ends}
+        self._unanswered = (self._unanswered & tracked) | failed
+        if self._unanswered and self._probe_task is None:
+            self._probe_task = asyncio.create_task(
+                self._probe_bounds(consumer), name="metadata bounds probe"
+            )
+        readable = tracked - skipped - failed
+        self._restart_held = (restart & tracked) - readable  # read again once assigned
+        new = [p for p in new if p in readable]
+        partitions = {p: TopicPartition(self.topic, p) for p in sorted(readable)}
         consumer.assign(list(partitions.values()))
         # every partition gets a position (or a reset to its beginning) before the next await:
         # the consumer resets none itself (auto_offset_reset="none")
@@ -818,14 +850,9 @@ class MetadataTailer:
                 consumer.seek(tp, seeked[p])
         if from_beginning:
             await consumer.seek_to_beginning(*from_beginning)
-        new = [p for p in partitions if p not in self._targets]
         if new:
-            beginnings, ends = await self._bounds(consumer, [partitions[p] for p in new])
             for p in new:
                 tp = partitions[p]
-                if tp not in ends:
-                    consumer.pause(tp)  # read once its bounds are known (_bounds)
-                    continue
                 position = self._consumed.get(p, -1) + 1
                 if position > ends[tp]:
                     # The topic was recreated or truncated (an unclean leader election): new
@@ -882,16 +909,16 @@ class MetadataTailer:
                     end_offset=ends[tp],
                     caught_up=p in self._caught_up,
                 )
-        if tracked != self._assigned:
+        if readable != self._assigned:
             # one line per change at INFO; the per-partition lines above are DEBUG
             log.info(
                 "metadata_partitions_assigned",
                 topic=self.topic,
-                partitions=len(tracked),
-                caught_up=len(tracked & self._caught_up),
+                partitions=len(readable),
+                caught_up=len(readable & self._caught_up),
                 tracked=sorted(tracked),
             )
-        self._assigned = tracked
+        self._assigned = readable
         self._notify()
 
     async def _bounds(
@@ -901,7 +928,9 @@ class MetadataTailer:
         partition without a reachable leader fails a whole ListOffsets (after the request
         timeout): the partitions are then asked one by one, so that the others are read
         meanwhile; those that fail are logged and reported (the tailer is not ``healthy``
-        until they answer), and asked again by an assignment due after a backoff."""
+        until they answer), and asked again by :meth:`_probe_bounds`."""
+        if not tps:
+            return {}, {}
         try:
             return await _ask_bounds(consumer, tps)
         except KafkaError as exc:
@@ -936,11 +965,60 @@ class MetadataTailer:
             self.last_error = f"{type(error).__name__}: {error}"
             if self._on_error is not None:
                 self._on_error(error)
-            self._bounds_retry_at = time.monotonic() + self._bounds_backoff
-            self._bounds_backoff = min(self._bounds_backoff * 2, self._backoff_max_s)
-        else:
-            self._bounds_backoff = self._backoff_initial_s
         return beginnings, ends
+
+    async def _probe_bounds(self, consumer: AIOKafkaConsumer) -> None:
+        """Ask the bounds of the partitions left out of the assignment (:meth:`_bounds`) one
+        by one, after a backoff that doubles while none answers, beside the reading (each
+        question to a partition without a leader waits out the request timeout); those that
+        answer are assigned again by the next assignment. Ends once none is left."""
+        self._bounds_backoff = self._backoff_initial_s
+        while self._unanswered:
+            await asyncio.sleep(self._bounds_backoff)
+            waiting = [TopicPartition(self.topic, p) for p in sorted(self._unanswered)]
+            answers = await asyncio.gather(
+                *(_ask_bounds(consumer, [tp]) for tp in waiting), return_exceptions=True
+            )
+            answered: set[int] = set()
+            errors: list[KafkaError] = []
+            for tp, answer in zip(waiting, answers, strict=True):
+                if isinstance(answer, KafkaError):
+                    errors.append(answer)
+                elif isinstance(answer, BaseException):
+                    raise answer
+                else:
+                    answered.add(tp.partition)
+                    self._probed[tp.partition] = (answer[0][tp], answer[1][tp])
+            if errors:
+                log.debug(
+                    "metadata_partition_offsets_failed_again",
+                    topic=self.topic,
+                    metadata_partitions=sorted(self._unanswered - answered),
+                    error=repr(errors[0]),
+                )
+                self.last_error = f"{type(errors[0]).__name__}: {errors[0]}"
+                if self._on_error is not None:
+                    self._on_error(errors[0])
+            if answered:
+                log.info(
+                    "metadata_partition_offsets_answered",
+                    topic=self.topic,
+                    metadata_partitions=sorted(answered),
+                )
+                self._unanswered -= answered
+                self._bounds_backoff = self._backoff_initial_s
+                self._changed.set()  # the next assignment reads them
+            else:
+                self._bounds_backoff = min(self._bounds_backoff * 2, self._backoff_max_s)
+        if self._probe_task is asyncio.current_task():
+            self._probe_task = None  # ended: another is started when one is left out again
+
+    async def _stop_probe(self) -> None:
+        task, self._probe_task = self._probe_task, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _fetch(
         self, consumer: AIOKafkaConsumer, stopping: asyncio.Event

@@ -171,36 +171,47 @@ async def test_a_new_store_records_that_the_partition_lost_records_before_it_rea
 
 class _Leaderless(_Assigning):
     """An assignment where some partitions have no reachable leader: a ListOffsets that
-    names one of them fails as a whole (aiokafka, after its request timeout)."""
+    names one of them waits (aiokafka retries until its request timeout) until ``timeout``
+    is set, then fails as a whole."""
 
     def __init__(self, beginning: int, end: int, leaderless: set[int]) -> None:
         super().__init__(beginning, end)
         self.leaderless = leaderless
-        self.paused: set[int] = set()
+        self.timeout = asyncio.Event()
+        self.timeout.set()
+        self.waiting = 0  # ListOffsets waiting for a leader
         self.fetched: list[set[int]] = []
+        self.fetching = asyncio.Event()
 
-    def assign(self, tps: list[TopicPartition]) -> None:
-        super().assign(tps)
-        self.paused = set()  # aiokafka: a new assignment has no paused partition
+    async def _check(self, tps: list[TopicPartition]) -> None:
+        dead = sorted(tp.partition for tp in tps if tp.partition in self.leaderless)
+        if dead:
+            self.waiting += 1
+            try:
+                await self.timeout.wait()
+            finally:
+                self.waiting -= 1
+            raise KafkaTimeoutError(f"no leader for partitions {dead}")
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        await self._check(tps)
+        return await super().beginning_offsets(tps)
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        await self._check(tps)
+        return await super().end_offsets(tps)
 
     def pause(self, *tps: TopicPartition) -> None:
         self.paused |= {tp.partition for tp in tps}
 
-    def _check(self, tps: list[TopicPartition]) -> None:
-        dead = sorted(tp.partition for tp in tps if tp.partition in self.leaderless)
-        if dead:
-            raise KafkaTimeoutError(f"no leader for partitions {dead}")
-
-    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        self._check(tps)
-        return await super().beginning_offsets(tps)
-
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        self._check(tps)
-        return await super().end_offsets(tps)
+    def assign(self, tps: list[TopicPartition]) -> None:
+        super().assign(tps)
+        self.paused: set[int] = set()  # aiokafka: a new assignment has no paused partition
 
     async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
         self.fetched.append({tp.partition for tp in self.tps} - self.paused)
+        self.fetching.set()
+        await asyncio.sleep(0)
         return {}
 
 
@@ -208,9 +219,10 @@ async def test_a_partition_without_a_leader_does_not_stop_the_reading_of_the_oth
     tmp_path: Path,
 ) -> None:
     """The bounds of a partition without a reachable leader cannot be read: the other
-    partitions are assigned, caught up and fetched all the same, that one waits (not read,
-    not caught up, the tailer not healthy) and is asked again once the retry is due, then
-    read like the others."""
+    partitions are assigned, caught up and fetched all the same; that one is left out of the
+    assignment (aiokafka's fetcher asks for metadata back to back while an assigned partition
+    has no leader), not caught up, the tailer not healthy, and asked again beside the reading
+    until it answers, then read like the others."""
     errors: list[KafkaError] = []
     with RemoteSegmentStore(tmp_path) as store, capture_logs() as logs:
         tailer = MetadataTailer(
@@ -219,7 +231,7 @@ async def test_a_partition_without_a_leader_does_not_stop_the_reading_of_the_oth
             broker_id=1,
             num_partitions=3,
             on_error=errors.append,
-            retry_backoff_s=(3600.0, 3600.0),
+            retry_backoff_s=(0.001, 0.001),
         )
         tailer.track([0, 1, 2])
         tailer._state = tailer_module._State.STARTED
@@ -227,21 +239,34 @@ async def test_a_partition_without_a_leader_does_not_stop_the_reading_of_the_oth
         consumer: Any = _Leaderless(0, 0, leaderless={1})
         stopping = asyncio.Event()
         await tailer._step(consumer, stopping)
-        assert consumer.paused == {1}
+        assert {tp.partition for tp in consumer.tps} == {0, 2}
         assert consumer.fetched == [{0, 2}]
         assert [tailer.caught_up(p) for p in (0, 1, 2)] == [True, False, True]
         failed = [e for e in logs if e["event"] == "metadata_partition_offsets_failed"]
         assert [e["metadata_partitions"] for e in failed] == [[1]]
         assert len(errors) == 1
         assert not tailer.healthy  # a partition cannot be read
-        await tailer._step(consumer, stopping)  # the retry is not due: no new assignment
-        assert consumer.fetched[-1] == {0, 2}
-        assert not tailer.healthy
-        consumer.leaderless.clear()  # a leader is back
-        tailer._bounds_retry_at = 0.0  # and the retry is due
-        await tailer._step(consumer, stopping)
-        assert consumer.paused == set()
+        # asked again beside the reading: a question that waits out the request timeout
+        # holds up no fetch of the others
+        consumer.timeout.clear()
+        tailer._consumer = consumer
+        tailer._next_progress_check = float("inf")  # not this test's subject
+        reading = asyncio.create_task(tailer.run(stopping))
+        async with asyncio.timeout(30):
+            while not consumer.waiting:
+                await asyncio.sleep(0)
+            consumer.fetching.clear()
+            await consumer.fetching.wait()
+            assert consumer.fetched[-1] == {0, 2}
+            assert not tailer.healthy
+            consumer.leaderless.clear()  # a leader is back
+            consumer.timeout.set()
+            while not tailer.caught_up(1) or not tailer.healthy:
+                await asyncio.sleep(0)
+            consumer.fetching.clear()
+            await consumer.fetching.wait()
+        stopping.set()
+        await reading
         assert consumer.fetched[-1] == {0, 1, 2}
         assert [tailer.caught_up(p) for p in (0, 1, 2)] == [True, True, True]
-        assert tailer._bounds_retry_at is None
-        assert tailer.healthy
+        assert any(e["event"] == "metadata_partition_offsets_answered" for e in logs)
