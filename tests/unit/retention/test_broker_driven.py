@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,10 +13,8 @@ from sidecar.config import RetentionConfig
 from sidecar.kafka.checkpoints import decode_kafka_uuid
 from sidecar.metadata.events import (
     PartitionDeleteMetadata,
-    RemoteLogSegmentId,
     RemoteLogSegmentState,
     RemotePartitionDeleteState,
-    SegmentMetadata,
     SegmentMetadataUpdate,
     TopicIdPartition,
 )
@@ -27,7 +24,13 @@ from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import RetentionManager
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.tiering.cluster import ClusterView, TopicConfig
-from tests.unit.retention.test_safety_and_scrub import TP, _metadata, _scan
+from tests.unit.retention.test_safety_and_scrub import (
+    TP,
+    _metadata,
+    _scan,
+    finished_copies,
+    led_view,
+)
 from tests.unit.retention.test_topic_deletion import _keys
 
 META = "__remote_log_metadata"
@@ -164,39 +167,10 @@ async def test_retention_stops_between_rounds_once_the_topic_is_the_brokers(tmp_
     store = RemoteSegmentStore(tmp_path / "state")
     try:
         rolled = [s for s in scan.segments if s.end_offset is not None]
-        copies = [
-            SegmentMetadata(
-                segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
-                start_offset=s.base_offset,
-                end_offset=s.base_offset + 4,
-                broker_id=1,
-                max_timestamp_ms=1000 * (i + 1),
-                event_timestamp_ms=0,
-                segment_leader_epochs=((0, s.base_offset),),
-                segment_size_in_bytes=s.size,
-            )
-            for i, s in enumerate(rolled)
-        ]
-        store.apply(copies)
-        store.apply(
-            [
-                SegmentMetadataUpdate(
-                    segment_id=c.segment_id,
-                    broker_id=1,
-                    event_timestamp_ms=0,
-                    state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-                )
-                for c in copies
-            ]
+        copies = finished_copies(
+            store, tp, [(s.base_offset, 1000 * (i + 1), s.size) for i, s in enumerate(rolled)]
         )
-        view = ClusterView(
-            broker_id=1,
-            leaders={("orders", 0): 1},
-            configs={"orders": TopicConfig(retention_ms=1, retention_bytes=-1)},
-            last_stable_offsets={("orders", 0): 20},
-            refreshed_at=time.monotonic(),
-            stale_after_s=3600,
-        )
+        view = led_view(TopicConfig(retention_ms=1, retention_bytes=-1))
         standalone = {"orders"}
         stub: Any = SimpleNamespace
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,18 +19,14 @@ from sidecar.config import RetentionConfig, RetentionOverride
 from sidecar.kafka.checkpoints import EpochEntry, decode_kafka_uuid, format_leader_epoch_checkpoint
 from sidecar.kafka.logdir import PartitionScan, scan_partition_dir
 from sidecar.metadata.events import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentState,
-    SegmentMetadata,
-    SegmentMetadataUpdate,
     TopicIdPartition,
 )
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import PassSummary, RetentionManager
 from sidecar.storage.memory import MemoryObjectStore
-from sidecar.tiering.cluster import ClusterUnavailableError, ClusterView, TopicConfig
-from tests.unit.retention.test_safety_and_scrub import _scan
+from sidecar.tiering.cluster import ClusterUnavailableError, TopicConfig
+from tests.unit.retention.test_safety_and_scrub import _scan, finished_copies, led_view
 from tests.unit.retention.test_topic_deletion import _keys
 
 
@@ -65,39 +60,8 @@ def rig(tmp_path: Path) -> Iterator[_Rig]:
     assert scan.topic_id is not None
     tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), "orders", 0)
     store = RemoteSegmentStore(tmp_path / "state")
-    copies = [
-        SegmentMetadata(
-            segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
-            start_offset=base,
-            end_offset=base + 4,
-            broker_id=1,
-            max_timestamp_ms=1000,
-            event_timestamp_ms=0,
-            segment_leader_epochs=((0, base),),
-            segment_size_in_bytes=100,
-        )
-        for base in (0, 5)
-    ]
-    store.apply(copies)
-    store.apply(
-        [
-            SegmentMetadataUpdate(
-                segment_id=c.segment_id,
-                broker_id=1,
-                event_timestamp_ms=0,
-                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-            )
-            for c in copies
-        ]
-    )
-    view = ClusterView(
-        broker_id=1,
-        leaders={("orders", 0): 1},
-        configs={"orders": TopicConfig(retention_ms=10_000, retention_bytes=-1)},
-        last_stable_offsets={("orders", 0): 20},
-        refreshed_at=time.monotonic(),
-        stale_after_s=3600,
-    )
+    finished_copies(store, tp, [(0, 1000, 100), (5, 1000, 100)])
+    view = led_view(TopicConfig(retention_ms=10_000, retention_bytes=-1))
     stub: Any = SimpleNamespace
     cluster = stub(view=view, selected=lambda topic: True)
     log_start = [0]

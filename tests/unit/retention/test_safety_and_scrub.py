@@ -3,6 +3,7 @@ orphan scrub over an in-memory bucket and a real metadata store with an injected
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from sidecar.storage.keys import KeyLayout, ObjectSuffix
 from sidecar.storage.memory import MemoryObjectStore
 from sidecar.storage.ownership import PrefixOwner, claim_prefix, marker_key
 from sidecar.testing import TestRecord, build_batch, write_partition
+from sidecar.tiering.cluster import ClusterView, TopicConfig
 
 LAYOUT = KeyLayout(prefix="p/")
 TP = TopicIdPartition(uuid.UUID(int=11), "orders", 0)
@@ -44,6 +46,51 @@ def _scan(tmp_path: Path, segments: int = 4):
     scan = scan_partition_dir(write_partition(tmp_path / "logs", "orders", 0, batches))
     assert scan is not None
     return scan
+
+
+def finished_copies(
+    store: RemoteSegmentStore, tp: TopicIdPartition, spans: list[tuple[int, int, int]]
+) -> list[SegmentMetadata]:
+    """Tier ``(start offset, max timestamp, size)`` spans of five offsets each in epoch 0:
+    COPY_SEGMENT_STARTED and FINISHED of each applied to ``store``; their metadata."""
+    copies = [
+        SegmentMetadata(
+            segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
+            start_offset=start,
+            end_offset=start + 4,
+            broker_id=1,
+            max_timestamp_ms=max_ts,
+            event_timestamp_ms=0,
+            segment_leader_epochs=((0, start),),
+            segment_size_in_bytes=size,
+        )
+        for start, max_ts, size in spans
+    ]
+    store.apply(copies)
+    store.apply(
+        [
+            SegmentMetadataUpdate(
+                segment_id=c.segment_id,
+                broker_id=1,
+                event_timestamp_ms=0,
+                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
+            )
+            for c in copies
+        ]
+    )
+    return copies
+
+
+def led_view(config: TopicConfig) -> ClusterView:
+    """Broker 1 leads orders-0 (LSO 20), whose topic has ``config``."""
+    return ClusterView(
+        broker_id=1,
+        leaders={("orders", 0): 1},
+        configs={"orders": config},
+        last_stable_offsets={("orders", 0): 20},
+        refreshed_at=time.monotonic(),
+        stale_after_s=3600,
+    )
 
 
 class TestLocalRetention:

@@ -6,8 +6,6 @@ the publisher (applying to the store, as the read-back would) are stubs."""
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,18 +21,14 @@ from sidecar.kafka.checkpoints import (
 )
 from sidecar.kafka.logdir import scan_partition_dir
 from sidecar.metadata.events import (
-    RemoteLogSegmentId,
-    RemoteLogSegmentState,
-    SegmentMetadata,
-    SegmentMetadataUpdate,
     TopicIdPartition,
 )
 from sidecar.metadata.store import RemoteSegmentStore
 from sidecar.observability.metrics import Metrics
 from sidecar.retention.manager import PassSummary, RetentionManager
 from sidecar.storage.memory import MemoryObjectStore
-from sidecar.tiering.cluster import ClusterView, TopicConfig
-from tests.unit.retention.test_safety_and_scrub import _scan
+from sidecar.tiering.cluster import TopicConfig
+from tests.unit.retention.test_safety_and_scrub import _scan, finished_copies, led_view
 from tests.unit.retention.test_topic_deletion import _keys
 
 RETENTION_MS = 10_000
@@ -66,39 +60,10 @@ async def test_unchanged_partitions_are_not_read_again_and_still_expire(
     tp = TopicIdPartition(decode_kafka_uuid(scan.topic_id), "orders", 0)
     store = RemoteSegmentStore(tmp_path / "state")
     rolled = [s for s in scan.segments if s.end_offset is not None]
-    copies = [
-        SegmentMetadata(
-            segment_id=RemoteLogSegmentId(tp, uuid.uuid4()),
-            start_offset=s.base_offset,
-            end_offset=s.base_offset + 4,
-            broker_id=1,
-            max_timestamp_ms=1000 * (i + 1),
-            event_timestamp_ms=0,
-            segment_leader_epochs=((0, s.base_offset),),
-            segment_size_in_bytes=s.size,
-        )
-        for i, s in enumerate(rolled)
-    ]
-    store.apply(copies)
-    store.apply(
-        [
-            SegmentMetadataUpdate(
-                segment_id=c.segment_id,
-                broker_id=1,
-                event_timestamp_ms=0,
-                state=RemoteLogSegmentState.COPY_SEGMENT_FINISHED,
-            )
-            for c in copies
-        ]
+    finished_copies(
+        store, tp, [(s.base_offset, 1000 * (i + 1), s.size) for i, s in enumerate(rolled)]
     )
-    view = ClusterView(
-        broker_id=1,
-        leaders={("orders", 0): 1},
-        configs={"orders": TopicConfig(retention_ms=RETENTION_MS, retention_bytes=-1)},
-        last_stable_offsets={("orders", 0): 20},
-        refreshed_at=time.monotonic(),
-        stale_after_s=3600,
-    )
+    view = led_view(TopicConfig(retention_ms=RETENTION_MS, retention_bytes=-1))
     now_ms = [5_000]
     stub: Any = SimpleNamespace
 
