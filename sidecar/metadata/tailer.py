@@ -935,22 +935,13 @@ class MetadataTailer:
             return await _ask_bounds(consumer, tps)
         except KafkaError as exc:
             if len(tps) == 1:
-                answers: list[Any] = [exc]
+                answered: dict[TopicPartition, tuple[int, int]] = {}
+                failures = {tps[0]: exc}
             else:
-                answers = await asyncio.gather(
-                    *(_ask_bounds(consumer, [tp]) for tp in tps), return_exceptions=True
-                )
-        beginnings: dict[TopicPartition, int] = {}
-        ends: dict[TopicPartition, int] = {}
-        failed: dict[int, KafkaError] = {}
-        for tp, answer in zip(tps, answers, strict=True):
-            if isinstance(answer, KafkaError):
-                failed[tp.partition] = answer
-            elif isinstance(answer, BaseException):
-                raise answer
-            else:
-                beginnings.update(answer[0])
-                ends.update(answer[1])
+                answered, failures = await _ask_each(consumer, tps)
+        beginnings = {tp: bounds[0] for tp, bounds in answered.items()}
+        ends = {tp: bounds[1] for tp, bounds in answered.items()}
+        failed = {tp.partition: error for tp, error in failures.items()}
         if failed:
             log.warning(
                 "metadata_partition_offsets_failed",
@@ -976,19 +967,10 @@ class MetadataTailer:
         while self._unanswered:
             await asyncio.sleep(self._bounds_backoff)
             waiting = [TopicPartition(self.topic, p) for p in sorted(self._unanswered)]
-            answers = await asyncio.gather(
-                *(_ask_bounds(consumer, [tp]) for tp in waiting), return_exceptions=True
-            )
-            answered: set[int] = set()
-            errors: list[KafkaError] = []
-            for tp, answer in zip(waiting, answers, strict=True):
-                if isinstance(answer, KafkaError):
-                    errors.append(answer)
-                elif isinstance(answer, BaseException):
-                    raise answer
-                else:
-                    answered.add(tp.partition)
-                    self._probed[tp.partition] = (answer[0][tp], answer[1][tp])
+            bounds, failures = await _ask_each(consumer, waiting)
+            answered = {tp.partition for tp in bounds}
+            errors = list(failures.values())
+            self._probed.update({tp.partition: b for tp, b in bounds.items()})
             if errors:
                 log.debug(
                     "metadata_partition_offsets_failed_again",
@@ -1181,6 +1163,26 @@ async def _ask_bounds(
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """The beginning and end offsets of ``tps`` (two ListOffsets)."""
     return await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+
+
+async def _ask_each(
+    consumer: AIOKafkaConsumer, tps: list[TopicPartition]
+) -> tuple[dict[TopicPartition, tuple[int, int]], dict[TopicPartition, KafkaError]]:
+    """The (beginning, end) offsets of each of ``tps``, asked one by one at once, and the
+    Kafka error of each that could not answer; any other error is raised."""
+    answers = await asyncio.gather(
+        *(_ask_bounds(consumer, [tp]) for tp in tps), return_exceptions=True
+    )
+    bounds: dict[TopicPartition, tuple[int, int]] = {}
+    failures: dict[TopicPartition, KafkaError] = {}
+    for tp, answer in zip(tps, answers, strict=True):
+        if isinstance(answer, KafkaError):
+            failures[tp] = answer
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            bounds[tp] = (answer[0][tp], answer[1][tp])
+    return bounds, failures
 
 
 def _fetched_end(consumer: AIOKafkaConsumer, tp: TopicPartition) -> int:
